@@ -1,1 +1,168 @@
-//! placeholder
+//! The backend interface: the one small trait every compute device implements,
+//! the names of devices, and the handles for memory they own.
+//!
+//! A backend owns buffers. The scheduler decides which backend runs which
+//! nodes and where every tensor lives (a [`TensorLoc`] in some buffer); the
+//! backend only allocates, moves bytes, and computes the nodes it is handed.
+
+use std::fmt;
+use std::ops::Range;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use tern_graph::{Graph, GgmlType, Node, NodeId};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum BackendKind {
+    Cpu,
+    Cuda,
+}
+
+/// A device name as users write it: `CPU` (= `CPU0`), `CPU1`, `CUDA0`, ...
+/// Extra CPU instances exist to test graph splits without a GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BackendId {
+    pub kind: BackendKind,
+    pub index: u8,
+}
+
+impl BackendId {
+    pub const CPU: BackendId = BackendId { kind: BackendKind::Cpu, index: 0 };
+
+    pub fn cpu(index: u8) -> BackendId {
+        BackendId { kind: BackendKind::Cpu, index }
+    }
+
+    pub fn cuda(index: u8) -> BackendId {
+        BackendId { kind: BackendKind::Cuda, index }
+    }
+
+    /// Host backends read host memory directly (weights can stay mmapped).
+    pub fn is_host(self) -> bool {
+        self.kind == BackendKind::Cpu
+    }
+}
+
+impl fmt::Display for BackendId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.kind, self.index) {
+            (BackendKind::Cpu, 0) => f.write_str("CPU"),
+            (BackendKind::Cpu, i) => write!(f, "CPU{i}"),
+            (BackendKind::Cuda, i) => write!(f, "CUDA{i}"),
+        }
+    }
+}
+
+impl FromStr for BackendId {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<BackendId, String> {
+        let upper = s.trim().to_ascii_uppercase();
+        let (kind, digits) = if let Some(d) = upper.strip_prefix("CUDA") {
+            (BackendKind::Cuda, d)
+        } else if let Some(d) = upper.strip_prefix("CPU") {
+            (BackendKind::Cpu, d)
+        } else {
+            return Err(format!("unknown backend {s:?}"));
+        };
+        let index = match (kind, digits) {
+            (BackendKind::Cpu, "") => 0,
+            (_, d) => d.parse::<u8>().map_err(|_| format!("unknown backend {s:?}"))?,
+        };
+        Ok(BackendId { kind, index })
+    }
+}
+
+/// A buffer owned by one backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct BufferId(pub u32);
+
+/// Where a tensor's bytes live inside a backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TensorLoc {
+    pub buffer: BufferId,
+    pub offset: usize,
+    pub nbytes: usize,
+}
+
+/// Bytes on the host that outlive the engine (normally the mmapped model
+/// file). Host backends alias them; devices upload them.
+#[derive(Clone)]
+pub struct HostBytes {
+    owner: Arc<dyn AsRef<[u8]> + Send + Sync>,
+    range: Range<usize>,
+}
+
+impl HostBytes {
+    /// `range` must lie inside `owner`.
+    pub fn new(owner: Arc<dyn AsRef<[u8]> + Send + Sync>, range: Range<usize>) -> HostBytes {
+        assert!(range.end <= (*owner).as_ref().len(), "host range outside its owner");
+        HostBytes { owner, range }
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        &(*self.owner).as_ref()[self.range.clone()]
+    }
+}
+
+/// A weight tensor as stored in the model file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WeightDesc {
+    pub ty: GgmlType,
+    pub ne: [usize; 4],
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{backend}: out of memory allocating {bytes} bytes")]
+    OutOfMemory { backend: BackendId, bytes: usize },
+    #[error("{backend} cannot run {op} on {types}")]
+    Unsupported { backend: BackendId, op: &'static str, types: String },
+    #[error("{backend}: {message}")]
+    Device { backend: BackendId, message: String },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A compute device. Kept deliberately small: what a device can run, how its
+/// memory is filled and read, and running a list of nodes.
+pub trait Backend: Send {
+    fn id(&self) -> BackendId;
+
+    /// Whether this backend can compute `node` whose sources are `srcs`.
+    fn supports(&self, node: &Node, srcs: &[&Node]) -> bool;
+
+    /// A new zeroed buffer of `bytes`.
+    fn alloc(&mut self, bytes: usize) -> Result<BufferId>;
+
+    /// Releases a buffer (its `TensorLoc`s become invalid).
+    fn free(&mut self, buffer: BufferId);
+
+    /// Makes a weight resident in the layout this backend computes with. A host
+    /// backend may alias `bytes`; a device uploads (and may repack) them.
+    fn load_weight(&mut self, bytes: HostBytes, desc: WeightDesc) -> Result<TensorLoc>;
+
+    fn write(&mut self, dst: TensorLoc, data: &[u8]) -> Result<()>;
+
+    fn read(&self, src: TensorLoc, out: &mut [u8]) -> Result<()>;
+
+    /// Computes `nodes` of `graph` in order. `locs[i]` is where node `i` lives
+    /// for this call: every source and destination of `nodes` is present, and
+    /// sources computed elsewhere already point at copies in this backend.
+    fn compute(&mut self, graph: &Graph, nodes: &[NodeId], locs: &[Option<TensorLoc>]) -> Result<()>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for s in ["CPU", "CPU1", "CUDA0", "CUDA12"] {
+            assert_eq!(s.parse::<BackendId>().unwrap().to_string(), s);
+        }
+        assert_eq!("cpu0".parse::<BackendId>().unwrap(), BackendId::CPU);
+        assert!("GPU0".parse::<BackendId>().is_err());
+        assert!("CUDA".parse::<BackendId>().is_err());
+    }
+}

@@ -67,6 +67,13 @@ pub struct File {
     pub alignment: u64,
     /// Absolute offset of the tensor data section.
     pub data_start: u64,
+    /// True when the tensors are laid out exactly as mainline ggml writes and
+    /// requires them: in info order from offset 0, each padded to the
+    /// alignment (`offset[i+1] == offset[i] + align_up(nbytes[i])`). Files
+    /// without it are still accepted when every tensor is aligned, in bounds
+    /// and disjoint, but mainline llama.cpp would refuse them. Trailing padding
+    /// after the last tensor is not part of this relation.
+    pub strict_layout: bool,
 }
 
 impl std::fmt::Debug for File {
@@ -75,6 +82,7 @@ impl std::fmt::Debug for File {
             .field("version", &self.version)
             .field("n_kv", &self.metadata.entries().len())
             .field("n_tensors", &self.tensors.len())
+            .field("strict_layout", &self.strict_layout)
             .finish()
     }
 }
@@ -115,37 +123,34 @@ impl File {
     }
 
     fn parse(bytes: Bytes) -> Result<File> {
-        let (version, metadata, tensors, alignment, data_start) = {
+        let (version, metadata, alignment, data_start, layout) = {
             let buf = bytes.as_slice();
             let mut r = Cursor { buf, pos: 0 };
-            let magic: [u8; 4] = r.take(4, "magic")?.try_into().expect("4 bytes");
+            let magic: [u8; 4] = r.take(4, &"magic")?.try_into().expect("4 bytes");
             if magic != MAGIC {
                 return Err(Error::BadMagic { found: magic });
             }
-            let version = r.u32("version")?;
+            let version = r.u32(&"version")?;
             if version != 2 && version != 3 {
                 let hint = if version & 0xffff == 0 { "; this looks like a big-endian file" } else { "" };
                 return Err(Error::BadVersion { version, hint });
             }
-            let n_tensors = r.count("tensor", 8 + 4 + 8 + 4 + 8)?;
-            let n_kv = r.count("metadata key", 8 + 4)?;
+            // Smallest tensor info: empty name, one dim.
+            let n_tensors = r.count(&"tensor", 8 + 4 + 8 + 4 + 8)?;
+            // Smallest KV: a one-byte key, its type, a one-byte value.
+            let n_kv = r.count(&"metadata key", 8 + 1 + 4 + 1)?;
             let metadata = read_metadata(&mut r, n_kv)?;
             let alignment = match metadata.get(ALIGNMENT_KEY) {
-                None => DEFAULT_ALIGNMENT,
-                Some(Value::U32(a)) if a.is_power_of_two() => *a as u64,
-                Some(v) => {
-                    return Err(Error::BadValue {
-                        key: ALIGNMENT_KEY.into(),
-                        reason: format!("must be a u32 power of two, found {}", v.display_short()),
-                    })
-                }
+                Some(Value::U32(a)) => *a as u64, // validated in read_metadata
+                _ => DEFAULT_ALIGNMENT,
             };
             let infos = read_tensor_infos(&mut r, n_tensors)?;
             let data_start = if infos.is_empty() { r.pos } else { align_up(r.pos, alignment) };
-            let tensors = resolve_tensors(infos, data_start, alignment, buf.len() as u64, &metadata)?;
-            (version, metadata, tensors, alignment, data_start)
+            let layout = resolve_tensors(infos, data_start, alignment, buf.len() as u64, &metadata)?;
+            (version, metadata, alignment, data_start, layout)
         };
-        Ok(File { bytes: Arc::new(bytes), version, metadata, tensors, alignment, data_start })
+        let (tensors, strict_layout) = layout;
+        Ok(File { bytes: Arc::new(bytes), version, metadata, tensors, alignment, data_start, strict_layout })
     }
 }
 
@@ -153,23 +158,37 @@ pub(crate) fn align_up(x: u64, a: u64) -> u64 {
     x.div_ceil(a) * a
 }
 
+/// `align_up` for sizes taken from untrusted dims, which may be near `u64::MAX`.
+fn checked_align_up(x: u64, a: u64) -> Option<u64> {
+    x.div_ceil(a).checked_mul(a)
+}
+
+/// Reads little-endian fields from the image. `what` describes the field for
+/// error messages; it is a `Display` so callers can name the key or tensor
+/// without allocating unless something fails.
 struct Cursor<'a> {
     buf: &'a [u8],
     pos: u64,
 }
+
+type What<'w> = &'w dyn std::fmt::Display;
 
 impl<'a> Cursor<'a> {
     fn remaining(&self) -> u64 {
         self.buf.len() as u64 - self.pos
     }
 
-    fn take(&mut self, n: u64, what: &str) -> Result<&'a [u8]> {
+    fn file_size(&self) -> u64 {
+        self.buf.len() as u64
+    }
+
+    fn take(&mut self, n: u64, what: What) -> Result<&'a [u8]> {
         if n > self.remaining() {
             return Err(Error::Truncated {
                 what: what.to_string(),
                 offset: self.pos,
                 needed: n,
-                file_size: self.buf.len() as u64,
+                file_size: self.file_size(),
             });
         }
         let s = &self.buf[self.pos as usize..(self.pos + n) as usize];
@@ -177,38 +196,40 @@ impl<'a> Cursor<'a> {
         Ok(s)
     }
 
-    fn array<const N: usize>(&mut self, what: &str) -> Result<[u8; N]> {
+    fn array<const N: usize>(&mut self, what: What) -> Result<[u8; N]> {
         Ok(self.take(N as u64, what)?.try_into().expect("exact length"))
     }
 
-    fn u32(&mut self, what: &str) -> Result<u32> {
+    fn u32(&mut self, what: What) -> Result<u32> {
         Ok(u32::from_le_bytes(self.array(what)?))
     }
 
-    fn u64(&mut self, what: &str) -> Result<u64> {
+    fn u64(&mut self, what: What) -> Result<u64> {
         Ok(u64::from_le_bytes(self.array(what)?))
     }
 
     /// A count of items that each need at least `min_item_bytes`; refuses counts
     /// the rest of the file cannot hold, so later allocations stay bounded.
-    fn count(&mut self, what: &'static str, min_item_bytes: u64) -> Result<u64> {
+    fn count(&mut self, what: What, min_item_bytes: u64) -> Result<u64> {
         let offset = self.pos;
         let count = self.u64(what)?;
         if count.checked_mul(min_item_bytes).is_none_or(|need| need > self.remaining()) {
-            return Err(Error::HugeCount { what, count, offset, file_size: self.buf.len() as u64 });
+            return Err(Error::HugeCount { what: what.to_string(), count, offset, file_size: self.file_size() });
         }
         Ok(count)
     }
 
-    fn string(&mut self, what: &str) -> Result<String> {
+    /// A length longer than the whole file (or absurdly long) is a corrupt
+    /// count; one that merely runs past the end is a truncated file.
+    fn string(&mut self, what: What) -> Result<String> {
         let at = self.pos;
         let len = self.u64(what)?;
-        if len > MAX_STRING || len > self.remaining() {
-            return Err(Error::Truncated {
-                what: format!("{what} of length {len}"),
+        if len > MAX_STRING || len > self.file_size() {
+            return Err(Error::HugeCount {
+                what: format!("length of {what}"),
+                count: len,
                 offset: at,
-                needed: len.saturating_add(8),
-                file_size: self.buf.len() as u64,
+                file_size: self.file_size(),
             });
         }
         let raw = self.take(len, what)?;
@@ -218,54 +239,66 @@ impl<'a> Cursor<'a> {
 
 fn read_metadata(r: &mut Cursor, n_kv: u64) -> Result<Metadata> {
     let mut md = Metadata::new();
-    for _ in 0..n_kv {
+    for i in 0..n_kv {
         let at = r.pos;
-        let key = r.string("metadata key")?;
+        let key = r.string(&format_args!("metadata key #{i}"))?;
         if key.is_empty() {
-            return Err(Error::BadKey { offset: at, reason: "empty key".into() });
+            return Err(Error::BadKey { offset: at, reason: format!("key #{i} is empty") });
         }
         let type_at = r.pos;
-        let type_id = r.u32("value type")?;
+        let type_id = r.u32(&format_args!("value type of {key:?}"))?;
         let ty = ValueType::from_id(type_id)
             .ok_or_else(|| Error::UnknownValueType { key: key.clone(), offset: type_at, type_id })?;
+        let value_at = r.pos;
         let value = read_value(r, ty, &key)?;
-        if !md.push_unique(key.clone(), value) {
+        // Checked here, where the offset is known; ggml refuses anything but a u32 power of two.
+        if key == ALIGNMENT_KEY && !matches!(value, Value::U32(a) if a.is_power_of_two()) {
+            return Err(Error::BadMetadata {
+                key,
+                offset: value_at,
+                reason: format!("must be a u32 power of two, found {:?} {}", ty, value.display_short()),
+            });
+        }
+        if md.contains(&key) {
             return Err(Error::DuplicateKey { key, offset: at });
         }
+        md.push_unique(key, value);
     }
     Ok(md)
 }
 
+fn read_bool(r: &mut Cursor, key: &str) -> Result<bool> {
+    let at = r.pos;
+    match r.array::<1>(&format_args!("{key:?}"))?[0] {
+        0 => Ok(false),
+        1 => Ok(true),
+        b => Err(Error::BadMetadata { key: key.into(), offset: at, reason: format!("bool byte {b} is neither 0 nor 1") }),
+    }
+}
+
 fn read_value(r: &mut Cursor, ty: ValueType, key: &str) -> Result<Value> {
+    let k = &format_args!("{key:?}");
     Ok(match ty {
-        ValueType::U8 => Value::U8(r.array::<1>(key)?[0]),
-        ValueType::I8 => Value::I8(r.array::<1>(key)?[0] as i8),
-        ValueType::U16 => Value::U16(u16::from_le_bytes(r.array(key)?)),
-        ValueType::I16 => Value::I16(i16::from_le_bytes(r.array(key)?)),
-        ValueType::U32 => Value::U32(r.u32(key)?),
-        ValueType::I32 => Value::I32(i32::from_le_bytes(r.array(key)?)),
-        ValueType::F32 => Value::F32(f32::from_le_bytes(r.array(key)?)),
-        ValueType::U64 => Value::U64(r.u64(key)?),
-        ValueType::I64 => Value::I64(i64::from_le_bytes(r.array(key)?)),
-        ValueType::F64 => Value::F64(f64::from_le_bytes(r.array(key)?)),
-        ValueType::Bool => {
-            let at = r.pos;
-            match r.array::<1>(key)?[0] {
-                0 => Value::Bool(false),
-                1 => Value::Bool(true),
-                b => {
-                    return Err(Error::BadMetadata { key: key.into(), offset: at, reason: format!("bool byte {b}") })
-                }
-            }
-        }
-        ValueType::String => Value::String(r.string(key)?),
+        ValueType::U8 => Value::U8(r.array::<1>(k)?[0]),
+        ValueType::I8 => Value::I8(r.array::<1>(k)?[0] as i8),
+        ValueType::U16 => Value::U16(u16::from_le_bytes(r.array(k)?)),
+        ValueType::I16 => Value::I16(i16::from_le_bytes(r.array(k)?)),
+        ValueType::U32 => Value::U32(r.u32(k)?),
+        ValueType::I32 => Value::I32(i32::from_le_bytes(r.array(k)?)),
+        ValueType::F32 => Value::F32(f32::from_le_bytes(r.array(k)?)),
+        ValueType::U64 => Value::U64(r.u64(k)?),
+        ValueType::I64 => Value::I64(i64::from_le_bytes(r.array(k)?)),
+        ValueType::F64 => Value::F64(f64::from_le_bytes(r.array(k)?)),
+        ValueType::Bool => Value::Bool(read_bool(r, key)?),
+        ValueType::String => Value::String(r.string(k)?),
         ValueType::Array => Value::Array(read_array(r, key)?),
     })
 }
 
 fn read_array(r: &mut Cursor, key: &str) -> Result<Array> {
+    let k = &format_args!("{key:?}");
     let at = r.pos;
-    let type_id = r.u32(key)?;
+    let type_id = r.u32(&format_args!("element type of {key:?}"))?;
     let ty = ValueType::from_id(type_id)
         .ok_or_else(|| Error::UnknownValueType { key: key.into(), offset: at, type_id })?;
     if ty == ValueType::Array {
@@ -273,7 +306,7 @@ fn read_array(r: &mut Cursor, key: &str) -> Result<Array> {
     }
     // A string needs at least its 8-byte length.
     let min = ty.scalar_size().unwrap_or(8) as u64;
-    let n = r.count("array element", min)? as usize;
+    let n = r.count(&format_args!("element of {key:?}"), min)? as usize;
     macro_rules! collect {
         ($variant:ident, $read:expr) => {{
             let mut v = Vec::with_capacity(n);
@@ -284,18 +317,18 @@ fn read_array(r: &mut Cursor, key: &str) -> Result<Array> {
         }};
     }
     Ok(match ty {
-        ValueType::U8 => Array::U8(r.take(n as u64, key)?.to_vec()),
-        ValueType::I8 => Array::I8(r.take(n as u64, key)?.iter().map(|&b| b as i8).collect()),
-        ValueType::U16 => collect!(U16, u16::from_le_bytes(r.array(key)?)),
-        ValueType::I16 => collect!(I16, i16::from_le_bytes(r.array(key)?)),
-        ValueType::U32 => collect!(U32, r.u32(key)?),
-        ValueType::I32 => collect!(I32, i32::from_le_bytes(r.array(key)?)),
-        ValueType::F32 => collect!(F32, f32::from_le_bytes(r.array(key)?)),
-        ValueType::U64 => collect!(U64, r.u64(key)?),
-        ValueType::I64 => collect!(I64, i64::from_le_bytes(r.array(key)?)),
-        ValueType::F64 => collect!(F64, f64::from_le_bytes(r.array(key)?)),
-        ValueType::Bool => collect!(Bool, r.array::<1>(key)?[0] != 0),
-        ValueType::String => collect!(String, r.string(key)?),
+        ValueType::U8 => Array::U8(r.take(n as u64, k)?.to_vec()),
+        ValueType::I8 => Array::I8(r.take(n as u64, k)?.iter().map(|&b| b as i8).collect()),
+        ValueType::U16 => collect!(U16, u16::from_le_bytes(r.array(k)?)),
+        ValueType::I16 => collect!(I16, i16::from_le_bytes(r.array(k)?)),
+        ValueType::U32 => collect!(U32, r.u32(k)?),
+        ValueType::I32 => collect!(I32, i32::from_le_bytes(r.array(k)?)),
+        ValueType::F32 => collect!(F32, f32::from_le_bytes(r.array(k)?)),
+        ValueType::U64 => collect!(U64, r.u64(k)?),
+        ValueType::I64 => collect!(I64, i64::from_le_bytes(r.array(k)?)),
+        ValueType::F64 => collect!(F64, f64::from_le_bytes(r.array(k)?)),
+        ValueType::Bool => collect!(Bool, read_bool(r, key)?),
+        ValueType::String => collect!(String, r.string(k)?),
         ValueType::Array => unreachable!("rejected above"),
     })
 }
@@ -313,26 +346,27 @@ struct RawInfo {
 fn read_tensor_infos(r: &mut Cursor, n: u64) -> Result<Vec<RawInfo>> {
     let mut out = Vec::with_capacity(n as usize);
     let mut seen = HashSet::new();
-    for _ in 0..n {
+    for i in 0..n {
         let info_offset = r.pos;
-        let name = r.string("tensor name")?;
+        let name = r.string(&format_args!("name of tensor #{i}"))?;
         let bad = |reason: String| Error::BadTensor { name: name.clone(), offset: info_offset, reason };
-        let n_dims = r.u32("tensor n_dims")? as usize;
+        let n_dims = r.u32(&format_args!("n_dims of tensor {name:?}"))? as usize;
         if n_dims == 0 || n_dims > MAX_DIMS {
             return Err(bad(format!("n_dims {n_dims} is outside 1..={MAX_DIMS}")));
         }
         let mut ne = [1u64; MAX_DIMS];
-        for d in ne.iter_mut().take(n_dims) {
-            *d = r.u64("tensor dim")?;
+        for (j, d) in ne.iter_mut().take(n_dims).enumerate() {
+            *d = r.u64(&format_args!("ne[{j}] of tensor {name:?}"))?;
             if *d == 0 || *d > i64::MAX as u64 {
-                return Err(bad(format!("dimension {d} is not a positive int64")));
+                return Err(bad(format!("ne[{j}] = {d} is not a positive int64")));
             }
         }
+        // ggml counts elements in int64; anything larger cannot be addressed.
         if ne.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d)).is_none_or(|n| n > i64::MAX as u64) {
             return Err(bad(format!("dims {:?} overflow the element count", &ne[..n_dims])));
         }
-        let type_id = r.u32("tensor type")?;
-        let rel_offset = r.u64("tensor offset")?;
+        let type_id = r.u32(&format_args!("type of tensor {name:?}"))?;
+        let rel_offset = r.u64(&format_args!("data offset of tensor {name:?}"))?;
         if !seen.insert(name.clone()) {
             return Err(Error::DuplicateTensor { name, offset: info_offset });
         }
@@ -341,15 +375,16 @@ fn read_tensor_infos(r: &mut Cursor, n: u64) -> Result<Vec<RawInfo>> {
     Ok(out)
 }
 
-/// Resolves every type id (spec/gguf.md §3) and checks every tensor lies
-/// inside the file, aligned.
+/// Resolves every type id (spec/gguf.md §3), checks sizes against the layout,
+/// and checks every tensor lies inside the file, aligned and disjoint.
+/// Returns the tensors and whether the layout is strict.
 fn resolve_tensors(
     infos: Vec<RawInfo>,
     data_start: u64,
     alignment: u64,
     file_size: u64,
     metadata: &Metadata,
-) -> Result<Vec<TensorInfo>> {
+) -> Result<(Vec<TensorInfo>, bool)> {
     let is_ms_bitnet = metadata
         .get("general.architecture")
         .and_then(Value::as_str)
@@ -366,16 +401,26 @@ fn resolve_tensors(
             return Err(bad(format!("data offset {} is not a multiple of the alignment {alignment}", raw.rel_offset)));
         }
         let offset = data_start.checked_add(raw.rel_offset).ok_or_else(|| bad("data offset overflows".into()))?;
-        let end = offset.checked_add(nbytes).ok_or_else(|| bad("data end overflows".into()))?;
-        if end > file_size {
-            return Err(bad(format!(
-                "data [{offset}, {end}) ({nbytes} bytes of {ty}) runs past the end of the file ({file_size} bytes)"
-            )));
-        }
         out.push(TensorInfo { name: raw.name.clone(), ty, ne, n_dims: raw.n_dims, offset, nbytes });
     }
+    // Before the bounds and overlap checks, so that a misread type id gets
+    // the error that explains it rather than a generic overlap.
+    let strict = check_layout(&out, &infos, alignment)?;
+    for (t, raw) in out.iter().zip(&infos) {
+        let end = t.offset.checked_add(t.nbytes).filter(|&e| e <= file_size);
+        if end.is_none() {
+            return Err(Error::BadTensor {
+                name: t.name.clone(),
+                offset: raw.info_offset,
+                reason: format!(
+                    "data at {} ({} bytes of {}) runs past the end of the file ({file_size} bytes)",
+                    t.offset, t.nbytes, t.ty
+                ),
+            });
+        }
+    }
     check_no_overlap(&out, &infos)?;
-    Ok(out)
+    Ok((out, strict))
 }
 
 fn resolve_type(raw: &RawInfo, is_ms_bitnet: bool) -> Result<GgmlType> {
@@ -394,6 +439,64 @@ fn resolve_type(raw: &RawInfo, is_ms_bitnet: bool) -> Result<GgmlType> {
         )),
         id => GgmlType::from_id(id).ok_or_else(|| unknown("")),
     }
+}
+
+/// The ids whose meaning differs between forks (spec §2.1), so their size must
+/// be confirmed by the layout. 36 is I2_S only in ik's and Microsoft's trees.
+fn is_ambiguous(ty: GgmlType) -> bool {
+    ty == GgmlType::I2_S
+}
+
+/// Size rule shown when an ambiguous type's size disagrees with the layout.
+fn size_rule(ty: GgmlType) -> &'static str {
+    match ty {
+        GgmlType::I2_S => "n_elements/4 + 32",
+        _ => "blocks x block bytes",
+    }
+}
+
+/// Spec §3 rule 1: the strict relation between consecutive offsets doubles
+/// as a check that each type id was read with the right size. Returns whether
+/// the layout is strict. An ambiguous-type tensor whose gap to the next
+/// tensor disagrees with its size is an error when the gap is too small
+/// (its data would overlap the next) or when every other tensor follows the
+/// strict relation (so the writer clearly used it, and read its type
+/// differently). Other non-strict layouts are accepted.
+fn check_layout(tensors: &[TensorInfo], raw: &[RawInfo], alignment: u64) -> Result<bool> {
+    let Some(first) = raw.first() else { return Ok(true) };
+    let starts_at_zero = first.rel_offset == 0;
+    // gap[i]: bytes from tensor i's data to tensor i+1's (None if out of order).
+    let gaps: Vec<Option<u64>> = raw.windows(2).map(|w| w[1].rel_offset.checked_sub(w[0].rel_offset)).collect();
+    let fits = |i: usize| {
+        let padded = checked_align_up(tensors[i].nbytes, alignment);
+        padded.is_some() && gaps[i] == padded
+    };
+    let strict = starts_at_zero && (0..gaps.len()).all(fits);
+    if strict {
+        return Ok(true);
+    }
+    let others_strict = starts_at_zero && (0..gaps.len()).all(|i| is_ambiguous(tensors[i].ty) || fits(i));
+    for (i, &gap) in gaps.iter().enumerate() {
+        let t = &tensors[i];
+        let Some(gap) = gap else { continue };
+        if !is_ambiguous(t.ty) || fits(i) {
+            continue;
+        }
+        let padded = checked_align_up(t.nbytes, alignment).unwrap_or(u64::MAX);
+        if gap < padded || others_strict {
+            return Err(Error::SizeMismatch {
+                name: t.name.clone(),
+                offset: raw[i].info_offset,
+                type_id: raw[i].type_id,
+                ty: t.ty,
+                rule: size_rule(t.ty),
+                expected: t.nbytes,
+                padded,
+                gap,
+            });
+        }
+    }
+    Ok(false)
 }
 
 /// Two tensors must never share bytes; a file that claims so is corrupt (or

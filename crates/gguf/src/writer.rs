@@ -4,6 +4,7 @@
 //! write never leaves a half-written model behind.
 
 use std::borrow::Cow;
+use std::collections::HashSet;
 use std::io::{BufWriter, Write};
 use std::path::Path;
 
@@ -79,6 +80,26 @@ impl Writer {
         result
     }
 
+    /// Checks everything that could make the output unreadable, before any
+    /// byte is written, and returns each tensor's data size.
+    fn validate(&self) -> Result<Vec<u64>> {
+        if self.metadata.entries().iter().any(|(k, _)| k.is_empty()) {
+            return Err(Error::BadValue { key: String::new(), reason: "metadata keys must not be empty".into() });
+        }
+        let mut names = HashSet::new();
+        let mut sizes = Vec::with_capacity(self.tensors.len());
+        for t in &self.tensors {
+            if t.dims.is_empty() || t.dims.len() > crate::MAX_DIMS {
+                return Err(Error::BadWrite { name: t.name.clone(), reason: format!("{} dims", t.dims.len()) });
+            }
+            if !names.insert(t.name.as_str()) {
+                return Err(Error::BadWrite { name: t.name.clone(), reason: "duplicate tensor name".into() });
+            }
+            sizes.push(t.nbytes()?);
+        }
+        Ok(sizes)
+    }
+
     /// Writes the whole file to any sink.
     pub fn write<'a>(
         &self,
@@ -86,6 +107,7 @@ impl Writer {
         mut data: impl FnMut(usize) -> Result<Cow<'a, [u8]>>,
     ) -> Result<()> {
         let align = self.alignment()?;
+        let sizes = self.validate()?;
         let mut w = Sink { out, pos: 0 };
         w.bytes(&MAGIC)?;
         w.u32(3)?;
@@ -97,12 +119,7 @@ impl Writer {
             w.value(value)?;
         }
         let mut offset = 0u64;
-        let mut sizes = Vec::with_capacity(self.tensors.len());
-        for t in &self.tensors {
-            if t.dims.is_empty() || t.dims.len() > crate::MAX_DIMS {
-                return Err(Error::BadWrite { name: t.name.clone(), reason: format!("{} dims", t.dims.len()) });
-            }
-            let nbytes = t.nbytes()?;
+        for (t, &nbytes) in self.tensors.iter().zip(&sizes) {
             w.string(&t.name)?;
             w.u32(t.dims.len() as u32)?;
             for &d in &t.dims {
@@ -110,7 +127,6 @@ impl Writer {
             }
             w.u32(t.ty.id())?;
             w.u64(offset)?;
-            sizes.push(nbytes);
             offset += align_up(nbytes, align);
         }
         if !self.tensors.is_empty() {
@@ -125,6 +141,7 @@ impl Writer {
                 });
             }
             w.bytes(&bytes)?;
+            // Every tensor is padded, the last one too, as ggml and gguf-py do.
             w.pad_to(align)?;
         }
         w.out.flush().map_err(|source| Error::Write { path: "<sink>".into(), source })

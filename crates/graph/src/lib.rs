@@ -1,1 +1,216 @@
-//! placeholder
+//! The compute graph: plain data that a model builds and backends run.
+//!
+//! Shapes follow ggml: `ne[0]` is the contiguous dimension, so an activation
+//! matrix of `n_tokens` rows of width `n_embd` is `[n_embd, n_tokens, 1, 1]`.
+//! Nodes are stored in topological order (a node's sources always come
+//! before it), which is the order backends execute them in.
+
+mod op;
+
+pub use op::{
+    Activation, AttentionParams, InputKind, KvKind, Llama3Scaling, Op, Precision, RopeMode, RopeParams,
+};
+pub use tern_gguf::GgmlType;
+
+/// Element type of a graph tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DType {
+    /// A GGUF storage type (weights, f32 activations, f16 caches).
+    Ggml(GgmlType),
+    /// Token ids and positions.
+    I32,
+}
+
+impl DType {
+    pub const F32: DType = DType::Ggml(GgmlType::F32);
+    pub const F16: DType = DType::Ggml(GgmlType::F16);
+
+    /// Bytes of a tensor of this type with dims `ne` (`None` if not a whole number of blocks).
+    pub fn nbytes(self, ne: [usize; 4]) -> Option<usize> {
+        match self {
+            DType::I32 => ne.iter().try_fold(4usize, |acc, &d| acc.checked_mul(d)),
+            DType::Ggml(t) => t.tensor_bytes(&ne.map(|d| d as u64)).and_then(|b| usize::try_from(b).ok()),
+        }
+    }
+}
+
+impl std::fmt::Display for DType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DType::Ggml(t) => write!(f, "{t}"),
+            DType::I32 => f.write_str("I32"),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NodeId(pub u32);
+
+impl NodeId {
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Node {
+    pub op: Op,
+    pub srcs: Vec<NodeId>,
+    pub ne: [usize; 4],
+    pub dtype: DType,
+    /// A label for plans and profiles: the weight name for weights, the weight
+    /// a matmul reads (`blk.3.ffn_up`) for matmuls.
+    pub label: Option<String>,
+}
+
+impl Node {
+    pub fn n_elements(&self) -> usize {
+        self.ne.iter().product()
+    }
+
+    pub fn nbytes(&self) -> usize {
+        self.dtype.nbytes(self.ne).expect("graph tensors have valid shapes")
+    }
+
+    /// Number of rows (`ne[1] * ne[2] * ne[3]`).
+    pub fn n_rows(&self) -> usize {
+        self.ne[1] * self.ne[2] * self.ne[3]
+    }
+}
+
+/// A graph under construction and, once built, the thing backends run.
+#[derive(Clone, Debug, Default)]
+pub struct Graph {
+    pub nodes: Vec<Node>,
+    /// Nodes whose values the caller reads back (logits).
+    pub outputs: Vec<NodeId>,
+}
+
+impl Graph {
+    pub fn new() -> Graph {
+        Graph::default()
+    }
+
+    pub fn node(&self, id: NodeId) -> &Node {
+        &self.nodes[id.index()]
+    }
+
+    pub fn ids(&self) -> impl Iterator<Item = NodeId> {
+        (0..self.nodes.len() as u32).map(NodeId)
+    }
+
+    fn push(&mut self, op: Op, srcs: Vec<NodeId>, ne: [usize; 4], dtype: DType, label: Option<String>) -> NodeId {
+        let id = NodeId(self.nodes.len() as u32);
+        self.nodes.push(Node { op, srcs, ne, dtype, label });
+        id
+    }
+
+    fn ne(&self, id: NodeId) -> [usize; 4] {
+        self.node(id).ne
+    }
+
+    pub fn mark_output(&mut self, id: NodeId) {
+        self.outputs.push(id);
+    }
+
+    // --- leaves ---
+
+    pub fn weight(&mut self, index: usize, name: &str, dtype: GgmlType, ne: [usize; 4]) -> NodeId {
+        self.push(Op::Weight(index), vec![], ne, DType::Ggml(dtype), Some(name.to_string()))
+    }
+
+    pub fn input(&mut self, kind: InputKind, n: usize) -> NodeId {
+        self.push(Op::Input(kind), vec![], [n, 1, 1, 1], DType::I32, None)
+    }
+
+    pub fn kv_cache(&mut self, layer: usize, kind: KvKind, dtype: GgmlType, ne: [usize; 4]) -> NodeId {
+        self.push(Op::KvCache { layer, kind }, vec![], ne, DType::Ggml(dtype), None)
+    }
+
+    // --- ops (shape inference; shape mismatches are bugs in model code, whose
+    // weight shapes were validated at load) ---
+
+    /// Rows `ids` of `table` as f32: `[ne0, n_ids]`.
+    pub fn get_rows(&mut self, table: NodeId, ids: NodeId) -> NodeId {
+        let (t, n) = (self.ne(table), self.ne(ids)[0]);
+        self.push(Op::GetRows, vec![table, ids], [t[0], n, 1, 1], DType::F32, None)
+    }
+
+    pub fn rms_norm(&mut self, x: NodeId, eps: f32) -> NodeId {
+        let ne = self.ne(x);
+        self.push(Op::RmsNorm { eps }, vec![x], ne, DType::F32, None)
+    }
+
+    fn binary(&mut self, op: Op, a: NodeId, b: NodeId) -> NodeId {
+        let (na, nb) = (self.ne(a), self.ne(b));
+        assert!(
+            na[0] == nb[0] && (nb[1..] == na[1..] || nb[1..].iter().all(|&d| d == 1)),
+            "{}: shapes {na:?} and {nb:?} do not broadcast",
+            op.name()
+        );
+        self.push(op, vec![a, b], na, DType::F32, None)
+    }
+
+    pub fn mul(&mut self, a: NodeId, b: NodeId) -> NodeId {
+        self.binary(Op::Mul, a, b)
+    }
+
+    pub fn add(&mut self, a: NodeId, b: NodeId) -> NodeId {
+        self.binary(Op::Add, a, b)
+    }
+
+    pub fn scale(&mut self, x: NodeId, factor: f32) -> NodeId {
+        let ne = self.ne(x);
+        self.push(Op::Scale { factor }, vec![x], ne, DType::F32, None)
+    }
+
+    /// `W·x`: `w [k, n]`, `x [k, m]` → `[n, m]`.
+    pub fn mul_mat(&mut self, w: NodeId, x: NodeId, precision: Precision) -> NodeId {
+        let (nw, nx) = (self.ne(w), self.ne(x));
+        assert_eq!(nw[0], nx[0], "mul_mat: weight {nw:?} and input {nx:?} disagree on k");
+        let label = self.node(w).label.as_ref().map(|l| l.trim_end_matches(".weight").to_string());
+        self.push(Op::MulMat { precision }, vec![w, x], [nw[1], nx[1], 1, 1], DType::F32, label)
+    }
+
+    pub fn rope(&mut self, x: NodeId, positions: NodeId, params: RopeParams) -> NodeId {
+        let ne = self.ne(x);
+        assert_eq!(ne[0] % params.head_dim, 0, "rope: width {} is not whole heads", ne[0]);
+        assert_eq!(self.ne(positions)[0], ne[1], "rope: one position per token");
+        self.push(Op::Rope(params), vec![x, positions], ne, DType::F32, None)
+    }
+
+    pub fn gated_act(&mut self, gate: NodeId, up: NodeId, act: Activation) -> NodeId {
+        assert_eq!(self.ne(gate), self.ne(up), "gated_act: gate and up differ");
+        let ne = self.ne(gate);
+        self.push(Op::GatedAct(act), vec![gate, up], ne, DType::F32, None)
+    }
+
+    pub fn attention(
+        &mut self,
+        q: NodeId,
+        k: NodeId,
+        v: NodeId,
+        k_cache: NodeId,
+        v_cache: NodeId,
+        p: AttentionParams,
+    ) -> NodeId {
+        let n_tokens = self.ne(q)[1];
+        assert_eq!(self.ne(q)[0], p.head_dim * p.n_head, "attention: q width");
+        assert_eq!(self.ne(k)[0], p.head_dim * p.n_head_kv, "attention: k width");
+        assert_eq!(self.ne(k_cache)[0], p.head_dim * p.n_head_kv, "attention: cache width");
+        assert!(p.kv_pos + n_tokens <= self.ne(k_cache)[1], "attention: cache too small");
+        self.push(Op::Attention(p), vec![q, k, v, k_cache, v_cache], [p.head_dim * p.n_head, n_tokens, 1, 1], DType::F32, None)
+    }
+
+    /// For each node, the index of the last node that reads it (`None` if
+    /// nothing does). Memory planners free a tensor after its last reader.
+    pub fn last_uses(&self) -> Vec<Option<NodeId>> {
+        let mut last = vec![None; self.nodes.len()];
+        for (i, n) in self.nodes.iter().enumerate() {
+            for s in &n.srcs {
+                last[s.index()] = Some(NodeId(i as u32));
+            }
+        }
+        last
+    }
+}

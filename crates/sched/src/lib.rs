@@ -1,1 +1,14 @@
-//! placeholder
+//! The scheduler: places weights, assigns every graph node a backend with a
+//! reason, cuts the graph into splits with the copies between them, plans
+//! each backend's arena, and runs the result. It never computes anything
+//! itself: kernels belong to backends.
+
+mod assign;
+mod exec;
+mod memory;
+mod placement;
+
+pub use assign::{assign, split, Assigned, Copy, NodeReason, Split};
+pub use exec::{Backends, Error, Schedule};
+pub use memory::{plan_memory, MemoryPlan, ARENA_ALIGN};
+pub use placement::{Override, Placement, PlacementRules, RuleError, WeightPlace, WeightReason};

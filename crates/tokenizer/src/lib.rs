@@ -1,1 +1,4 @@
 //! placeholder
+mod bytes;
+mod unicode;
+mod unicode_tables;

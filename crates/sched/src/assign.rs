@@ -1,0 +1,129 @@
+//! Node assignment: every graph node gets a backend and the reason for it.
+//!
+//! Passes, in order:
+//! 1. leaves live where their data is (weights by placement, caches at their
+//!    layer's home, step inputs on the host);
+//! 2. an op that writes a cache runs where the cache lives;
+//! 3. an op that reads a weight runs where the weight lives;
+//! 4. any other op follows its first computed input.
+//!
+//! A backend that cannot run the chosen op hands it to the host.
+
+use std::fmt;
+
+use tern_backend::{Backend, BackendId};
+use tern_graph::{Graph, NodeId, Op};
+
+use crate::placement::Placement;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodeReason {
+    /// A weight leaf, placed by the placement.
+    Weight,
+    /// A KV cache leaf at its layer's home.
+    Cache,
+    /// A per-step input, written by the host.
+    HostInput,
+    /// The op writes a KV cache that lives on this backend.
+    CacheLives,
+    /// The op reads a weight that lives on this backend.
+    WeightLives,
+    /// The op follows its first computed input.
+    InputLives,
+    /// The preferred backend cannot run the op; the host does.
+    Fallback,
+}
+
+impl fmt::Display for NodeReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            NodeReason::Weight => "weight",
+            NodeReason::Cache => "cache",
+            NodeReason::HostInput => "host input",
+            NodeReason::CacheLives => "cache lives here",
+            NodeReason::WeightLives => "weight lives here",
+            NodeReason::InputLives => "input lives here",
+            NodeReason::Fallback => "unsupported there, host fallback",
+        })
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Assigned {
+    pub backend: BackendId,
+    pub reason: NodeReason,
+}
+
+/// Assigns every node of `graph`. `backends` answers `supports`.
+pub fn assign(graph: &Graph, placement: &Placement, backends: &[&dyn Backend]) -> Vec<Assigned> {
+    let mut out: Vec<Assigned> = Vec::with_capacity(graph.nodes.len());
+    for node in &graph.nodes {
+        let on = |backend, reason| Assigned { backend, reason };
+        let src_backend = |i: usize| out[node.srcs[i].index()].backend;
+        let a = match &node.op {
+            Op::Weight(i) => on(placement.weights[*i].backend, NodeReason::Weight),
+            Op::KvCache { layer, .. } => on(placement.kv_homes[*layer], NodeReason::Cache),
+            Op::Input(_) => on(BackendId::CPU, NodeReason::HostInput),
+            Op::Attention(p) => on(placement.kv_homes[p.layer], NodeReason::CacheLives),
+            _ => match node.srcs.iter().position(|s| matches!(graph.node(*s).op, Op::Weight(_))) {
+                Some(w) => on(src_backend(w), NodeReason::WeightLives),
+                None => {
+                    let first = node.srcs.iter().position(|s| !graph.node(*s).op.is_leaf()).unwrap_or(0);
+                    on(src_backend(first), NodeReason::InputLives)
+                }
+            },
+        };
+        let a = if node.op.is_leaf() || supported(graph, node, a.backend, backends) {
+            a
+        } else {
+            on(BackendId::CPU, NodeReason::Fallback)
+        };
+        out.push(a);
+    }
+    out
+}
+
+fn supported(graph: &Graph, node: &tern_graph::Node, id: BackendId, backends: &[&dyn Backend]) -> bool {
+    let srcs: Vec<_> = node.srcs.iter().map(|s| graph.node(*s)).collect();
+    backends.iter().find(|b| b.id() == id).is_some_and(|b| b.supports(node, &srcs))
+}
+
+/// A maximal run of consecutive computed nodes on one backend, with the
+/// sources it must receive from other backends.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Split {
+    pub backend: BackendId,
+    pub nodes: Vec<NodeId>,
+    /// Sources living on another backend, copied in before the split runs.
+    pub copies: Vec<Copy>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Copy {
+    pub src: NodeId,
+    pub from: BackendId,
+}
+
+/// Cuts the computed nodes into splits and finds the copies each needs.
+pub fn split(graph: &Graph, assigned: &[Assigned]) -> Vec<Split> {
+    let mut splits: Vec<Split> = Vec::new();
+    for id in graph.ids() {
+        let node = graph.node(id);
+        if node.op.is_leaf() {
+            continue;
+        }
+        let backend = assigned[id.index()].backend;
+        if splits.last().is_none_or(|s| s.backend != backend) {
+            splits.push(Split { backend, nodes: Vec::new(), copies: Vec::new() });
+        }
+        let s = splits.last_mut().expect("pushed above");
+        s.nodes.push(id);
+        for &src in &node.srcs {
+            let from = assigned[src.index()].backend;
+            if from != backend && !s.copies.iter().any(|c| c.src == src) {
+                s.copies.push(Copy { src, from });
+            }
+        }
+    }
+    splits
+}

@@ -1,0 +1,149 @@
+//! Running a scheduled graph: keep one arena per backend, write the step
+//! inputs, then for each split copy in what it needs and let its backend
+//! compute. Copies go through host memory; with only host backends that is
+//! one memcpy.
+
+use std::collections::BTreeMap;
+
+use tern_backend::{Backend, BackendId, BufferId, TensorLoc};
+use tern_graph::{Graph, NodeId, Op};
+
+use crate::assign::{assign, split, Assigned, Split};
+use crate::memory::{plan_memory, MemoryPlan};
+use crate::placement::Placement;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Backend(#[from] tern_backend::Error),
+    #[error("no backend {0} is loaded")]
+    MissingBackend(BackendId),
+    #[error("graph leaf {node} ({op}) has no data bound to it")]
+    UnboundLeaf { node: u32, op: &'static str },
+    #[error("step input for node {node} has {got} bytes, expected {want}")]
+    InputSize { node: u32, got: usize, want: usize },
+}
+
+/// A graph's assignment, splits and memory plan. Pure data.
+#[derive(Clone, Debug)]
+pub struct Schedule {
+    pub assigned: Vec<Assigned>,
+    pub splits: Vec<Split>,
+    pub memory: MemoryPlan,
+}
+
+impl Schedule {
+    pub fn new(graph: &Graph, placement: &Placement, backends: &Backends) -> Schedule {
+        let refs: Vec<&dyn Backend> = backends.list.iter().map(|b| b.as_ref()).collect();
+        let assigned = assign(graph, placement, &refs);
+        let splits = split(graph, &assigned);
+        let memory = plan_memory(graph, &assigned, &splits);
+        Schedule { assigned, splits, memory }
+    }
+
+    /// Bytes copied between backends per run.
+    pub fn copy_bytes(&self, graph: &Graph) -> usize {
+        self.splits.iter().flat_map(|s| &s.copies).map(|c| graph.node(c.src).nbytes()).sum()
+    }
+}
+
+/// The loaded backends, plus the arena each keeps for per-step tensors.
+pub struct Backends {
+    list: Vec<Box<dyn Backend>>,
+    arenas: BTreeMap<BackendId, (BufferId, usize)>,
+}
+
+impl Backends {
+    pub fn new(list: Vec<Box<dyn Backend>>) -> Backends {
+        Backends { list, arenas: BTreeMap::new() }
+    }
+
+    pub fn ids(&self) -> Vec<BackendId> {
+        self.list.iter().map(|b| b.id()).collect()
+    }
+
+    pub fn get(&self, id: BackendId) -> Result<&dyn Backend, Error> {
+        self.list.iter().find(|b| b.id() == id).map(|b| b.as_ref()).ok_or(Error::MissingBackend(id))
+    }
+
+    pub fn get_mut(&mut self, id: BackendId) -> Result<&mut (dyn Backend + 'static), Error> {
+        self.list.iter_mut().find(|b| b.id() == id).map(|b| b.as_mut()).ok_or(Error::MissingBackend(id))
+    }
+
+    /// The arena buffer of `id`, grown to at least `bytes`.
+    fn arena(&mut self, id: BackendId, bytes: usize) -> Result<BufferId, Error> {
+        if let Some(&(buf, cap)) = self.arenas.get(&id) {
+            if cap >= bytes {
+                return Ok(buf);
+            }
+            self.get_mut(id)?.free(buf);
+            self.arenas.remove(&id);
+        }
+        // Grow with headroom so a growing KV position does not reallocate every step.
+        let cap = bytes + bytes / 4;
+        let buf = self.get_mut(id)?.alloc(cap)?;
+        self.arenas.insert(id, (buf, cap));
+        Ok(buf)
+    }
+
+    /// Runs `graph` under `schedule`. `leaf` gives the location of weight and
+    /// cache leaves; `inputs` are the bytes of the step inputs. Returns the
+    /// bytes of each graph output.
+    pub fn run(
+        &mut self,
+        graph: &Graph,
+        schedule: &Schedule,
+        leaf: &dyn Fn(&Op) -> Option<TensorLoc>,
+        inputs: &[(NodeId, &[u8])],
+    ) -> Result<Vec<Vec<u8>>, Error> {
+        let mut arena_of = BTreeMap::new();
+        for (&id, &bytes) in &schedule.memory.arena_bytes {
+            arena_of.insert(id, self.arena(id, bytes)?);
+        }
+        // Home location of every node: leaves where they are bound, the rest in arenas.
+        let mut home: Vec<Option<TensorLoc>> = vec![None; graph.nodes.len()];
+        for id in graph.ids() {
+            let node = graph.node(id);
+            home[id.index()] = match (&node.op, schedule.memory.node_offsets[id.index()]) {
+                (_, Some(offset)) => {
+                    let backend = schedule.assigned[id.index()].backend;
+                    Some(TensorLoc { buffer: arena_of[&backend], offset, nbytes: node.nbytes() })
+                }
+                (Op::Weight(_) | Op::KvCache { .. }, None) => Some(
+                    leaf(&node.op).ok_or(Error::UnboundLeaf { node: id.0, op: node.op.name() })?,
+                ),
+                _ => None,
+            };
+        }
+        for &(id, bytes) in inputs {
+            let loc = home[id.index()].ok_or(Error::UnboundLeaf { node: id.0, op: "input" })?;
+            if bytes.len() != loc.nbytes {
+                return Err(Error::InputSize { node: id.0, got: bytes.len(), want: loc.nbytes });
+            }
+            self.get_mut(schedule.assigned[id.index()].backend)?.write(loc, bytes)?;
+        }
+
+        let mut staging = Vec::new();
+        for (si, s) in schedule.splits.iter().enumerate() {
+            let mut locs = home.clone();
+            for (ci, c) in s.copies.iter().enumerate() {
+                let src = home[c.src.index()].ok_or(Error::UnboundLeaf { node: c.src.0, op: "copy source" })?;
+                let dst = TensorLoc { buffer: arena_of[&s.backend], offset: schedule.memory.copy_offsets[si][ci], nbytes: src.nbytes };
+                staging.resize(src.nbytes, 0);
+                self.get(c.from)?.read(src, &mut staging)?;
+                self.get_mut(s.backend)?.write(dst, &staging)?;
+                locs[c.src.index()] = Some(dst);
+            }
+            self.get_mut(s.backend)?.compute(graph, &s.nodes, &locs)?;
+        }
+
+        let mut outputs = Vec::with_capacity(graph.outputs.len());
+        for &o in &graph.outputs {
+            let loc = home[o.index()].ok_or(Error::UnboundLeaf { node: o.0, op: "output" })?;
+            let mut bytes = vec![0u8; loc.nbytes];
+            self.get(schedule.assigned[o.index()].backend)?.read(loc, &mut bytes)?;
+            outputs.push(bytes);
+        }
+        Ok(outputs)
+    }
+}
