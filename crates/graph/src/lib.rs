@@ -8,7 +8,7 @@
 mod op;
 
 pub use op::{
-    Activation, AttentionParams, InputKind, KvKind, Llama3Scaling, Op, Precision, RopeMode, RopeParams,
+    Activation, AttentionParams, InputKind, KvKind, Op, Precision, RopeMode, RopeParams,
 };
 pub use tern_gguf::GgmlType;
 
@@ -172,11 +172,16 @@ impl Graph {
         self.push(Op::MulMat { precision }, vec![w, x], [nw[1], nx[1], 1, 1], DType::F32, label)
     }
 
-    pub fn rope(&mut self, x: NodeId, positions: NodeId, params: RopeParams) -> NodeId {
+    pub fn rope(&mut self, x: NodeId, positions: NodeId, freq_factors: Option<NodeId>, params: RopeParams) -> NodeId {
         let ne = self.ne(x);
         assert_eq!(ne[0] % params.head_dim, 0, "rope: width {} is not whole heads", ne[0]);
         assert_eq!(self.ne(positions)[0], ne[1], "rope: one position per token");
-        self.push(Op::Rope(params), vec![x, positions], ne, DType::F32, None)
+        let mut srcs = vec![x, positions];
+        if let Some(f) = freq_factors {
+            assert_eq!(self.ne(f)[0], params.n_rot / 2, "rope: one frequency factor per pair");
+            srcs.push(f);
+        }
+        self.push(Op::Rope(params), srcs, ne, DType::F32, None)
     }
 
     pub fn gated_act(&mut self, gate: NodeId, up: NodeId, act: Activation) -> NodeId {

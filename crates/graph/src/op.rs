@@ -38,18 +38,6 @@ pub struct RopeParams {
     pub freq_base: f32,
     /// Linear position scale (1 / `rope.scaling.factor`), 1.0 when unscaled.
     pub freq_scale: f32,
-    /// Llama-3 style frequency-dependent scaling, when declared.
-    pub llama3: Option<Llama3Scaling>,
-}
-
-/// `rope_type = llama3` scaling (Llama 3.1+): long wavelengths are divided by `factor`,
-/// short ones kept, with a smooth blend between the two bands.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Llama3Scaling {
-    pub factor: f32,
-    pub low_freq_factor: f32,
-    pub high_freq_factor: f32,
-    pub original_context: f32,
 }
 
 /// Pointwise activations.
@@ -105,7 +93,8 @@ pub enum Op {
     Scale { factor: f32 },
     /// `srcs = [w [k, n], x [k, m]]` → `[n, m]`: y = W·x per column.
     MulMat { precision: Precision },
-    /// `srcs = [x [head_dim * n_head, n_tokens], positions [n_tokens]]`.
+    /// `srcs = [x [head_dim * n_head, n_tokens], positions [n_tokens]]`, plus
+    /// optionally per-pair frequency divisors `[n_rot / 2]` (Llama 3.1's `rope_freqs`).
     Rope(RopeParams),
     /// `srcs = [gate, up]` → `act(gate) * up`.
     GatedAct(Activation),

@@ -1,0 +1,46 @@
+//! Row-wise and pointwise ops on f32 tensors.
+
+use tern_graph::Activation;
+
+/// `y = x / sqrt(mean(x²) + eps)` per row of `n`. The mean is accumulated in
+/// f64 so long rows do not lose precision.
+pub fn rms_norm(x: &[f32], n: usize, eps: f32, y: &mut [f32]) {
+    for (xr, yr) in x.chunks_exact(n).zip(y.chunks_exact_mut(n)) {
+        let ss: f64 = xr.iter().map(|&v| v as f64 * v as f64).sum();
+        let inv = (1.0 / (ss / n as f64 + eps as f64).sqrt()) as f32;
+        for (o, &v) in yr.iter_mut().zip(xr) {
+            *o = v * inv;
+        }
+    }
+}
+
+/// `y = f(a, b)` where `b` is either the same shape as `a` or one row
+/// broadcast over all rows of `a`.
+pub fn binary(a: &[f32], b: &[f32], y: &mut [f32], f: impl Fn(f32, f32) -> f32) {
+    let n = b.len();
+    for (ar, yr) in a.chunks_exact(n).zip(y.chunks_exact_mut(n)) {
+        for ((o, &x), &w) in yr.iter_mut().zip(ar).zip(b) {
+            *o = f(x, w);
+        }
+    }
+}
+
+pub fn scale(x: &[f32], factor: f32, y: &mut [f32]) {
+    for (o, &v) in y.iter_mut().zip(x) {
+        *o = v * factor;
+    }
+}
+
+/// `y = act(gate) * up`.
+pub fn gated(gate: &[f32], up: &[f32], act: Activation, y: &mut [f32]) {
+    for ((o, &g), &u) in y.iter_mut().zip(gate).zip(up) {
+        let a = match act {
+            Activation::Silu => g / (1.0 + (-g).exp()),
+            Activation::Relu2 => {
+                let r = g.max(0.0);
+                r * r
+            }
+        };
+        *o = a * u;
+    }
+}

@@ -1,0 +1,76 @@
+//! Matrix products and row lookups on weights in their file format.
+//!
+//! Weights are never widened to f32 as a whole: a paired matmul quantizes
+//! the activations once per column into the int8 type the weight format pairs
+//! with, then runs the per-format dot product row by row.
+
+use tern_graph::{DType, GgmlType, Precision};
+use tern_quant::{ActType, TensorScale};
+
+use super::Tensor;
+use crate::parallel::for_chunks;
+
+fn weight_type(w: &Tensor) -> GgmlType {
+    match w.node.dtype {
+        DType::Ggml(t) => t,
+        DType::I32 => unreachable!("supports() admits only GGUF types as weights"),
+    }
+}
+
+/// Rows `ids` of `table`, dequantized to f32.
+pub fn get_rows(table: &Tensor, ids: &[i32], y: &mut [f32]) {
+    let ty = weight_type(table);
+    let (k, rows) = (table.node.ne[0], table.node.n_rows());
+    let bytes = table.bytes();
+    let scale = TensorScale::of(ty, bytes, k * rows);
+    let row_bytes = ty.row_bytes(k as u64).expect("validated at load") as usize;
+    for (out, &id) in y.chunks_exact_mut(k).zip(ids) {
+        // Ids come from the tokenizer or the user; the engine checks them
+        // against n_vocab before building the graph.
+        let r = id as usize;
+        tern_quant::dequantize_row(ty, &bytes[r * row_bytes..(r + 1) * row_bytes], scale, out);
+    }
+}
+
+struct Out(*mut f32);
+// SAFETY: each thread writes only the output rows of its own range of weight rows.
+unsafe impl Sync for Out {}
+
+/// `y [n, m] = W [k, n] · x [k, m]`.
+pub fn mul_mat(w: &Tensor, x: &[f32], precision: Precision, y: &mut [f32], n_threads: usize) {
+    let ty = weight_type(w);
+    let (k, n) = (w.node.ne[0], w.node.ne[1]);
+    let m = x.len() / k;
+    let bytes = w.bytes();
+    let scale = TensorScale::of(ty, bytes, k * n);
+    let row_bytes = ty.row_bytes(k as u64).expect("validated at load") as usize;
+    let act = match precision {
+        Precision::Paired => tern_quant::act_type(ty),
+        Precision::Float => ActType::F32,
+    };
+    let act_bytes = tern_quant::act_row_bytes(act, k);
+    let mut acts = vec![0u8; act_bytes * m];
+    if act != ActType::F32 {
+        for (col, out) in x.chunks_exact(k).zip(acts.chunks_exact_mut(act_bytes)) {
+            tern_quant::quantize_acts(act, col, out);
+        }
+    }
+    let y_ptr = Out(y.as_mut_ptr());
+    // About 64k multiply-adds per thread before splitting pays for a spawn.
+    let min_rows = (65536 / (k * m).max(1)).max(1);
+    for_chunks(n, n_threads, min_rows, |rows| {
+        let y_ptr = &y_ptr;
+        for j in rows {
+            let wr = &bytes[j * row_bytes..(j + 1) * row_bytes];
+            for c in 0..m {
+                let v = if act == ActType::F32 {
+                    tern_quant::vec_dot_f32(ty, wr, scale, &x[c * k..(c + 1) * k])
+                } else {
+                    tern_quant::vec_dot(ty, k, wr, scale, &acts[c * act_bytes..(c + 1) * act_bytes])
+                };
+                // SAFETY: row j of every column belongs to this thread only.
+                unsafe { *y_ptr.0.add(c * n + j) = v };
+            }
+        }
+    });
+}
