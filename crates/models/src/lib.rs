@@ -1,1 +1,64 @@
-//! placeholder
+//! Model architectures. Each reads its hyper-parameters and weights from a
+//! GGUF file and builds a compute graph for a batch of tokens. Models build
+//! graphs; they never call kernels or move data.
+
+mod bitnet;
+mod blocks;
+mod config;
+mod error;
+mod llama;
+mod names;
+mod weights;
+
+pub use blocks::{Built, StepInputs};
+pub use config::{Arch, Config};
+pub use error::{Error, Result};
+pub use names::TensorName;
+pub use weights::{LayerWeights, ProjScales, WeightRef, WeightTable, Weights};
+
+use tern_gguf::{File, GgmlType};
+
+/// One micro-batch: `n_tokens` new tokens whose first sits at cache position
+/// `kv_pos`, of which `n_outputs` rows of logits are wanted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Batch {
+    pub n_tokens: usize,
+    pub kv_pos: usize,
+    pub n_outputs: usize,
+}
+
+/// The KV cache the graph attends over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvSpec {
+    /// F32 or F16.
+    pub dtype: GgmlType,
+    /// Cache rows (the context size).
+    pub n_ctx: usize,
+}
+
+/// A loaded model description: config and weight references (no data).
+#[derive(Clone, Debug)]
+pub struct Model {
+    pub config: Config,
+    pub weights: Weights,
+}
+
+impl Model {
+    pub fn load(file: &File) -> Result<Model> {
+        let embd = file.tensor(&TensorName::TokenEmbd.key(None)).ok_or(Error::MissingTensor {
+            name: TensorName::TokenEmbd.key(None),
+        })?;
+        let n_vocab = embd.ne[1] as usize;
+        let config = Config::from_metadata(&file.metadata, n_vocab)?;
+        let weights = Weights::load(file, &config)?;
+        Ok(Model { config, weights })
+    }
+
+    pub fn build_graph(&self, batch: &Batch, kv: &KvSpec) -> Built {
+        let cx = blocks::Ctx::new(&self.config, &self.weights, batch, kv);
+        match self.config.arch {
+            Arch::Llama => llama::build(cx),
+            Arch::BitNet => bitnet::build(cx),
+        }
+    }
+}
