@@ -1,1 +1,12 @@
-//! placeholder
+//! The engine: a session that loads a model onto its backends, owns the KV
+//! cache, evaluates tokens, and generates text.
+
+mod error;
+mod generate;
+mod kv;
+mod session;
+
+pub use error::{Error, Result};
+pub use generate::{generate, GenStats};
+pub use kv::parse_kv_type;
+pub use session::{LoadOptions, Logits, Session};

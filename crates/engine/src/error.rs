@@ -1,0 +1,27 @@
+//! Engine errors: everything a session can report, each naming what failed.
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Gguf(#[from] tern_gguf::Error),
+    #[error(transparent)]
+    Model(#[from] tern_models::Error),
+    #[error(transparent)]
+    Backend(#[from] tern_backend::Error),
+    #[error(transparent)]
+    Sched(#[from] tern_sched::Error),
+    #[error(transparent)]
+    Rules(#[from] tern_sched::RuleError),
+    #[error("the context is full: {pos} tokens are cached, {n} more do not fit in a context of {n_ctx} (raise -c)")]
+    ContextFull { pos: usize, n: usize, n_ctx: usize },
+    #[error("token id {id} is outside the vocabulary (n_vocab = {n_vocab})")]
+    BadToken { id: u32, n_vocab: usize },
+    #[error("this model has no usable tokenizer: {0}")]
+    Tokenizer(String),
+    #[error("KV cache type {0} is not supported (use f32 or f16)")]
+    KvType(String),
+    #[error("nothing to evaluate: the token list is empty")]
+    Empty,
+}

@@ -1,0 +1,188 @@
+//! A session: one model loaded onto its backends with a KV cache, evaluating
+//! batches of tokens. Load → place → upload weights → per micro-batch: build
+//! the graph, schedule it, run it.
+
+use std::sync::Arc;
+
+use tern_backend::{Backend, BackendId, HostBytes, TensorLoc, WeightDesc};
+use tern_cpu::CpuBackend;
+use tern_gguf::{File, GgmlType};
+use tern_graph::Op;
+use tern_models::{Batch, Built, KvSpec, Model};
+use tern_sched::{Backends, Placement, PlacementRules, Schedule};
+use tern_tokenizer::Tokenizer;
+
+use crate::error::{Error, Result};
+use crate::kv::KvCache;
+
+#[derive(Clone, Debug)]
+pub struct LoadOptions {
+    /// Context size in tokens; 0 means the model's training context.
+    pub n_ctx: usize,
+    pub n_threads: usize,
+    pub kv_type: GgmlType,
+    /// Largest number of tokens evaluated in one graph.
+    pub n_batch: usize,
+    /// `-ot REGEX=BACKEND` rules.
+    pub overrides: Vec<String>,
+    /// Number of CPU backend instances (`CPU`, `CPU1`, ...). More than one is
+    /// how graph splits and copies are exercised without a GPU.
+    pub cpu_instances: u8,
+}
+
+impl Default for LoadOptions {
+    fn default() -> LoadOptions {
+        let n_threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        LoadOptions { n_ctx: 0, n_threads, kv_type: GgmlType::F16, n_batch: 512, overrides: Vec::new(), cpu_instances: 1 }
+    }
+}
+
+/// Which rows of logits `eval` returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    /// Only the last token's row: `[n_vocab]`.
+    Last,
+    /// Every token's row: `[n_tokens * n_vocab]`.
+    All,
+}
+
+/// The mmapped file, as the owner of weight bytes that host backends alias.
+struct FileBytes(File);
+
+impl AsRef<[u8]> for FileBytes {
+    fn as_ref(&self) -> &[u8] {
+        self.0.bytes()
+    }
+}
+
+pub struct Session {
+    pub file: File,
+    pub model: Model,
+    pub placement: Placement,
+    backends: Backends,
+    weight_locs: Vec<TensorLoc>,
+    kv: KvCache,
+    pos: usize,
+    n_batch: usize,
+    tokenizer: std::result::Result<Tokenizer, String>,
+}
+
+impl Session {
+    pub fn load(path: impl AsRef<std::path::Path>, opts: &LoadOptions) -> Result<Session> {
+        let file = File::open(path)?;
+        let model = Model::load(&file)?;
+        let c = &model.config;
+        let ids: Vec<BackendId> = (0..opts.cpu_instances.max(1)).map(BackendId::cpu).collect();
+        let rules = PlacementRules::parse_overrides(&opts.overrides, &ids)?;
+        let placement = Placement::new(model.weights.table.names(), c.n_layer, &rules);
+        let list: Vec<Box<dyn Backend>> =
+            ids.iter().map(|&id| Box::new(CpuBackend::new(id, opts.n_threads)) as Box<dyn Backend>).collect();
+        let mut backends = Backends::new(list);
+
+        let owner: Arc<dyn AsRef<[u8]> + Send + Sync> = Arc::new(FileBytes(file.clone()));
+        let mut weight_locs = Vec::with_capacity(model.weights.table.entries.len());
+        for (info, place) in model.weights.table.entries.iter().zip(&placement.weights) {
+            let range = info.offset as usize..(info.offset + info.nbytes) as usize;
+            let mut ne = [1usize; 4];
+            for (d, &n) in ne.iter_mut().zip(&info.ne) {
+                *d = n as usize;
+            }
+            let desc = WeightDesc { ty: info.ty, ne };
+            weight_locs.push(backends.get_mut(place.backend)?.load_weight(HostBytes::new(owner.clone(), range), desc)?);
+        }
+
+        if !matches!(opts.kv_type, GgmlType::F32 | GgmlType::F16) {
+            return Err(Error::KvType(opts.kv_type.to_string()));
+        }
+        let n_ctx = if opts.n_ctx == 0 { c.n_ctx_train } else { opts.n_ctx };
+        let spec = KvSpec { dtype: opts.kv_type, n_ctx };
+        let kv = KvCache::new(c, spec, &placement.kv_homes, &mut backends)?;
+        let tokenizer = Tokenizer::from_metadata(&file.metadata).map_err(|e| e.to_string());
+        Ok(Session { file, model, placement, backends, weight_locs, kv, pos: 0, n_batch: opts.n_batch.max(1), tokenizer })
+    }
+
+    pub fn tokenizer(&self) -> Result<&Tokenizer> {
+        self.tokenizer.as_ref().map_err(|e| Error::Tokenizer(e.clone()))
+    }
+
+    pub fn n_ctx(&self) -> usize {
+        self.kv.spec.n_ctx
+    }
+
+    pub fn n_vocab(&self) -> usize {
+        self.model.config.n_vocab
+    }
+
+    /// Tokens currently in the cache.
+    pub fn pos(&self) -> usize {
+        self.pos
+    }
+
+    /// Forgets the cached context (the cache bytes are simply overwritten later).
+    pub fn reset(&mut self) {
+        self.pos = 0;
+    }
+
+    pub fn kv_bytes(&self) -> usize {
+        self.kv.bytes()
+    }
+
+    /// The graph and schedule for a batch of `n_tokens` at the current position.
+    pub fn plan(&self, n_tokens: usize, n_outputs: usize) -> (Built, Schedule) {
+        let batch = Batch { n_tokens, kv_pos: self.pos, n_outputs };
+        let built = self.model.build_graph(&batch, &self.kv.spec);
+        let schedule = Schedule::new(&built.graph, &self.placement, &self.backends);
+        (built, schedule)
+    }
+
+    /// Appends `tokens` to the context and returns logits.
+    pub fn eval(&mut self, tokens: &[u32], want: Logits) -> Result<Vec<f32>> {
+        if tokens.is_empty() {
+            return Err(Error::Empty);
+        }
+        let n_vocab = self.n_vocab();
+        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
+            return Err(Error::BadToken { id, n_vocab });
+        }
+        if self.pos + tokens.len() > self.n_ctx() {
+            return Err(Error::ContextFull { pos: self.pos, n: tokens.len(), n_ctx: self.n_ctx() });
+        }
+        let mut logits = Vec::with_capacity(n_vocab * if want == Logits::All { tokens.len() } else { 1 });
+        for chunk in tokens.chunks(self.n_batch) {
+            let rows: Vec<i32> = match want {
+                Logits::All => (0..chunk.len() as i32).collect(),
+                Logits::Last => vec![chunk.len() as i32 - 1],
+            };
+            let out = self.eval_chunk(chunk, &rows)?;
+            if want == Logits::Last {
+                logits.clear();
+            }
+            logits.extend(out);
+        }
+        Ok(logits)
+    }
+
+    fn eval_chunk(&mut self, tokens: &[u32], rows: &[i32]) -> Result<Vec<f32>> {
+        let (built, schedule) = self.plan(tokens.len(), rows.len());
+        let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
+        let positions: Vec<i32> = (self.pos..self.pos + tokens.len()).map(|p| p as i32).collect();
+        let bytes = |v: &[i32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let (ids, positions, rows) = (bytes(&ids), bytes(&positions), bytes(rows));
+        let inputs = [
+            (built.inputs.tokens, ids.as_slice()),
+            (built.inputs.positions, positions.as_slice()),
+            (built.inputs.output_rows, rows.as_slice()),
+        ];
+        let (weights, kv) = (&self.weight_locs, &self.kv);
+        let leaf = |op: &Op| match *op {
+            Op::Weight(i) => weights.get(i).copied(),
+            Op::KvCache { layer, kind } => {
+                kv.layers.get(layer).map(|(k, v)| if kind == tern_graph::KvKind::K { *k } else { *v })
+            }
+            _ => None,
+        };
+        let out = self.backends.run(&built.graph, &schedule, &leaf, &inputs)?;
+        self.pos += tokens.len();
+        Ok(out[0].chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+    }
+}
