@@ -1,1 +1,60 @@
-fn main() {}
+//! `tern`: run, inspect and convert GGUF models. Subcommands are thin: they
+//! parse flags, call the engine, and print. Errors are reported once, here,
+//! as a single `error: ...` line with a non-zero exit.
+
+mod eval;
+mod info;
+mod info_plan;
+mod json;
+mod npy;
+mod quantize;
+mod run;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "tern", version, about = "Fast GGUF inference for ternary (BitNet b1.58) and llama-family models")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate text from a prompt.
+    Run(run::Args),
+    /// Evaluate token ids and write their logits to a .npy file.
+    Eval(eval::Args),
+    /// Print a model's metadata, tensors and placement plan.
+    Info(info::Args),
+    /// Convert a GGUF model to another tensor type.
+    Quantize(quantize::Args),
+}
+
+/// The error a subcommand reports: already a full sentence.
+pub struct CliError(pub String);
+
+impl<E: std::fmt::Display> From<E> for CliError {
+    fn from(e: E) -> CliError {
+        CliError(e.to_string())
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run(a) => run::main(a),
+        Command::Eval(a) => eval::main(a),
+        Command::Info(a) => info::main(a),
+        Command::Quantize(a) => quantize::main(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(CliError(msg)) => {
+            eprintln!("error: {msg}");
+            ExitCode::FAILURE
+        }
+    }
+}

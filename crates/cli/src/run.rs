@@ -1,0 +1,116 @@
+//! `tern run`: generate text, streaming it as it is sampled.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use tern_engine::{generate, parse_kv_type, LoadOptions, Session};
+use tern_sampling::{Sampler, SamplerConfig};
+
+use crate::CliError;
+
+/// Options shared by every subcommand that loads a model for inference.
+#[derive(clap::Args, Clone, Debug)]
+pub struct ModelArgs {
+    /// Model file (GGUF).
+    #[arg(short = 'm', long = "model")]
+    pub model: PathBuf,
+    /// Context size in tokens (0 = the model's training context).
+    #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
+    pub ctx_size: usize,
+    /// Threads (default: all cores).
+    #[arg(short = 't', long = "threads")]
+    pub threads: Option<usize>,
+    /// KV cache type: f16 or f32.
+    #[arg(long = "cache-type-k", visible_alias = "ctk", default_value = "f16")]
+    pub cache_type: String,
+    /// Largest number of tokens evaluated at once.
+    #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
+    pub batch_size: usize,
+    /// Pin tensors to a backend: REGEX=BACKEND (repeatable, comma lists allowed).
+    #[arg(long = "override-tensor", visible_alias = "ot")]
+    pub override_tensor: Vec<String>,
+}
+
+impl ModelArgs {
+    pub fn load(&self) -> Result<Session, CliError> {
+        let mut opts = LoadOptions { n_ctx: self.ctx_size, n_batch: self.batch_size, ..LoadOptions::default() };
+        if let Some(t) = self.threads {
+            opts.n_threads = t.max(1);
+        }
+        opts.kv_type = parse_kv_type(&self.cache_type)
+            .ok_or_else(|| CliError(format!("unknown cache type {:?} (use f16 or f32)", self.cache_type)))?;
+        opts.overrides = self.override_tensor.clone();
+        let session = Session::load(&self.model, &opts)
+            .map_err(|e| CliError(format!("{}: {e}", self.model.display())))?;
+        Ok(session)
+    }
+}
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Prompt text.
+    #[arg(short = 'p', long = "prompt", default_value = "")]
+    pub prompt: String,
+    /// Tokens to generate.
+    #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
+    pub n_predict: usize,
+    #[arg(long = "temp", default_value_t = 0.8)]
+    pub temp: f32,
+    #[arg(long = "top-k", default_value_t = 40)]
+    pub top_k: usize,
+    #[arg(long = "top-p", default_value_t = 0.95)]
+    pub top_p: f32,
+    #[arg(long = "min-p", default_value_t = 0.05)]
+    pub min_p: f32,
+    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    #[arg(long = "repeat-last-n", default_value_t = 64)]
+    pub repeat_last_n: usize,
+    /// RNG seed (same seed, same text).
+    #[arg(short = 's', long = "seed", default_value_t = 0)]
+    pub seed: u64,
+}
+
+pub fn main(a: Args) -> Result<(), CliError> {
+    let mut session = a.model.load()?;
+    let tok = session.tokenizer()?;
+    let prompt = tok.encode(&a.prompt, true, true);
+    if prompt.is_empty() {
+        return Err(CliError("the prompt is empty and the model adds no BOS token".into()));
+    }
+    if prompt.len() >= session.n_ctx() {
+        return Err(CliError(format!("the prompt has {} tokens; the context holds {} (raise -c)", prompt.len(), session.n_ctx())));
+    }
+    let mut decoder = tok.stream_decoder(false);
+    let mut sampler = Sampler::new(SamplerConfig {
+        temperature: a.temp,
+        top_k: a.top_k,
+        top_p: a.top_p,
+        min_p: a.min_p,
+        repeat_penalty: a.repeat_penalty,
+        repeat_last_n: a.repeat_last_n,
+        seed: a.seed,
+    });
+    let tokenizer = session.tokenizer()?.clone();
+    let mut out = std::io::stdout().lock();
+    let _ = write!(out, "{}", a.prompt);
+    let _ = out.flush();
+    let stats = generate(&mut session, &prompt, a.n_predict, &mut sampler, |id| {
+        let _ = write!(out, "{}", decoder.push(&tokenizer, id));
+        let _ = out.flush();
+        true
+    })?;
+    let _ = writeln!(out, "{}", decoder.finish());
+    eprintln!(
+        "prompt: {} tokens, {:.1} ms ({:.2} t/s) | generation: {} tokens, {:.1} ms ({:.2} t/s)",
+        stats.n_prompt,
+        stats.prompt_time.as_secs_f64() * 1e3,
+        stats.prompt_tps(),
+        stats.n_gen,
+        stats.gen_time.as_secs_f64() * 1e3,
+        stats.gen_tps()
+    );
+    Ok(())
+}
