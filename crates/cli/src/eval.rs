@@ -60,7 +60,7 @@ pub fn main(a: Args) -> Result<(), CliError> {
         logits.extend(session.eval(&[next], Logits::Last)?);
     }
     let rows = logits.len() / n_vocab;
-    crate::npy::write_f32(&a.logits_out, &[rows, n_vocab], &logits)
+    tern_engine::npy::write_f32(&a.logits_out, &[rows, n_vocab], &logits)
         .map_err(|e| CliError(format!("{}: {e}", a.logits_out.display())))?;
     println!("{}", generated.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(","));
     eprintln!("wrote {rows} x {n_vocab} logits to {}", a.logits_out.display());

@@ -19,11 +19,6 @@ pub fn string(s: &str) -> String {
     out
 }
 
-/// A JSON number for a float (non-finite values become null).
-pub fn number(x: f64) -> String {
-    if x.is_finite() { format!("{x}") } else { "null".into() }
-}
-
 /// `{"k": v, ...}` from already-encoded values.
 pub fn object(fields: &[(&str, String)]) -> String {
     let body: Vec<String> = fields.iter().map(|(k, v)| format!("{}: {v}", string(k))).collect();

@@ -6,7 +6,7 @@ mod eval;
 mod info;
 mod info_plan;
 mod json;
-mod npy;
+
 mod quantize;
 mod run;
 

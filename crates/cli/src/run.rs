@@ -93,12 +93,11 @@ pub fn main(a: Args) -> Result<(), CliError> {
         repeat_last_n: a.repeat_last_n,
         seed: a.seed,
     });
-    let tokenizer = session.tokenizer()?.clone();
     let mut out = std::io::stdout().lock();
     let _ = write!(out, "{}", a.prompt);
     let _ = out.flush();
     let stats = generate(&mut session, &prompt, a.n_predict, &mut sampler, |id| {
-        let _ = write!(out, "{}", decoder.push(&tokenizer, id));
+        let _ = write!(out, "{}", decoder.push(&tok, id));
         let _ = out.flush();
         true
     })?;

@@ -4,6 +4,7 @@
 mod error;
 mod generate;
 mod kv;
+pub mod npy;
 mod session;
 
 pub use error::{Error, Result};

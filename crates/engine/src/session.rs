@@ -64,7 +64,7 @@ pub struct Session {
     kv: KvCache,
     pos: usize,
     n_batch: usize,
-    tokenizer: std::result::Result<Tokenizer, String>,
+    tokenizer: std::result::Result<Arc<Tokenizer>, String>,
 }
 
 impl Session {
@@ -97,12 +97,12 @@ impl Session {
         let n_ctx = if opts.n_ctx == 0 { c.n_ctx_train } else { opts.n_ctx };
         let spec = KvSpec { dtype: opts.kv_type, n_ctx };
         let kv = KvCache::new(c, spec, &placement.kv_homes, &mut backends)?;
-        let tokenizer = Tokenizer::from_metadata(&file.metadata).map_err(|e| e.to_string());
+        let tokenizer = Tokenizer::from_metadata(&file.metadata).map(Arc::new).map_err(|e| e.to_string());
         Ok(Session { file, model, placement, backends, weight_locs, kv, pos: 0, n_batch: opts.n_batch.max(1), tokenizer })
     }
 
-    pub fn tokenizer(&self) -> Result<&Tokenizer> {
-        self.tokenizer.as_ref().map_err(|e| Error::Tokenizer(e.clone()))
+    pub fn tokenizer(&self) -> Result<Arc<Tokenizer>> {
+        self.tokenizer.clone().map_err(Error::Tokenizer)
     }
 
     pub fn n_ctx(&self) -> usize {

@@ -17,7 +17,9 @@ pub enum Error {
     #[error("file truncated: needed {needed} bytes at offset {offset} for {what}, but the file has {file_size}")]
     Truncated { what: String, offset: u64, needed: u64, file_size: u64 },
     /// A count or length that the file cannot possibly hold (corrupt, or truncated).
-    #[error("{what} count {count} at offset {offset} cannot fit in a file of {file_size} bytes")]
+    #[error(
+        "{what} count {count} at offset {offset} cannot fit in a file of {file_size} bytes (corrupt or truncated)"
+    )]
     HugeCount { what: String, count: u64, offset: u64, file_size: u64 },
     #[error("metadata key at offset {offset}: {reason}")]
     BadKey { offset: u64, reason: String },

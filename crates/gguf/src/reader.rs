@@ -233,7 +233,8 @@ impl<'a> Cursor<'a> {
             });
         }
         let raw = self.take(len, what)?;
-        String::from_utf8(raw.to_vec()).map_err(|_| Error::BadKey { offset: at, reason: format!("{what} is not UTF-8") })
+        String::from_utf8(raw.to_vec())
+            .map_err(|_| Error::BadKey { offset: at, reason: format!("{what} is not UTF-8") })
     }
 }
 
@@ -247,8 +248,11 @@ fn read_metadata(r: &mut Cursor, n_kv: u64) -> Result<Metadata> {
         }
         let type_at = r.pos;
         let type_id = r.u32(&format_args!("value type of {key:?}"))?;
-        let ty = ValueType::from_id(type_id)
-            .ok_or_else(|| Error::UnknownValueType { key: key.clone(), offset: type_at, type_id })?;
+        let ty = ValueType::from_id(type_id).ok_or_else(|| Error::UnknownValueType {
+            key: key.clone(),
+            offset: type_at,
+            type_id,
+        })?;
         let value_at = r.pos;
         let value = read_value(r, ty, &key)?;
         // Checked here, where the offset is known; ggml refuses anything but a u32 power of two.
@@ -272,7 +276,9 @@ fn read_bool(r: &mut Cursor, key: &str) -> Result<bool> {
     match r.array::<1>(&format_args!("{key:?}"))?[0] {
         0 => Ok(false),
         1 => Ok(true),
-        b => Err(Error::BadMetadata { key: key.into(), offset: at, reason: format!("bool byte {b} is neither 0 nor 1") }),
+        b => {
+            Err(Error::BadMetadata { key: key.into(), offset: at, reason: format!("bool byte {b} is neither 0 nor 1") })
+        }
     }
 }
 
@@ -299,8 +305,8 @@ fn read_array(r: &mut Cursor, key: &str) -> Result<Array> {
     let k = &format_args!("{key:?}");
     let at = r.pos;
     let type_id = r.u32(&format_args!("element type of {key:?}"))?;
-    let ty = ValueType::from_id(type_id)
-        .ok_or_else(|| Error::UnknownValueType { key: key.into(), offset: at, type_id })?;
+    let ty =
+        ValueType::from_id(type_id).ok_or_else(|| Error::UnknownValueType { key: key.into(), offset: at, type_id })?;
     if ty == ValueType::Array {
         return Err(Error::BadMetadata { key: key.into(), offset: at, reason: "nested arrays are not allowed".into() });
     }

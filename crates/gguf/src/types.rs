@@ -135,10 +135,7 @@ impl GgmlType {
 
     /// True for the types whose values are ternary × scale.
     pub const fn is_ternary(self) -> bool {
-        matches!(
-            self,
-            GgmlType::TQ1_0 | GgmlType::TQ2_0 | GgmlType::I2_S | GgmlType::IQ1_BN | GgmlType::IQ2_BN
-        )
+        matches!(self, GgmlType::TQ1_0 | GgmlType::TQ2_0 | GgmlType::I2_S | GgmlType::IQ1_BN | GgmlType::IQ2_BN)
     }
 
     /// True for the plain float types (no blocks, no scales).
@@ -152,7 +149,7 @@ impl GgmlType {
     pub fn row_bytes(self, ne0: u64) -> Option<u64> {
         let l = self.layout();
         let be = l.block_elems as u64;
-        if ne0 % be != 0 {
+        if !ne0.is_multiple_of(be) {
             return None;
         }
         (ne0 / be).checked_mul(l.block_bytes as u64)?.checked_add(l.row_prefix as u64)

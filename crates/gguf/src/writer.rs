@@ -46,10 +46,9 @@ impl Writer {
         match self.metadata.get("general.alignment") {
             None => Ok(DEFAULT_ALIGNMENT),
             Some(Value::U32(a)) if a.is_power_of_two() => Ok(*a as u64),
-            Some(_) => Err(Error::BadValue {
-                key: "general.alignment".into(),
-                reason: "must be a u32 power of two".into(),
-            }),
+            Some(_) => {
+                Err(Error::BadValue { key: "general.alignment".into(), reason: "must be a u32 power of two".into() })
+            }
         }
     }
 
@@ -101,11 +100,7 @@ impl Writer {
     }
 
     /// Writes the whole file to any sink.
-    pub fn write<'a>(
-        &self,
-        out: &mut dyn Write,
-        mut data: impl FnMut(usize) -> Result<Cow<'a, [u8]>>,
-    ) -> Result<()> {
+    pub fn write<'a>(&self, out: &mut dyn Write, mut data: impl FnMut(usize) -> Result<Cow<'a, [u8]>>) -> Result<()> {
         let align = self.alignment()?;
         let sizes = self.validate()?;
         let mut w = Sink { out, pos: 0 };

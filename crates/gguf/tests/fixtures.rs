@@ -14,8 +14,10 @@ fn every_compact_fixture_opens() {
         if path.extension().is_some_and(|e| e == "gguf") {
             let f = tern_gguf::File::open(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
             assert!(f.metadata.str("general.architecture").is_ok(), "{}", path.display());
+            // Every shipped file comes from ggml or gguf-py, which both lay tensors out strictly.
+            assert!(f.strict_layout, "{}", path.display());
             n += 1;
         }
     }
-    assert!(n >= 16, "expected the 16 compact fixtures, found {n}");
+    assert!(n >= 17, "expected the 17 compact .gguf fixtures, found {n}");
 }

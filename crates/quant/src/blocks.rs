@@ -43,7 +43,7 @@ pub(crate) use impl_block;
 /// a row of the wrong length — a programmer error).
 pub fn cast_blocks<B: Block>(bytes: &[u8]) -> &[B] {
     let size = std::mem::size_of::<B>();
-    assert!(bytes.len() % size == 0, "{} bytes is not a whole number of {size}-byte blocks", bytes.len());
+    assert!(bytes.len().is_multiple_of(size), "{} bytes is not a whole number of {size}-byte blocks", bytes.len());
     // SAFETY: `B: Block` guarantees alignment 1 (any address is aligned), no
     // padding and validity of every bit pattern; the length covers exactly
     // `len / size` blocks, and the lifetime is tied to `bytes`.
@@ -53,7 +53,7 @@ pub fn cast_blocks<B: Block>(bytes: &[u8]) -> &[B] {
 /// Mutable counterpart of [`cast_blocks`]; same preconditions.
 pub fn cast_blocks_mut<B: Block>(bytes: &mut [u8]) -> &mut [B] {
     let size = std::mem::size_of::<B>();
-    assert!(bytes.len() % size == 0, "{} bytes is not a whole number of {size}-byte blocks", bytes.len());
+    assert!(bytes.len().is_multiple_of(size), "{} bytes is not a whole number of {size}-byte blocks", bytes.len());
     // SAFETY: as in `cast_blocks`; additionally any value written through the
     // result is a valid byte pattern, and the exclusive borrow is carried over.
     unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast::<B>(), bytes.len() / size) }
@@ -105,4 +105,12 @@ pub(crate) fn signed_max(x: &[f32]) -> f32 {
         }
     }
     best
+}
+
+/// Views bytes as signed bytes (same size, alignment and validity).
+#[inline]
+pub(crate) fn as_i8(bytes: &[u8]) -> &[i8] {
+    // SAFETY: u8 and i8 have identical size and alignment and every bit
+    // pattern is valid for both; the lifetime is carried over.
+    unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<i8>(), bytes.len()) }
 }

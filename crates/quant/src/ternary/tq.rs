@@ -1,0 +1,141 @@
+//! Mainline's ternary formats TQ2_0 (id 35) and TQ1_0 (id 34): 256-element
+//! blocks with an f16 scale at the END; `x = d·(c − 1)`. Both pair with
+//! `ActType::Q8_K`.
+//!
+//! TQ2_0, 66 bytes: `u8 qs[64]; f16 d`. Element e sits in byte
+//! `32·(e/128) + e%32` at bit shift `2·((e%128)/32)`.
+//!
+//! TQ1_0, 54 bytes: `u8 qs[48]; u8 qh[4]; f16 d`, base-3 packed
+//! (see [`super::pack_trits`]), digit t of a byte holds:
+//! * `qs[m]`, m < 32: element `m + 32t` (t = 0..5) — elements 0..160;
+//! * `qs[32+m]`, m < 16: element `160 + m + 16t` — elements 160..240;
+//! * `qh[j]`, j < 4: element `240 + j + 4t` (t = 0..4, the fifth digit is 0).
+//!
+//! Quantization (mainline reference, reproduced byte for byte):
+//! `d = max|x|` over the block, `c = lroundf(x·(1/d)) + 1`.
+
+use super::{pack_trits, round_code, unpack_trit};
+use crate::act::BlockQ8K;
+use crate::blocks::{amax, cast_blocks, cast_blocks_mut, f16_to_f32, f32_to_f16, impl_block};
+use crate::kquants::QK_K;
+
+/// One TQ2_0 block.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockTQ2_0 {
+    pub qs: [u8; QK_K / 4],
+    /// f16 scale, little-endian.
+    pub d: [u8; 2],
+}
+impl_block!(BlockTQ2_0, 66);
+
+/// One TQ1_0 block.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockTQ1_0 {
+    pub qs: [u8; 48],
+    pub qh: [u8; 4],
+    /// f16 scale, little-endian.
+    pub d: [u8; 2],
+}
+impl_block!(BlockTQ1_0, 54);
+
+/// A block's scale and the codes of its 256 elements, from `x`.
+fn block_codes(xb: &[f32]) -> ([u8; 2], [u8; QK_K]) {
+    let d = amax(xb);
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    let mut codes = [0u8; QK_K];
+    for (c, &v) in codes.iter_mut().zip(xb) {
+        *c = round_code(v, id);
+    }
+    (f32_to_f16(d), codes)
+}
+
+fn tq2_codes(b: &BlockTQ2_0) -> [u8; QK_K] {
+    let mut codes = [0u8; QK_K];
+    for (e, c) in codes.iter_mut().enumerate() {
+        *c = (b.qs[32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3;
+    }
+    codes
+}
+
+fn tq1_codes(b: &BlockTQ1_0) -> [u8; QK_K] {
+    let mut codes = [0u8; QK_K];
+    for m in 0..32 {
+        for t in 0..5 {
+            codes[m + 32 * t] = unpack_trit(b.qs[m], t);
+        }
+    }
+    for m in 0..16 {
+        for t in 0..5 {
+            codes[160 + m + 16 * t] = unpack_trit(b.qs[32 + m], t);
+        }
+    }
+    for j in 0..4 {
+        for t in 0..4 {
+            codes[240 + j + 4 * t] = unpack_trit(b.qh[j], t);
+        }
+    }
+    codes
+}
+
+pub(crate) fn quantize_tq2_0(x: &[f32], out: &mut [u8]) {
+    for (xb, b) in x.chunks_exact(QK_K).zip(cast_blocks_mut::<BlockTQ2_0>(out)) {
+        let (d, codes) = block_codes(xb);
+        b.d = d;
+        b.qs = [0; QK_K / 4];
+        for (e, &c) in codes.iter().enumerate() {
+            b.qs[32 * (e / 128) + e % 32] |= c << (2 * ((e % 128) / 32));
+        }
+    }
+}
+
+pub(crate) fn quantize_tq1_0(x: &[f32], out: &mut [u8]) {
+    for (xb, b) in x.chunks_exact(QK_K).zip(cast_blocks_mut::<BlockTQ1_0>(out)) {
+        let (d, c) = block_codes(xb);
+        b.d = d;
+        for m in 0..32 {
+            b.qs[m] = pack_trits(std::array::from_fn(|t| c[m + 32 * t]));
+        }
+        for m in 0..16 {
+            b.qs[32 + m] = pack_trits(std::array::from_fn(|t| c[160 + m + 16 * t]));
+        }
+        for j in 0..4 {
+            b.qh[j] = pack_trits(std::array::from_fn(|t| if t < 4 { c[240 + j + 4 * t] } else { 0 }));
+        }
+    }
+}
+
+fn expand(d: f32, codes: &[u8; QK_K], out: &mut [f32]) {
+    for (o, &c) in out.iter_mut().zip(codes) {
+        *o = d * (c as i32 - 1) as f32;
+    }
+}
+
+pub(crate) fn dequantize_tq2_0(bytes: &[u8], out: &mut [f32]) {
+    for (b, o) in cast_blocks::<BlockTQ2_0>(bytes).iter().zip(out.chunks_exact_mut(QK_K)) {
+        expand(f16_to_f32(b.d), &tq2_codes(b), o);
+    }
+}
+
+pub(crate) fn dequantize_tq1_0(bytes: &[u8], out: &mut [f32]) {
+    for (b, o) in cast_blocks::<BlockTQ1_0>(bytes).iter().zip(out.chunks_exact_mut(QK_K)) {
+        expand(f16_to_f32(b.d), &tq1_codes(b), o);
+    }
+}
+
+/// `d_w · d_a · (Σ c·q − Σ q)` for one block; Σ q comes from the bsums.
+fn block_dot(d: [u8; 2], codes: &[u8; QK_K], a: &BlockQ8K) -> f32 {
+    let sumi: i32 = codes.iter().zip(&a.qs).map(|(&c, &q)| c as i32 * q as i32).sum();
+    f16_to_f32(d) * a.scale() * (sumi - a.sum()) as f32
+}
+
+pub(crate) fn dot_tq2_0(w: &[u8], act: &[u8]) -> f32 {
+    let acts = cast_blocks::<BlockQ8K>(act);
+    cast_blocks::<BlockTQ2_0>(w).iter().zip(acts).map(|(b, a)| block_dot(b.d, &tq2_codes(b), a)).sum()
+}
+
+pub(crate) fn dot_tq1_0(w: &[u8], act: &[u8]) -> f32 {
+    let acts = cast_blocks::<BlockQ8K>(act);
+    cast_blocks::<BlockTQ1_0>(w).iter().zip(acts).map(|(b, a)| block_dot(b.d, &tq1_codes(b), a)).sum()
+}
