@@ -51,6 +51,27 @@ fn mainline_tq1_0_tensors_are_reproduced() {
 }
 
 #[test]
+fn peer_ternary_tensors_decode_exactly_to_the_f16_values() {
+    for (source, quantized) in [
+        ("b158-e512-f16.gguf", "b158-e512-iq2_bn.gguf"),
+        ("b158-e512-f16.gguf", "b158-e512-iq1_bn.gguf"),
+        ("b158-e512-f16.gguf", "b158-e512-tq2_0.gguf"),
+        ("bitnet-e256-f16.gguf", "bitnet-e256-tq2_0.gguf"),
+        ("bitnet-e256-f16.gguf", "bitnet-e256-tq1_0.gguf"),
+    ] {
+        let (src, dst) = (open(source), open(quantized));
+        let mut checked = 0;
+        for info in dst.tensors.iter().filter(|t| t.ty.is_ternary()) {
+            let (x, _) = decode_tensor(&src, src.tensor(&info.name).expect("same tensors"));
+            let (y, _) = decode_tensor(&dst, info);
+            assert!(x == y, "{quantized} {}: decoded values differ from {source}", info.name);
+            checked += 1;
+        }
+        assert_eq!(checked, 14, "{quantized}");
+    }
+}
+
+#[test]
 fn q4_0_token_embeddings_requantize_to_themselves() {
     for name in
         ["b158-e512-f16.gguf", "b158-e512-iq2_bn.gguf", "b158-e512-iq1_bn.gguf", "bitnet-e256-f16.gguf", "bitnet-e256-tq1_0.gguf"]

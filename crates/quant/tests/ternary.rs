@@ -160,7 +160,6 @@ fn one_hot_diff(ty: GgmlType, n: usize, e: usize) -> Vec<(usize, u8)> {
         .skip(prefix)
         .filter(|(_, (a, b))| a != b)
         .map(|(i, (a, b))| (i - prefix, a ^ b))
-        .filter(|&(i, _)| !(ty == GgmlType::TQ2_0 && i >= 64)) // the f16 scale at the end
         .collect()
 }
 

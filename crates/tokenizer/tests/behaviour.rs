@@ -137,3 +137,10 @@ fn long_inputs() {
     assert_eq!(ids.len(), 10 * 2000 + 1);
     assert_eq!(t.decode(&ids), text);
 }
+
+#[test]
+fn tokenizer_is_shareable() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<tern_tokenizer::Tokenizer>();
+    assert_send_sync::<StreamDecoder>();
+}

@@ -212,3 +212,26 @@ fn truncated_file_is_an_error() {
     assert!(matches!(Tokenizer::from_file(&path), Err(Error::Gguf(_))));
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn missing_byte_token_becomes_unknown() {
+    // Turn the stand-in of byte 0 ("Ā", id 0; no merge uses it) into <unk>.
+    let mut md = small_md();
+    let mut tokens = md.strings("tokenizer.ggml.tokens").unwrap().to_vec();
+    tokens[0] = "<unk>".into();
+    md.set("tokenizer.ggml.tokens", Value::Array(Array::String(tokens)));
+    let mut types = vec![1i32; 512];
+    types[0] = 2;
+    types[510..].fill(3);
+    md.set("tokenizer.ggml.token_type", Value::Array(Array::I32(types.clone())));
+    let without_unk = Tokenizer::from_metadata(&md).unwrap();
+    let a = without_unk.encode("a", false, false);
+    let b = without_unk.encode("b", false, false);
+    // No unknown token declared: the byte is dropped.
+    assert_eq!(without_unk.encode("a\0b", false, false), [a.clone(), b.clone()].concat());
+
+    md.set("tokenizer.ggml.unknown_token_id", Value::U32(0));
+    let with_unk = Tokenizer::from_metadata(&md).unwrap();
+    assert_eq!(with_unk.unk(), Some(0));
+    assert_eq!(with_unk.encode("a\0b", false, false), [a, vec![0], b].concat());
+}

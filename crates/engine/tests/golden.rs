@@ -1,0 +1,143 @@
+//! Golden tests: every compact fixture in `testdata/compact/manifest.tsv`,
+//! evaluated teacher-forced on the prompt + the peer's greedy ids, against the
+//! peer's logits (llama.cpp / ik_llama.cpp) and the float64 reference.
+//!
+//! Bounds (from the issue; measured peer-vs-float64 distances sit inside them):
+//! - class f (float weights): mean KL(peer ‖ tern) ≤ 2e-4 nat, max |Δlogit| ≤ 0.1
+//!   against the peer, and max |Δ| ≤ 1e-3 against float64;
+//! - class q (quantized weights): mean KL ≤ 5e-3 nat and the same top-1 on ≥ 85% of rows.
+//! A missing fixture fails; nothing is skipped except class moe (MoE is a later issue).
+
+use std::path::{Path, PathBuf};
+
+use tern_engine::{npy, LoadOptions, Logits, Session};
+use tern_gguf::GgmlType;
+
+fn compact() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/compact")
+}
+
+struct Row {
+    model: String,
+    golden: String,
+    class: String,
+    ids: Vec<u32>,
+}
+
+fn manifest() -> Vec<Row> {
+    let text = std::fs::read_to_string(compact().join("manifest.tsv")).expect("testdata/compact/manifest.tsv is missing");
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|l| {
+            let f: Vec<&str> = l.split('\t').collect();
+            Row {
+                model: f[0].into(),
+                golden: f[1].into(),
+                class: f[2].into(),
+                ids: f[3].split(',').map(|s| s.parse().unwrap()).collect(),
+            }
+        })
+        .collect()
+}
+
+fn load_npy(path: &Path) -> (Vec<usize>, Vec<f32>) {
+    npy::read_f32(path).unwrap_or_else(|e| panic!("fixture: {e}"))
+}
+
+fn log_softmax(row: &[f32]) -> Vec<f64> {
+    let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
+    let lse = row.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln() + max;
+    row.iter().map(|&v| v as f64 - lse).collect()
+}
+
+fn argmax(row: &[f32]) -> usize {
+    (0..row.len()).fold(0, |b, i| if row[i] > row[b] { i } else { b })
+}
+
+#[derive(Debug)]
+struct Distance {
+    mean_kl: f64,
+    max_abs: f64,
+    top1: f64,
+}
+
+/// KL(reference ‖ ours), max |Δ| and top-1 agreement over rows of `n_vocab`.
+fn distance(reference: &[f32], ours: &[f32], n_vocab: usize) -> Distance {
+    assert_eq!(reference.len(), ours.len());
+    let rows = reference.len() / n_vocab;
+    let (mut kl, mut max_abs, mut same) = (0.0, 0.0f64, 0);
+    for (p, q) in reference.chunks_exact(n_vocab).zip(ours.chunks_exact(n_vocab)) {
+        let (lp, lq) = (log_softmax(p), log_softmax(q));
+        kl += lp.iter().zip(&lq).map(|(a, b)| a.exp() * (a - b)).sum::<f64>();
+        for (a, b) in p.iter().zip(q) {
+            max_abs = max_abs.max((*a as f64 - *b as f64).abs());
+        }
+        same += (argmax(p) == argmax(q)) as usize;
+    }
+    Distance { mean_kl: kl / rows as f64, max_abs, top1: same as f64 / rows as f64 }
+}
+
+fn eval(model: &Path, ids: &[u32], opts: &LoadOptions) -> Vec<f32> {
+    let mut s = Session::load(model, opts).unwrap_or_else(|e| panic!("{}: {e}", model.display()));
+    s.eval(ids, Logits::All).unwrap()
+}
+
+fn opts() -> LoadOptions {
+    // An f32 cache keeps float models within 1e-3 of float64.
+    LoadOptions { n_ctx: 64, n_threads: 2, kv_type: GgmlType::F32, ..LoadOptions::default() }
+}
+
+#[test]
+fn compact_fixtures_match_goldens() {
+    let dir = compact();
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    for row in manifest() {
+        if row.class == "moe" {
+            eprintln!("{:<34} moe: waits for the MoE issue (deepseek2 is not implemented yet)", row.golden);
+            continue;
+        }
+        let model = dir.join("models").join(&row.model);
+        assert!(model.exists(), "missing fixture {}", model.display());
+        let (ps, prompt) = load_npy(&dir.join(format!("golden/{}.prompt_logits.npy", row.golden)));
+        let (_, gen) = load_npy(&dir.join(format!("golden/{}.gen_logits.npy", row.golden)));
+        let (_, ref64) = load_npy(&dir.join(format!("ref64/{}.npy", row.golden)));
+        let n_vocab = ps[1];
+        let golden: Vec<f32> = prompt.into_iter().chain(gen).collect();
+        let ours = eval(&model, &row.ids, &opts());
+        assert_eq!(ours.len(), golden.len(), "{}: row count", row.model);
+        let peer = distance(&golden, &ours, n_vocab);
+        let exact = distance(&ref64, &ours, n_vocab);
+        eprintln!(
+            "{:<34} {:<26} class {}: peer KL {:.2e} max|Δ| {:.4} top1 {:.1}% | float64 KL {:.2e} max|Δ| {:.5}",
+            row.model, row.golden, row.class, peer.mean_kl, peer.max_abs, peer.top1 * 100.0, exact.mean_kl, exact.max_abs
+        );
+        let ok = match row.class.as_str() {
+            "f" => peer.mean_kl <= 2e-4 && peer.max_abs <= 0.1 && exact.max_abs <= 1e-3,
+            "q" => peer.mean_kl <= 5e-3 && peer.top1 >= 0.85,
+            other => panic!("unknown class {other}"),
+        };
+        if !ok {
+            failures.push(format!("{} vs {}: peer {peer:?}, float64 {exact:?}", row.model, row.golden));
+        }
+        checked += 1;
+    }
+    assert!(checked >= 13, "only {checked} fixtures checked");
+    assert!(failures.is_empty(), "out of bounds:\n{}", failures.join("\n"));
+}
+
+/// One graph split across two CPU backend instances (layer 1 pinned to CPU1,
+/// so every layer boundary copies activations) gives identical logits.
+#[test]
+fn split_across_two_cpu_backends_is_exact() {
+    let model = compact().join("models/b158-e512-tq2_0.gguf");
+    let ids = [510, 296, 387, 388, 44, 322, 361, 380];
+    let one = eval(&model, &ids, &opts());
+    let split_opts = LoadOptions { overrides: vec!["blk\\.1\\.=CPU1".into()], cpu_instances: 2, ..opts() };
+    let mut s = Session::load(&model, &split_opts).unwrap();
+    let (built, schedule) = s.plan(ids.len(), ids.len());
+    assert!(schedule.splits.len() >= 3, "expected CPU → CPU1 → CPU splits, got {}", schedule.splits.len());
+    assert!(schedule.copy_bytes(&built.graph) > 0);
+    let two = s.eval(&ids, Logits::All).unwrap();
+    assert_eq!(one, two, "split execution changed the logits");
+}
