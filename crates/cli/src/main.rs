@@ -42,8 +42,21 @@ impl<E: std::fmt::Display> From<E> for CliError {
     }
 }
 
+/// llama.cpp spells some long options with one dash (`-ot`, `-ctk`); clap's
+/// short flags are one letter, so those spellings are rewritten first.
+const SINGLE_DASH_LONG: [(&str, &str); 2] = [("-ot", "--override-tensor"), ("-ctk", "--cache-type-k")];
+
+fn args() -> Vec<String> {
+    std::env::args()
+        .map(|a| match SINGLE_DASH_LONG.iter().find(|(short, _)| a == *short) {
+            Some((_, long)) => long.to_string(),
+            None => a,
+        })
+        .collect()
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(args());
     let result = match cli.command {
         Command::Run(a) => run::main(a),
         Command::Eval(a) => eval::main(a),
@@ -53,7 +66,9 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(CliError(msg)) => {
-            eprintln!("error: {msg}");
+            // One line, whatever the message: multi-line library errors are joined.
+            let msg: Vec<&str> = msg.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+            eprintln!("error: {}", msg.join(" "));
             ExitCode::FAILURE
         }
     }

@@ -21,13 +21,13 @@ pub struct ModelArgs {
     #[arg(short = 't', long = "threads")]
     pub threads: Option<usize>,
     /// KV cache type: f16 or f32.
-    #[arg(long = "cache-type-k", visible_alias = "ctk", default_value = "f16")]
+    #[arg(long = "cache-type-k", default_value = "f16")]
     pub cache_type: String,
     /// Largest number of tokens evaluated at once.
     #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
     pub batch_size: usize,
     /// Pin tensors to a backend: REGEX=BACKEND (repeatable, comma lists allowed).
-    #[arg(long = "override-tensor", visible_alias = "ot")]
+    #[arg(long = "override-tensor")]
     pub override_tensor: Vec<String>,
 }
 

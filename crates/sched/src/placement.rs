@@ -57,7 +57,7 @@ impl PlacementRules {
                 let (pat, name) =
                     spec.split_once('=').ok_or_else(|| RuleError::Syntax { spec: spec.to_string() })?;
                 let pattern = Regex::new(pat)
-                    .map_err(|e| RuleError::Regex { spec: spec.to_string(), reason: e.to_string() })?;
+                    .map_err(|e| RuleError::Regex { spec: spec.to_string(), reason: regex_reason(&e) })?;
                 let valid = || available.iter().map(|b| b.to_string()).collect::<Vec<_>>().join(", ");
                 let backend = name
                     .parse::<BackendId>()
@@ -73,6 +73,14 @@ impl PlacementRules {
         }
         Ok(PlacementRules { overrides })
     }
+}
+
+/// The regex crate's message draws a caret under the pattern over several
+/// lines; its last line is the reason.
+fn regex_reason(e: &regex::Error) -> String {
+    let text = e.to_string();
+    let last = text.lines().last().unwrap_or_default().trim();
+    last.strip_prefix("error: ").unwrap_or(last).to_string()
 }
 
 /// Where one weight lives.

@@ -1,0 +1,133 @@
+//! The `tern` binary end to end: quantization against the peers' files,
+//! the eval contract, and one clean `error:` line for every bad input.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use tern_gguf::File;
+
+fn tern(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tern")).args(args).output().expect("run tern")
+}
+
+fn models() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/compact/models")
+}
+
+fn model(name: &str) -> String {
+    models().join(name).display().to_string()
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("tern-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+fn ok(out: &Output) -> String {
+    assert!(out.status.success(), "tern failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout.clone()).unwrap()
+}
+
+/// The process failed with exit code 1 and exactly one stderr line, `error: ...`.
+fn fails_cleanly(out: &Output) -> String {
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(1), "expected exit 1, got {:?}; stderr: {err}", out.status.code());
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "expected one error line, got: {err}");
+    assert!(lines[0].starts_with("error: "), "{err}");
+    err
+}
+
+/// Every ternary tensor of `ours` is byte-identical to the peer-made `theirs`.
+fn same_ternary_tensors(ours: &Path, theirs: &Path) -> usize {
+    let (a, b) = (File::open(ours).unwrap(), File::open(theirs).unwrap());
+    let mut n = 0;
+    for t in b.tensors.iter().filter(|t| t.ty.is_ternary() || t.name == "token_embd.weight") {
+        let o = a.tensor(&t.name).unwrap_or_else(|| panic!("{} missing", t.name));
+        assert_eq!(o.ty, t.ty, "{}", t.name);
+        assert!(a.tensor_data(o) == b.tensor_data(t), "{}: bytes differ from {}", t.name, theirs.display());
+        n += 1;
+    }
+    n
+}
+
+#[test]
+fn quantize_reproduces_the_peers_ternary_files() {
+    let cases = [
+        ("b158-e512-f16.gguf", "IQ2_BN", "b158-e512-iq2_bn.gguf"),
+        ("b158-e512-f16.gguf", "IQ1_BN", "b158-e512-iq1_bn.gguf"),
+        ("b158-e512-f16.gguf", "TQ2_0", "b158-e512-tq2_0.gguf"),
+        ("bitnet-e256-f16.gguf", "TQ2_0", "bitnet-e256-tq2_0.gguf"),
+        ("bitnet-e256-f16.gguf", "TQ1_0", "bitnet-e256-tq1_0.gguf"),
+    ];
+    for (src, ty, peer) in cases {
+        let out = tmp(&format!("{ty}-{src}"));
+        ok(&tern(&["quantize", &model(src), out.to_str().unwrap(), ty, "--token-embedding-type", "q4_0"]));
+        let n = same_ternary_tensors(&out, &models().join(peer));
+        assert_eq!(n, 15, "{peer}: 14 ternary tensors + token_embd");
+    }
+}
+
+#[test]
+fn i2s_model_runs_within_the_quantized_bounds() {
+    // No peer computes with I2_S; its logits must stay as close to the F16
+    // golden as the other ternary formats (class q: top-1 ≥ 85%).
+    let out = tmp("b158-i2s.gguf");
+    ok(&tern(&["quantize", &model("b158-e512-f16.gguf"), out.to_str().unwrap(), "I2_S", "--token-embedding-type", "q4_0"]));
+    let f = File::open(&out).unwrap();
+    assert_eq!(f.tensor("blk.0.attn_q.weight").unwrap().ty, tern_gguf::GgmlType::I2_S);
+    let npy = tmp("i2s.npy");
+    let ids = "510,296,387,388,44,322,361,380,295,301,440";
+    let stdout = ok(&tern(&["eval", "-m", out.to_str().unwrap(), "--tokens", ids, "--gen", "16", "--logits-out", npy.to_str().unwrap(), "-c", "64"]));
+    let golden = "456,456,456,456,456,456,456,456,456,456,456,456,456,240,360,99";
+    let same = stdout.trim().split(',').zip(golden.split(',')).filter(|(a, b)| a == b).count();
+    assert!(same >= 14, "I2_S greedy ids {stdout} vs F16 golden {golden}");
+    let (shape, _) = tern_engine::npy::read_f32(&npy).unwrap();
+    assert_eq!(shape, [27, 512]);
+}
+
+#[test]
+fn eval_writes_the_contract_shape_and_ids() {
+    let npy = tmp("eval.npy");
+    let stdout = ok(&tern(&["eval", "-m", &model("llama-e256-q8_0.gguf"), "--tokens", "510,296,387", "--gen", "4", "--logits-out", npy.to_str().unwrap()]));
+    assert_eq!(stdout.trim().split(',').count(), 4);
+    assert_eq!(tern_engine::npy::read_f32(&npy).unwrap().0, [7, 512]);
+}
+
+#[test]
+fn info_lists_tensors_and_the_plan() {
+    let out = ok(&tern(&["info", "-m", &model("b158-e512-tq2_0.gguf"), "--plan"]));
+    assert!(out.contains("blk.1.ffn_down.weight") && out.contains("TQ2_0"));
+    assert!(out.contains("default") && out.contains("splits"));
+    let json = ok(&tern(&["info", "-m", &model("b158-e512-tq2_0.gguf"), "--json", "--plan", "-ot", "ffn=CPU"]));
+    assert!(json.starts_with('{') && json.contains("\"n_tensors\": 24") && json.contains("\"plan\": {"));
+}
+
+#[test]
+fn bad_inputs_give_one_error_line() {
+    let m = model("llama-e256-q8_0.gguf");
+    let npy = tmp("bad.npy");
+    let npy = npy.to_str().unwrap();
+    fails_cleanly(&tern(&["info", "-m", "/nonexistent/model.gguf"]));
+    fails_cleanly(&tern(&["run", "-m", &model("MD5SUMS"), "-p", "x"]));
+    let err = fails_cleanly(&tern(&["eval", "-m", &m, "--tokens", "1,99999", "--logits-out", npy]));
+    assert!(err.contains("99999"));
+    fails_cleanly(&tern(&["eval", "-m", &m, "--tokens", "1,x", "--logits-out", npy]));
+    let err = fails_cleanly(&tern(&["run", "-m", &m, "-p", &"light ".repeat(100), "-c", "16"]));
+    assert!(err.contains("context"), "{err}");
+    fails_cleanly(&tern(&["run", "-m", &m, "-p", "x", "-ot", "ffn(=CPU"]));
+    let err = fails_cleanly(&tern(&["run", "-m", &m, "-p", "x", "-ot", "ffn=CUDA0"]));
+    assert!(err.contains("valid backends: CPU"), "{err}");
+    let out = tmp("never.gguf");
+    let err = fails_cleanly(&tern(&["quantize", &m, out.to_str().unwrap(), "Q3_XYZ"]));
+    assert!(err.contains("valid types"), "{err}");
+    assert!(!out.exists());
+    // A truncated model: no panic, no output left behind.
+    let cut = tmp("cut.gguf");
+    let bytes = std::fs::read(&m).unwrap();
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+    fails_cleanly(&tern(&["eval", "-m", cut.to_str().unwrap(), "--tokens", "1", "--logits-out", npy]));
+    fails_cleanly(&tern(&["quantize", cut.to_str().unwrap(), out.to_str().unwrap(), "Q8_0"]));
+    assert!(!out.exists());
+}
