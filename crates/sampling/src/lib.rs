@@ -4,7 +4,9 @@
 //! top-p → min-p → temperature → softmax → draw. Because temperature comes
 //! after the filters, top-p and min-p judge the temperature-1 distribution,
 //! as llama.cpp does. Everything is deterministic: the same config (seed
-//! included), logits and history give the same tokens on every platform.
+//! included), logits and history give the same tokens. The RNG stream is the
+//! same on every platform; `exp` comes from the platform's libm, so another
+//! platform could in rare cases round a probability across a draw boundary.
 //! Ties are broken toward the lower token id everywhere.
 //!
 //! Logit edge cases: NaN counts as -inf. If every logit is -inf (or NaN) the
@@ -14,6 +16,7 @@
 mod rng;
 
 use std::cmp::Ordering;
+use std::collections::BinaryHeap;
 
 pub use rng::Rng;
 
@@ -60,7 +63,8 @@ impl SamplerConfig {
     }
 
     fn is_greedy(&self) -> bool {
-        !(self.temperature > 0.0)
+        // Written so that NaN is greedy too.
+        self.temperature.partial_cmp(&0.0) != Some(Ordering::Greater)
     }
 
     fn penalty_active(&self) -> bool {
@@ -81,6 +85,27 @@ struct Cand {
 fn desc(a: &Cand, b: &Cand) -> Ordering {
     b.v.total_cmp(&a.v).then(a.id.cmp(&b.id))
 }
+
+/// Ordered by `desc`, so the better candidate is the smaller one (for `BinaryHeap`).
+impl Ord for Cand {
+    fn cmp(&self, other: &Self) -> Ordering {
+        desc(self, other)
+    }
+}
+
+impl PartialOrd for Cand {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl PartialEq for Cand {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+
+impl Eq for Cand {}
 
 /// The first maximum, with NaN counted as -inf; 0 when every logit is -inf or NaN.
 ///
@@ -104,7 +129,9 @@ pub fn argmax(logits: &[f32]) -> u32 {
 pub struct Sampler {
     cfg: SamplerConfig,
     rng: Rng,
-    /// Reused between calls: with a 128k vocabulary these are 1 MiB each.
+    /// Scratch reused between calls (with a 128k vocabulary, 0.5-1 MiB each):
+    /// the logits after NaN cleanup and penalty, the candidates, the penalised ids.
+    vals: Vec<f32>,
     cands: Vec<Cand>,
     recent: Vec<u32>,
 }
@@ -112,7 +139,7 @@ pub struct Sampler {
 impl Sampler {
     pub fn new(cfg: SamplerConfig) -> Sampler {
         let rng = Rng::new(cfg.seed);
-        Sampler { cfg, rng, cands: Vec::new(), recent: Vec::new() }
+        Sampler { cfg, rng, vals: Vec::new(), cands: Vec::new(), recent: Vec::new() }
     }
 
     pub fn config(&self) -> &SamplerConfig {
@@ -167,35 +194,46 @@ impl Sampler {
     /// is already decided (greedy, or nothing finite left); otherwise leaves
     /// the surviving candidates with unnormalised probabilities in `cands`.
     fn prepare(&mut self, logits: &[f32], history: &[u32]) -> Option<u32> {
-        let cands = &mut self.cands;
-        cands.clear();
-        let nan_as_inf = |x: f32| if x.is_nan() { f32::NEG_INFINITY } else { x };
-        cands.extend(logits.iter().enumerate().map(|(i, &x)| Cand { id: i as u32, v: nan_as_inf(x) }));
+        if self.cfg.is_greedy() && !self.cfg.penalty_active() {
+            return Some(argmax(logits)); // no copy needed
+        }
+        let vals = &mut self.vals;
+        vals.clear();
+        vals.extend(logits.iter().map(|&x| if x.is_nan() { f32::NEG_INFINITY } else { x }));
         if self.cfg.penalty_active() {
-            penalize(cands, history, &self.cfg, &mut self.recent);
+            penalize(vals, history, &self.cfg, &mut self.recent);
         }
         if self.cfg.is_greedy() {
-            return Some(first_max(cands));
+            return Some(argmax(vals));
         }
-        let max = cands.iter().map(|c| c.v).fold(f32::NEG_INFINITY, f32::max);
+        let mut max = vals.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         if max == f32::NEG_INFINITY {
             return Some(0);
         }
         if max == f32::INFINITY {
             // inf - inf is NaN: make the +inf tokens equal and drop the rest.
-            for c in cands.iter_mut() {
-                c.v = if c.v == f32::INFINITY { 0.0 } else { f32::NEG_INFINITY };
+            for v in vals.iter_mut() {
+                *v = if *v == f32::INFINITY { 0.0 } else { f32::NEG_INFINITY };
             }
+            max = 0.0;
         }
-        cands.retain(|c| c.v > f32::NEG_INFINITY);
-        let max = if max == f32::INFINITY { 0.0 } else { max };
 
+        let cands = &mut self.cands;
+        cands.clear();
         let mut sorted = 0; // cands[..sorted] are the top candidates, in order
         let k = self.cfg.top_k;
-        if k > 0 && k < cands.len() {
-            sort_prefix(cands, 0, k);
-            cands.truncate(k);
-            sorted = k;
+        if k > 0 && k <= vals.len() / 16 {
+            // The usual case (k = 40 of 128k): one pass with a k-heap, no 1 MiB candidate list.
+            top_k_heap(vals, k, cands);
+            sorted = cands.len();
+        } else {
+            let finite = vals.iter().enumerate().filter(|(_, &v)| v > f32::NEG_INFINITY);
+            cands.extend(finite.map(|(i, &v)| Cand { id: i as u32, v }));
+            if k > 0 && k < cands.len() {
+                sort_prefix(cands, 0, k);
+                cands.truncate(k);
+                sorted = k;
+            }
         }
         if self.cfg.top_p < 1.0 {
             top_p(cands, sorted, max, self.cfg.top_p);
@@ -210,36 +248,50 @@ impl Sampler {
             // Scaling (logit - max) leaves the softmax unchanged and keeps every
             // exponent <= 0, so the top token weighs exactly 1. Dividing (not
             // multiplying by 1/t) keeps a tiny t from producing 0 * inf = NaN.
-            c.v = (((c.v - max) / t) as f64).exp() as f32;
+            c.v = ((c.v - max) / t).exp();
         }
         None
     }
 }
 
-/// The first maximum of the candidates (still in id order); 0 if all are -inf.
-fn first_max(cands: &[Cand]) -> u32 {
-    let mut best = 0;
-    for (i, c) in cands.iter().enumerate() {
-        if c.v > cands[best].v {
-            best = i;
-        }
-    }
-    cands[best].id
-}
-
 /// llama.cpp's repetition penalty: each distinct token among the last
 /// `repeat_last_n` of the history has its logit divided by the penalty if
 /// positive, multiplied by it otherwise — once, however often it occurred.
-fn penalize(cands: &mut [Cand], history: &[u32], cfg: &SamplerConfig, recent: &mut Vec<u32>) {
+fn penalize(vals: &mut [f32], history: &[u32], cfg: &SamplerConfig, recent: &mut Vec<u32>) {
     recent.clear();
     recent.extend_from_slice(&history[history.len().saturating_sub(cfg.repeat_last_n)..]);
     recent.sort_unstable();
     recent.dedup();
     for &t in recent.iter() {
-        if let Some(c) = cands.get_mut(t as usize) {
-            c.v = if c.v > 0.0 { c.v / cfg.repeat_penalty } else { c.v * cfg.repeat_penalty };
+        if let Some(v) = vals.get_mut(t as usize) {
+            *v = if *v > 0.0 { *v / cfg.repeat_penalty } else { *v * cfg.repeat_penalty };
         }
     }
+}
+
+/// The `k` best finite values into `cands`, best first. A max-heap under
+/// `desc` keeps the worst survivor on top, so most tokens cost one float
+/// comparison. Ties go to the lower id because ids arrive in increasing order
+/// and an equal value never displaces a survivor.
+fn top_k_heap(vals: &[f32], k: usize, cands: &mut Vec<Cand>) {
+    let mut heap = BinaryHeap::from(std::mem::take(cands));
+    heap.reserve(k);
+    let mut worst = f32::NEG_INFINITY; // stays -inf until the heap is full, which also skips -inf tokens
+    for (i, &v) in vals.iter().enumerate() {
+        if v > worst {
+            let c = Cand { id: i as u32, v };
+            if heap.len() < k {
+                heap.push(c);
+                if heap.len() < k {
+                    continue;
+                }
+            } else {
+                *heap.peek_mut().expect("full heap") = c;
+            }
+            worst = heap.peek().expect("full heap").v;
+        }
+    }
+    *cands = heap.into_sorted_vec();
 }
 
 /// Makes `cands[from..to]` the next-best candidates in order, given that
@@ -258,11 +310,11 @@ fn sort_prefix(cands: &mut [Cand], from: usize, to: usize) {
 }
 
 /// Keeps the most likely candidates until their probability (at temperature
-/// 1) reaches `p`, the one that crosses included. Sorts only as far as
+/// one) reaches `p`, the one that crosses included. Sorts only as far as
 /// needed: the sorted prefix grows by doubling, so a peaked distribution over
-/// a 128k vocabulary touches a few hundred tokens, not all of them.
+/// a 128k vocabulary sorts a few hundred tokens, not all of them.
 fn top_p(cands: &mut Vec<Cand>, mut sorted: usize, max: f32, p: f32) {
-    let weight = |c: &Cand| ((c.v - max) as f64).exp();
+    let weight = |c: &Cand| (c.v - max).exp() as f64;
     let total: f64 = cands.iter().map(weight).sum();
     let target = p.max(0.0) as f64 * total;
     let mut cum = 0.0;

@@ -28,7 +28,10 @@ fn ids(probs: &[(u32, f32)]) -> Vec<u32> {
 #[test]
 fn defaults_match_llama_cpp() {
     let d = SamplerConfig::default();
-    assert_eq!((d.temperature, d.top_k, d.top_p, d.min_p, d.repeat_penalty, d.repeat_last_n), (0.8, 40, 0.95, 0.05, 1.0, 64));
+    assert_eq!(
+        (d.temperature, d.top_k, d.top_p, d.min_p, d.repeat_penalty, d.repeat_last_n),
+        (0.8, 40, 0.95, 0.05, 1.0, 64)
+    );
     assert_eq!(SamplerConfig::greedy().temperature, 0.0);
 }
 
@@ -107,7 +110,14 @@ fn top_k_1_is_greedy() {
 fn tiny_top_p_is_greedy() {
     let mut rng = Rng::new(3);
     for (seed, p) in [(0, 1e-6f32), (1, 0.0), (2, -1.0)] {
-        let mut s = Sampler::new(SamplerConfig { top_p: p, top_k: 0, min_p: 0.0, temperature: 2.0, seed, ..Default::default() });
+        let mut s = Sampler::new(SamplerConfig {
+            top_p: p,
+            top_k: 0,
+            min_p: 0.0,
+            temperature: 2.0,
+            seed,
+            ..Default::default()
+        });
         for _ in 0..20 {
             let l = random_logits(&mut rng, 3000, 1.0);
             assert_eq!(s.sample(&l, &[]), argmax(&l));
@@ -124,7 +134,9 @@ fn top_k_and_top_p_keep_the_right_sets() {
     assert_eq!(ids(&p), [1, 3]);
     assert!((p[0].1 - 0.625).abs() < 1e-6 && (p[1].1 - 0.375).abs() < 1e-6, "{p:?}");
     // top-p keeps tokens until the running sum reaches p, the crossing one included.
-    for (top_p, want) in [(0.4, vec![1]), (0.5, vec![1]), (0.7, vec![1, 3]), (0.9, vec![1, 3, 0]), (0.99, vec![1, 3, 0, 2])] {
+    for (top_p, want) in
+        [(0.4, vec![1]), (0.5, vec![1]), (0.7, vec![1, 3]), (0.9, vec![1, 3, 0]), (0.99, vec![1, 3, 0, 2])]
+    {
         let mut s = Sampler::new(SamplerConfig { top_p, ..plain() });
         assert_eq!(ids(&s.probabilities(&l, &[])), want, "top_p {top_p}");
     }
@@ -231,7 +243,8 @@ fn temperature_scaling() {
 fn nan_and_infinities_never_panic() {
     let nan = f32::NAN;
     let (inf, ninf) = (f32::INFINITY, f32::NEG_INFINITY);
-    for cfg in [SamplerConfig::default(), plain(), SamplerConfig::greedy(), SamplerConfig { top_p: 0.5, top_k: 0, ..plain() }]
+    for cfg in
+        [SamplerConfig::default(), plain(), SamplerConfig::greedy(), SamplerConfig { top_p: 0.5, top_k: 0, ..plain() }]
     {
         let mut s = Sampler::new(SamplerConfig { repeat_penalty: 1.2, ..cfg.clone() });
         // NaN is never chosen.
@@ -302,9 +315,15 @@ fn matches_a_full_sort_reference_on_a_128k_vocab() {
         SamplerConfig { top_k: 0, top_p: 0.5, min_p: 0.0, repeat_penalty: 1.3, ..Default::default() },
         SamplerConfig { top_k: 1000, top_p: 0.99, min_p: 0.01, temperature: 1.5, ..Default::default() },
         SamplerConfig { top_k: 0, top_p: 0.999, min_p: 1e-4, temperature: 1.0, ..Default::default() },
+        // Large k: the select-and-sort path rather than the heap.
+        SamplerConfig { top_k: 20_000, top_p: 0.9, min_p: 0.0, temperature: 0.7, ..Default::default() },
     ];
-    for scale in [0.5f32, 3.0, 12.0] {
-        let l = random_logits(&mut rng, 128_000, scale);
+    for (scale, quantize) in [(0.5f32, false), (3.0, false), (12.0, false), (6.0, true)] {
+        let mut l = random_logits(&mut rng, 128_000, scale);
+        if quantize {
+            // Many exact ties, to check that every path breaks them toward the lower id.
+            l.iter_mut().for_each(|x| *x = (*x * 2.0).round() / 2.0);
+        }
         for cfg in &configs {
             // Compared in id order: near-equal logits may round to equal probabilities.
             let mut want = reference(cfg, &l, &history);
