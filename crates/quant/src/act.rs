@@ -6,10 +6,10 @@
 //! | [`ActType`] | block | layout | quantization |
 //! |---|---:|---|---|
 //! | `F32` | 1 | little-endian f32 per element | none |
-//! | `Q8_0` | 32 | [`BlockQ8_0`]: f16 d, i8 qs[32] (34 B) | `d = amax/127`, `roundf` |
-//! | `Q8_K` | 256 | [`BlockQ8K`]: f32 d, i8 qs[256], i16 bsums[16] (292 B) | `d = amax/127`, `roundf` |
-//! | `Q8_K64` | 64 | [`BlockQ8K64`]: f32 d, i8 qs[64] (68 B) | `d = amax/127`, `roundf` |
-//! | `Q8_Row` | row | f32 d, i32 sum, i8 qs[n] (8 + n B) | see below |
+//! | `Q8_0` | 32 | [`BlockQ8_0`]: `f16 d, i8 qs[32]` (34 B) | `d = amax/127`, `roundf` |
+//! | `Q8_K` | 256 | [`BlockQ8K`]: `f32 d, i8 qs[256], i16 bsums[16]` (292 B) | `d = amax/127`, `roundf` |
+//! | `Q8_K64` | 64 | [`BlockQ8K64`]: `f32 d, i8 qs[64]` (68 B) | `d = amax/127`, `roundf` |
+//! | `Q8_Row` | row | `f32 d, i32 sum, i8 qs[n]` (8 + n B) | see below |
 //!
 //! `roundf` is round half away from zero. Q8_K uses the plain positive
 //! `amax/127` scale (not ggml's signed `-127/max` quirk: the dot product does
@@ -61,7 +61,7 @@ pub struct BlockQ8K {
     /// f32 scale, little-endian.
     pub d: [u8; 4],
     pub qs: [i8; QK_K],
-    /// `bsums[g]` = Σ qs[16g..16g+16], little-endian i16.
+    /// `bsums[g] = Σ qs[16g..16g+16]`, little-endian i16.
     pub bsums: [[u8; 2]; QK_K / 16],
 }
 impl_block!(BlockQ8K, 292);

@@ -9,7 +9,7 @@
 //!   [`row_bytes`]`(ty, n)` (ik's IQ1_BN/IQ2_BN rows begin with their row
 //!   scale). `n` must be a whole number of blocks of `ty`.
 //! * I2_S keeps one scale per *tensor* after the data; row functions take it as
-//!   a [`TensorScale`] (read it with [`i2s_tensor_scale`]). Every other type
+//!   a [`TensorScale`] (read it with [`TensorScale::of`] or [`i2s_tensor_scale`]). Every other type
 //!   ignores the `TensorScale` argument — pass [`TensorScale::ONE`].
 //! * Length mismatches are programmer errors and panic with a message; valid
 //!   lengths never panic, whatever the bytes hold.
@@ -31,8 +31,8 @@ pub use blocks::{cast_blocks, cast_blocks_mut, Block};
 pub use kquants::{q4k::BlockQ4K, q5k::BlockQ5K, q6k::BlockQ6K};
 pub use q4_0::{BlockIQ4NL, BlockQ4_0};
 pub use q8_0::BlockQ8_0;
-pub use ternary::{bn::BlockIQ1BN, bn::BlockIQ2BN, i2s::BlockI2S, tq::BlockTQ1_0, tq::BlockTQ2_0};
 pub use tern_gguf::GgmlType;
+pub use ternary::{bn::BlockIQ1BN, bn::BlockIQ2BN, i2s::BlockI2S, tq::BlockTQ1_0, tq::BlockTQ2_0};
 
 use ternary::{bn, i2s, tq};
 
@@ -63,9 +63,9 @@ impl Default for TensorScale {
 ///
 /// Panics if `n` is not a whole number of `ty`'s blocks.
 pub fn row_bytes(ty: GgmlType, n: usize) -> usize {
-    ty.row_bytes(n as u64)
-        .and_then(|b| usize::try_from(b).ok())
-        .unwrap_or_else(|| panic!("a {ty} row of {n} elements is not a whole number of {}-element blocks", ty.block_elems()))
+    ty.row_bytes(n as u64).and_then(|b| usize::try_from(b).ok()).unwrap_or_else(|| {
+        panic!("a {ty} row of {n} elements is not a whole number of {}-element blocks", ty.block_elems())
+    })
 }
 
 /// Reads I2_S's per-tensor scale from the tensor's bytes (the f32 at byte

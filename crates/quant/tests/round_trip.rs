@@ -14,22 +14,22 @@ use tern_quant::{dequantize_row, quantize_i2s_tensor, row_bytes, GgmlType, Tenso
 /// | type | bound | measured | expected from the format |
 /// |---|---:|---:|---|
 /// | F32 | 0 | 0 | exact |
-/// | F16 | 3e-4 | 2.23e-4 | 11-bit significand: ≈ 2^-11/√3 |
-/// | BF16 | 2.5e-3 | 1.89e-3 | 8-bit significand: ≈ 2^-8/√3 |
-/// | Q8_0 | 7e-3 | 5.54e-3 | step amax/127 per 32, error step/√12 |
-/// | Q6_K | 0.022 | 0.0174 | 64 levels per 16, int8 sub-scales |
-/// | Q5_K | 0.045 | 0.0357 | 32 levels + min per 32, 6-bit sub-scales |
-/// | Q4_K | 0.095 | 0.0737 | 16 levels + min per 32, 6-bit sub-scales |
-/// | IQ4_NL | 0.095 | 0.0746 | 16 non-linear levels per 32, fitted scale |
-/// | Q4_0 | 0.11 | 0.0871 | 16 levels per 32, extreme pinned to −8 |
-/// | TQ2_0 / TQ1_0 | 0.95 | 0.82 / 0.87 | 3 levels, block max scale |
-/// | IQ2_BN / IQ1_BN | 0.95 | 0.90 / 0.88 | 3 levels, row max scale |
+/// | F16 | 3e-4 | 2.16e-4 | 11-bit significand: ≈ 2^-11/√3 |
+/// | BF16 | 2.5e-3 | 1.76e-3 | 8-bit significand: ≈ 2^-8/√3 |
+/// | Q8_0 | 7.5e-3 | 5.78e-3 | step amax/127 per 32 (amax ≈ 2.1σ), error step/√12 |
+/// | Q6_K | 0.022 | 0.0176 | 64 levels per 16, int8 sub-scales |
+/// | Q5_K | 0.045 | 0.0362 | 32 levels + min per 32, 6-bit sub-scales |
+/// | Q4_K | 0.095 | 0.0732 | 16 levels + min per 32, 6-bit sub-scales |
+/// | IQ4_NL | 0.095 | 0.0739 | 16 non-linear levels per 32, fitted scale |
+/// | Q4_0 | 0.11 | 0.0867 | 16 levels per 32, extreme pinned to −8 |
+/// | TQ2_0 / TQ1_0 | 0.95 | 0.78 / 0.80 | 3 levels, block max scale |
+/// | IQ2_BN / IQ1_BN | 0.95 | 0.88 / 0.91 | 3 levels, row max scale |
 /// | I2_S | 0.98 | 0.952 | 3 levels, tensor max scale |
 const BOUNDS: [(GgmlType, f64); 13] = [
     (GgmlType::F32, 0.0),
     (GgmlType::F16, 3e-4),
     (GgmlType::BF16, 2.5e-3),
-    (GgmlType::Q8_0, 7e-3),
+    (GgmlType::Q8_0, 7.5e-3),
     (GgmlType::Q6_K, 0.022),
     (GgmlType::Q5_K, 0.045),
     (GgmlType::Q4_K, 0.095),
@@ -100,7 +100,8 @@ fn zero_rows_decode_to_zero() {
 fn constant_and_one_hot_rows_are_sane() {
     // Degenerate shapes that break naive min/max scale fitting.
     for (ty, _) in BOUNDS.iter().filter(|(t, _)| !t.is_ternary()) {
-        for x in [vec![-0.75f32; 256], vec![0.75f32; 256], (0..256).map(|i| if i == 77 { 5.0 } else { 0.0 }).collect()] {
+        for x in [vec![-0.75f32; 256], vec![0.75f32; 256], (0..256).map(|i| if i == 77 { 5.0 } else { 0.0 }).collect()]
+        {
             let (_, y) = round_trip(*ty, &x);
             let err = rel_rmse(&x, &y);
             assert!(err < 0.05, "{ty}: relative RMSE {err} on a degenerate row");

@@ -75,7 +75,10 @@ fn vec_dot_matches_float_references_for_every_type() {
             // 1. Same quantized operands in f64: only rounding differs.
             let exact = dot64(&w_deq, &a_deq);
             let mag: f64 = w_deq.iter().zip(&a_deq).map(|(&p, &q)| (p as f64 * q as f64).abs()).sum();
-            assert!((got - exact).abs() <= 2e-6 * mag + 1e-30, "{ty} n={n}: vec_dot {got} vs dequantized operands {exact}");
+            assert!(
+                (got - exact).abs() <= 2e-6 * mag + 1e-30,
+                "{ty} n={n}: vec_dot {got} vs dequantized operands {exact}"
+            );
 
             // 2. Against unquantized activations: the activation rounding error.
             let float = dot64(&w_deq, &x);
@@ -85,7 +88,10 @@ fn vec_dot_matches_float_references_for_every_type() {
 
             // 3. The precise path: dequantize-on-the-fly with f32 activations.
             let precise = vec_dot_f32(ty, &wq, scale, &x) as f64;
-            assert!((precise - float).abs() <= 1e-7 * float.abs() + 1e-12 * mag, "{ty} n={n}: vec_dot_f32 {precise} vs {float}");
+            assert!(
+                (precise - float).abs() <= 1e-7 * float.abs() + 1e-12 * mag,
+                "{ty} n={n}: vec_dot_f32 {precise} vs {float}"
+            );
         }
         println!("{ty} × {act:?}: worst activation error / its standard deviation {worst:.2}");
     }

@@ -135,9 +135,8 @@ fn blocks_dot(codes: impl Iterator<Item = [u8; QK_BN]>, act: &[u8]) -> f32 {
     codes
         .zip(acts)
         .map(|(c, a)| {
-            let (cq, sq) = c.iter().zip(&a.qs).fold((0i32, 0i32), |(cq, sq), (&c, &q)| {
-                (cq + c as i32 * q as i32, sq + q as i32)
-            });
+            let (cq, sq) =
+                c.iter().zip(&a.qs).fold((0i32, 0i32), |(cq, sq), (&c, &q)| (cq + c as i32 * q as i32, sq + q as i32));
             a.scale() * (cq - sq) as f32
         })
         .sum()

@@ -76,15 +76,15 @@ pub(crate) fn dequantize(bytes: &[u8], scale: f32, out: &mut [f32]) {
     }
 }
 
-/// I2_S · Q8_Row, Microsoft's kernel arithmetic: `Σ c·q` over the row in i32,
+/// I2_S · Q8_Row, Microsoft's kernel arithmetic: `Σ c·q` over the row in integers,
 /// minus the stored `Σ q`, times the activation scale and the tensor scale.
 pub(crate) fn dot(row: &[u8], scale: f32, act: &[u8]) -> f32 {
     let (d, sum, qs) = q8_row_parts(act);
-    let mut acc = 0i32;
+    // i32 inside a block (≤ 128·2·128), i64 over the row so no row length overflows.
+    let mut acc = 0i64;
     for (b, q) in cast_blocks::<BlockI2S>(row).iter().zip(qs.chunks_exact(QK_I2_S)) {
-        for (j, &q) in q.iter().enumerate() {
-            acc += ((b.qs[j % 32] >> shift(j)) & 3) as i32 * q as i32;
-        }
+        let block: i32 = q.iter().enumerate().map(|(j, &q)| ((b.qs[j % 32] >> shift(j)) & 3) as i32 * q as i32).sum();
+        acc += block as i64;
     }
-    (acc - sum) as f32 * d * scale
+    (acc - sum as i64) as f32 * d * scale
 }

@@ -6,7 +6,7 @@
 //! `32·(e/128) + e%32` at bit shift `2·((e%128)/32)`.
 //!
 //! TQ1_0, 54 bytes: `u8 qs[48]; u8 qh[4]; f16 d`, base-3 packed
-//! (see [`super::pack_trits`]), digit t of a byte holds:
+//! (see the `ternary` module docs), digit t of a byte holds:
 //! * `qs[m]`, m < 32: element `m + 32t` (t = 0..5) — elements 0..160;
 //! * `qs[32+m]`, m < 16: element `160 + m + 16t` — elements 160..240;
 //! * `qh[j]`, j < 4: element `240 + j + 4t` (t = 0..4, the fifth digit is 0).

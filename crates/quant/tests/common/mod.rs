@@ -86,11 +86,7 @@ pub fn decode_tensor(file: &tern_gguf::File, info: &tern_gguf::TensorInfo) -> (V
 
 /// Tensor bytes of `n` elements in rows of `ne0`, decoded to f32 (flattened).
 pub fn decode_tensor_bytes(ty: GgmlType, data: &[u8], n: usize, ne0: usize) -> (Vec<f32>, usize) {
-    let scale = if ty == GgmlType::I2_S {
-        TensorScale(tern_quant::i2s_tensor_scale(data, n))
-    } else {
-        TensorScale::ONE
-    };
+    let scale = TensorScale::of(ty, data, n);
     let rb = row_bytes(ty, ne0);
     let mut out = vec![0.0f32; n];
     for (r, o) in out.chunks_exact_mut(ne0).enumerate() {
