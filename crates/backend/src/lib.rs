@@ -10,7 +10,7 @@ use std::ops::Range;
 use std::str::FromStr;
 use std::sync::Arc;
 
-use tern_graph::{Graph, GgmlType, Node, NodeId};
+use tern_graph::{GgmlType, Graph, Node, NodeId};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum BackendKind {

@@ -59,7 +59,13 @@ pub fn main(a: Args) -> Result<(), CliError> {
             .metadata
             .entries()
             .iter()
-            .map(|(k, v)| json::object(&[("key", json::string(k)), ("type", json::string(&format!("{:?}", v.value_type()))), ("value", json::string(&v.display_short()))]))
+            .map(|(k, v)| {
+                json::object(&[
+                    ("key", json::string(k)),
+                    ("type", json::string(&format!("{:?}", v.value_type()))),
+                    ("value", json::string(&v.display_short())),
+                ])
+            })
             .collect();
         let tensors: Vec<String> = file
             .tensors
@@ -91,7 +97,14 @@ pub fn main(a: Args) -> Result<(), CliError> {
         println!("{}", json::object(&fields));
         return Ok(());
     }
-    println!("{}: GGUF v{}, {} tensors, {} metadata keys, alignment {}", path.display(), file.version, file.tensors.len(), file.metadata.entries().len(), file.alignment);
+    println!(
+        "{}: GGUF v{}, {} tensors, {} metadata keys, alignment {}",
+        path.display(),
+        file.version,
+        file.tensors.len(),
+        file.metadata.entries().len(),
+        file.alignment
+    );
     println!("\nmetadata:");
     for (k, v) in file.metadata.entries() {
         println!("  {k:<44} {}", v.display_short());
@@ -103,9 +116,22 @@ pub fn main(a: Args) -> Result<(), CliError> {
     }
     println!("\ntotals:");
     for (ty, t) in &by_type {
-        println!("  {:<7} {:>4} tensors {:>14} params {:>14} bytes  {:.3} bpw", ty.name(), t.tensors, t.elements, t.bytes, t.bytes as f64 * 8.0 / t.elements as f64);
+        println!(
+            "  {:<7} {:>4} tensors {:>14} params {:>14} bytes  {:.3} bpw",
+            ty.name(),
+            t.tensors,
+            t.elements,
+            t.bytes,
+            t.bytes as f64 * 8.0 / t.elements as f64
+        );
     }
-    println!("  all     {:>4} tensors {:>14} params {:>14} bytes  {:.3} bpw", file.tensors.len(), n_params, n_bytes, n_bytes as f64 * 8.0 / n_params.max(1) as f64);
+    println!(
+        "  all     {:>4} tensors {:>14} params {:>14} bytes  {:.3} bpw",
+        file.tensors.len(),
+        n_params,
+        n_bytes,
+        n_bytes as f64 * 8.0 / n_params.max(1) as f64
+    );
     if let Some(p) = plan {
         p.print();
     }

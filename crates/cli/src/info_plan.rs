@@ -74,18 +74,33 @@ impl Plan {
         let weights: Vec<String> = self
             .weights
             .iter()
-            .map(|(n, b, r, bytes)| json::object(&[("name", json::string(n)), ("backend", json::string(b)), ("reason", json::string(r)), ("bytes", bytes.to_string())]))
+            .map(|(n, b, r, bytes)| {
+                json::object(&[
+                    ("name", json::string(n)),
+                    ("backend", json::string(b)),
+                    ("reason", json::string(r)),
+                    ("bytes", bytes.to_string()),
+                ])
+            })
             .collect();
-        let per_token: Vec<String> = self.bytes_per_token.iter().map(|(b, n)| json::object(&[("backend", json::string(b)), ("weight_bytes", n.to_string())])).collect();
+        let per_token: Vec<String> = self
+            .bytes_per_token
+            .iter()
+            .map(|(b, n)| json::object(&[("backend", json::string(b)), ("weight_bytes", n.to_string())]))
+            .collect();
         let nodes: Vec<String> = self
             .nodes
             .iter()
-            .map(|((b, r), n)| json::object(&[("backend", json::string(b)), ("reason", json::string(r)), ("nodes", n.to_string())]))
+            .map(|((b, r), n)| {
+                json::object(&[("backend", json::string(b)), ("reason", json::string(r)), ("nodes", n.to_string())])
+            })
             .collect();
         let splits: Vec<String> = self
             .splits
             .iter()
-            .map(|(b, n, c)| json::object(&[("backend", json::string(b)), ("nodes", n.to_string()), ("copies", c.to_string())]))
+            .map(|(b, n, c)| {
+                json::object(&[("backend", json::string(b)), ("nodes", n.to_string()), ("copies", c.to_string())])
+            })
             .collect();
         json::object(&[
             ("weights", json::array(&weights)),

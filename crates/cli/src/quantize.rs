@@ -78,7 +78,11 @@ impl Choice {
             _ => self.target,
         };
         // A row that is not a whole number of blocks cannot take the type.
-        if want.row_bytes(t.ne[0]).is_some() { want } else { GgmlType::F16 }
+        if want.row_bytes(t.ne[0]).is_some() {
+            want
+        } else {
+            GgmlType::F16
+        }
     }
 }
 
@@ -131,7 +135,8 @@ fn convert(t: &TensorInfo, data: &[u8], to: GgmlType, threads: usize) -> Vec<u8>
     let rows = (t.n_elements() / t.ne[0]) as usize;
     let scale = TensorScale::of(t.ty, data, k * rows);
     let in_row = t.ty.row_bytes(t.ne[0]).expect("validated by the reader") as usize;
-    let dequant = |r: usize, out: &mut [f32]| tern_quant::dequantize_row(t.ty, &data[r * in_row..(r + 1) * in_row], scale, out);
+    let dequant =
+        |r: usize, out: &mut [f32]| tern_quant::dequantize_row(t.ty, &data[r * in_row..(r + 1) * in_row], scale, out);
     if to == GgmlType::I2_S {
         // I2_S has one scale for the whole tensor, so it quantizes the whole tensor.
         let mut all = vec![0f32; k * rows];

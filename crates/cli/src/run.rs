@@ -40,8 +40,8 @@ impl ModelArgs {
         opts.kv_type = parse_kv_type(&self.cache_type)
             .ok_or_else(|| CliError(format!("unknown cache type {:?} (use f16 or f32)", self.cache_type)))?;
         opts.overrides = self.override_tensor.clone();
-        let session = Session::load(&self.model, &opts)
-            .map_err(|e| CliError(format!("{}: {e}", self.model.display())))?;
+        let session =
+            Session::load(&self.model, &opts).map_err(|e| CliError(format!("{}: {e}", self.model.display())))?;
         Ok(session)
     }
 }
@@ -81,7 +81,11 @@ pub fn main(a: Args) -> Result<(), CliError> {
         return Err(CliError("the prompt is empty and the model adds no BOS token".into()));
     }
     if prompt.len() >= session.n_ctx() {
-        return Err(CliError(format!("the prompt has {} tokens; the context holds {} (raise -c)", prompt.len(), session.n_ctx())));
+        return Err(CliError(format!(
+            "the prompt has {} tokens; the context holds {} (raise -c)",
+            prompt.len(),
+            session.n_ctx()
+        )));
     }
     let mut decoder = tok.stream_decoder(false);
     let mut sampler = Sampler::new(SamplerConfig {

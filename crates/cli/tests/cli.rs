@@ -74,12 +74,31 @@ fn i2s_model_runs_within_the_quantized_bounds() {
     // No peer computes with I2_S; its logits must stay as close to the F16
     // golden as the other ternary formats (class q: top-1 ≥ 85%).
     let out = tmp("b158-i2s.gguf");
-    ok(&tern(&["quantize", &model("b158-e512-f16.gguf"), out.to_str().unwrap(), "I2_S", "--token-embedding-type", "q4_0"]));
+    ok(&tern(&[
+        "quantize",
+        &model("b158-e512-f16.gguf"),
+        out.to_str().unwrap(),
+        "I2_S",
+        "--token-embedding-type",
+        "q4_0",
+    ]));
     let f = File::open(&out).unwrap();
     assert_eq!(f.tensor("blk.0.attn_q.weight").unwrap().ty, tern_gguf::GgmlType::I2_S);
     let npy = tmp("i2s.npy");
     let ids = "510,296,387,388,44,322,361,380,295,301,440";
-    let stdout = ok(&tern(&["eval", "-m", out.to_str().unwrap(), "--tokens", ids, "--gen", "16", "--logits-out", npy.to_str().unwrap(), "-c", "64"]));
+    let stdout = ok(&tern(&[
+        "eval",
+        "-m",
+        out.to_str().unwrap(),
+        "--tokens",
+        ids,
+        "--gen",
+        "16",
+        "--logits-out",
+        npy.to_str().unwrap(),
+        "-c",
+        "64",
+    ]));
     let golden = "456,456,456,456,456,456,456,456,456,456,456,456,456,240,360,99";
     let same = stdout.trim().split(',').zip(golden.split(',')).filter(|(a, b)| a == b).count();
     assert!(same >= 14, "I2_S greedy ids {stdout} vs F16 golden {golden}");
@@ -90,7 +109,17 @@ fn i2s_model_runs_within_the_quantized_bounds() {
 #[test]
 fn eval_writes_the_contract_shape_and_ids() {
     let npy = tmp("eval.npy");
-    let stdout = ok(&tern(&["eval", "-m", &model("llama-e256-q8_0.gguf"), "--tokens", "510,296,387", "--gen", "4", "--logits-out", npy.to_str().unwrap()]));
+    let stdout = ok(&tern(&[
+        "eval",
+        "-m",
+        &model("llama-e256-q8_0.gguf"),
+        "--tokens",
+        "510,296,387",
+        "--gen",
+        "4",
+        "--logits-out",
+        npy.to_str().unwrap(),
+    ]));
     assert_eq!(stdout.trim().split(',').count(), 4);
     assert_eq!(tern_engine::npy::read_f32(&npy).unwrap().0, [7, 512]);
 }

@@ -21,9 +21,8 @@ impl KvCache {
         let mut layers = Vec::with_capacity(c.n_layer);
         for home in homes {
             let b = backends.get_mut(*home)?;
-            let mut half = || -> Result<TensorLoc> {
-                Ok(TensorLoc { buffer: b.alloc(bytes)?, offset: 0, nbytes: bytes })
-            };
+            let mut half =
+                || -> Result<TensorLoc> { Ok(TensorLoc { buffer: b.alloc(bytes)?, offset: 0, nbytes: bytes }) };
             layers.push((half()?, half()?));
         }
         Ok(KvCache { spec, layers })

@@ -33,7 +33,14 @@ pub struct LoadOptions {
 impl Default for LoadOptions {
     fn default() -> LoadOptions {
         let n_threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        LoadOptions { n_ctx: 0, n_threads, kv_type: GgmlType::F16, n_batch: 512, overrides: Vec::new(), cpu_instances: 1 }
+        LoadOptions {
+            n_ctx: 0,
+            n_threads,
+            kv_type: GgmlType::F16,
+            n_batch: 512,
+            overrides: Vec::new(),
+            cpu_instances: 1,
+        }
     }
 }
 
@@ -98,7 +105,17 @@ impl Session {
         let spec = KvSpec { dtype: opts.kv_type, n_ctx };
         let kv = KvCache::new(c, spec, &placement.kv_homes, &mut backends)?;
         let tokenizer = Tokenizer::from_metadata(&file.metadata).map(Arc::new).map_err(|e| e.to_string());
-        Ok(Session { file, model, placement, backends, weight_locs, kv, pos: 0, n_batch: opts.n_batch.max(1), tokenizer })
+        Ok(Session {
+            file,
+            model,
+            placement,
+            backends,
+            weight_locs,
+            kv,
+            pos: 0,
+            n_batch: opts.n_batch.max(1),
+            tokenizer,
+        })
     }
 
     pub fn tokenizer(&self) -> Result<Arc<Tokenizer>> {

@@ -34,7 +34,8 @@ fn rewrite(src: &str, arch: &str, activation: Option<&str>, out: &Path) {
         md.set(format!("{arch}.hidden_activation"), Value::String(a.into()));
     }
     let mut w = Writer::new(md);
-    w.tensors = file.tensors.iter().map(|t| WriterTensor { name: t.name.clone(), ty: t.ty, dims: t.dims().to_vec() }).collect();
+    w.tensors =
+        file.tensors.iter().map(|t| WriterTensor { name: t.name.clone(), ty: t.ty, dims: t.dims().to_vec() }).collect();
     w.write_to_path(out, |i| Ok(Cow::Borrowed(file.tensor_data(&file.tensors[i])))).unwrap();
 }
 

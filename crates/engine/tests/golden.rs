@@ -25,7 +25,8 @@ struct Row {
 }
 
 fn manifest() -> Vec<Row> {
-    let text = std::fs::read_to_string(compact().join("manifest.tsv")).expect("testdata/compact/manifest.tsv is missing");
+    let text =
+        std::fs::read_to_string(compact().join("manifest.tsv")).expect("testdata/compact/manifest.tsv is missing");
     text.lines()
         .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
         .map(|l| {
@@ -110,7 +111,14 @@ fn compact_fixtures_match_goldens() {
         let exact = distance(&ref64, &ours, n_vocab);
         eprintln!(
             "{:<34} {:<26} class {}: peer KL {:.2e} max|Δ| {:.4} top1 {:.1}% | float64 KL {:.2e} max|Δ| {:.5}",
-            row.model, row.golden, row.class, peer.mean_kl, peer.max_abs, peer.top1 * 100.0, exact.mean_kl, exact.max_abs
+            row.model,
+            row.golden,
+            row.class,
+            peer.mean_kl,
+            peer.max_abs,
+            peer.top1 * 100.0,
+            exact.mean_kl,
+            exact.max_abs
         );
         let ok = match row.class.as_str() {
             "f" => peer.mean_kl <= 2e-4 && peer.max_abs <= 0.1 && exact.max_abs <= 1e-3,

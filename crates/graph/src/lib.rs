@@ -7,9 +7,7 @@
 
 mod op;
 
-pub use op::{
-    Activation, AttentionParams, InputKind, KvKind, Op, Precision, RopeMode, RopeParams,
-};
+pub use op::{Activation, AttentionParams, InputKind, KvKind, Op, Precision, RopeMode, RopeParams};
 pub use tern_gguf::GgmlType;
 
 /// Element type of a graph tensor.
@@ -204,7 +202,13 @@ impl Graph {
         assert_eq!(self.ne(k)[0], p.head_dim * p.n_head_kv, "attention: k width");
         assert_eq!(self.ne(k_cache)[0], p.head_dim * p.n_head_kv, "attention: cache width");
         assert!(p.kv_pos + n_tokens <= self.ne(k_cache)[1], "attention: cache too small");
-        self.push(Op::Attention(p), vec![q, k, v, k_cache, v_cache], [p.head_dim * p.n_head, n_tokens, 1, 1], DType::F32, None)
+        self.push(
+            Op::Attention(p),
+            vec![q, k, v, k_cache, v_cache],
+            [p.head_dim * p.n_head, n_tokens, 1, 1],
+            DType::F32,
+            None,
+        )
     }
 
     /// For each node, the index of the last node that reads it (`None` if

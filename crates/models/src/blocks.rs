@@ -44,7 +44,8 @@ impl<'a> Ctx<'a> {
         };
         // A model whose projections are float is evaluated in float throughout
         // (head included); a quantized one pairs int8 activations everywhere.
-        let precision = if w.layers.first().is_none_or(|l| l.wq.ty.is_float()) { Precision::Float } else { Precision::Paired };
+        let precision =
+            if w.layers.first().is_none_or(|l| l.wq.ty.is_float()) { Precision::Float } else { Precision::Paired };
         Ctx { g, c, w, batch, kv, inputs, precision }
     }
 
@@ -64,7 +65,11 @@ impl<'a> Ctx<'a> {
     pub fn linear(&mut self, w: WeightRef, x: NodeId, scale: f32) -> NodeId {
         let w = self.weight(w);
         let y = self.g.mul_mat(w, x, self.precision);
-        if scale == 1.0 { y } else { self.g.scale(y, scale) }
+        if scale == 1.0 {
+            y
+        } else {
+            self.g.scale(y, scale)
+        }
     }
 
     /// `x [n_embd, n_tokens]` → token embeddings.

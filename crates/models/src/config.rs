@@ -70,7 +70,10 @@ impl Config {
         let n_ff = per_layer_constant(md, &key("feed_forward_length"))?;
         let bad = |k: &str, reason: String| Error::BadConfig { key: k.to_string(), reason };
         if n_head == 0 || n_head_kv == 0 || n_head % n_head_kv != 0 {
-            return Err(bad(&key("attention.head_count_kv"), format!("{n_head} heads cannot share {n_head_kv} KV heads")));
+            return Err(bad(
+                &key("attention.head_count_kv"),
+                format!("{n_head} heads cannot share {n_head_kv} KV heads"),
+            ));
         }
         let head_dim = md.opt_usize(&key("attention.key_length"))?.unwrap_or(n_embd / n_head);
         if let Some(v) = md.opt_usize(&key("attention.value_length"))? {
@@ -85,7 +88,12 @@ impl Config {
         let rope_freq_scale = match md.opt_str(&key("rope.scaling.type"))? {
             None | Some("none") => 1.0,
             Some("linear") => 1.0 / md.opt_f32(&key("rope.scaling.factor"))?.filter(|f| *f > 0.0).unwrap_or(1.0),
-            Some(other) => return Err(bad(&key("rope.scaling.type"), format!("rope scaling {other:?} is not supported yet (none, linear)"))),
+            Some(other) => {
+                return Err(bad(
+                    &key("rope.scaling.type"),
+                    format!("rope scaling {other:?} is not supported yet (none, linear)"),
+                ))
+            }
         };
         if let Some(v) = md.opt_usize(&key("vocab_size"))? {
             if v != n_vocab {
@@ -138,7 +146,10 @@ fn per_layer_constant(md: &Metadata, key: &str) -> Result<usize> {
             .filter(|v| !v.is_empty())
             .ok_or_else(|| Error::BadConfig { key: key.to_string(), reason: "expected integers".into() })?;
             if vals.iter().any(|&v| v != vals[0] || v < 0) {
-                return Err(Error::BadConfig { key: key.to_string(), reason: "per-layer values differ; not supported".into() });
+                return Err(Error::BadConfig {
+                    key: key.to_string(),
+                    reason: "per-layer values differ; not supported".into(),
+                });
             }
             Ok(vals[0] as usize)
         }

@@ -45,9 +45,9 @@ pub struct Model {
 
 impl Model {
     pub fn load(file: &File) -> Result<Model> {
-        let embd = file.tensor(&TensorName::TokenEmbd.key(None)).ok_or(Error::MissingTensor {
-            name: TensorName::TokenEmbd.key(None),
-        })?;
+        let embd = file
+            .tensor(&TensorName::TokenEmbd.key(None))
+            .ok_or(Error::MissingTensor { name: TensorName::TokenEmbd.key(None) })?;
         let n_vocab = embd.ne[1] as usize;
         let config = Config::from_metadata(&file.metadata, n_vocab)?;
         let weights = Weights::load(file, &config)?;

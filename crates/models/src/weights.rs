@@ -30,17 +30,17 @@ impl WeightTable {
 /// One transformer block. Shapes are ggml order `[in, out]`.
 #[derive(Clone, Debug)]
 pub struct LayerWeights {
-    pub attn_norm: WeightRef,           // [n_embd]
-    pub wq: WeightRef,                  // [n_embd, n_head * head_dim]
-    pub wk: WeightRef,                  // [n_embd, n_head_kv * head_dim]
-    pub wv: WeightRef,                  // [n_embd, n_head_kv * head_dim]
-    pub wo: WeightRef,                  // [n_head * head_dim, n_embd]
+    pub attn_norm: WeightRef,             // [n_embd]
+    pub wq: WeightRef,                    // [n_embd, n_head * head_dim]
+    pub wk: WeightRef,                    // [n_embd, n_head_kv * head_dim]
+    pub wv: WeightRef,                    // [n_embd, n_head_kv * head_dim]
+    pub wo: WeightRef,                    // [n_head * head_dim, n_embd]
     pub attn_sub_norm: Option<WeightRef>, // [n_head * head_dim] (BitNet)
-    pub ffn_norm: WeightRef,            // [n_embd]
-    pub w_gate: WeightRef,              // [n_embd, n_ff]
-    pub w_up: WeightRef,                // [n_embd, n_ff]
-    pub w_down: WeightRef,              // [n_ff, n_embd]
-    pub ffn_sub_norm: Option<WeightRef>, // [n_ff] (BitNet)
+    pub ffn_norm: WeightRef,              // [n_embd]
+    pub w_gate: WeightRef,                // [n_embd, n_ff]
+    pub w_up: WeightRef,                  // [n_embd, n_ff]
+    pub w_down: WeightRef,                // [n_ff, n_embd]
+    pub ffn_sub_norm: Option<WeightRef>,  // [n_ff] (BitNet)
     /// 1bitLLM per-weight output scales (`blk.N.*.scale`), 1.0 when absent.
     pub scales: ProjScales,
 }
@@ -60,10 +60,10 @@ pub struct ProjScales {
 #[derive(Clone, Debug)]
 pub struct Weights {
     pub table: WeightTable,
-    pub token_embd: WeightRef,         // [n_embd, n_vocab]
-    pub output_norm: WeightRef,        // [n_embd]
+    pub token_embd: WeightRef,  // [n_embd, n_vocab]
+    pub output_norm: WeightRef, // [n_embd]
     /// `output.weight`, or the tied `token_embd` when the file has none.
-    pub output: WeightRef,             // [n_embd, n_vocab]
+    pub output: WeightRef, // [n_embd, n_vocab]
     pub rope_freqs: Option<WeightRef>, // [n_rot / 2] (Llama 3.1 scaling)
     pub layers: Vec<LayerWeights>,
 }

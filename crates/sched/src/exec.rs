@@ -109,9 +109,9 @@ impl Backends {
                     let backend = schedule.assigned[id.index()].backend;
                     Some(TensorLoc { buffer: arena_of[&backend], offset, nbytes: node.nbytes() })
                 }
-                (Op::Weight(_) | Op::KvCache { .. }, None) => Some(
-                    leaf(&node.op).ok_or(Error::UnboundLeaf { node: id.0, op: node.op.name() })?,
-                ),
+                (Op::Weight(_) | Op::KvCache { .. }, None) => {
+                    Some(leaf(&node.op).ok_or(Error::UnboundLeaf { node: id.0, op: node.op.name() })?)
+                }
                 _ => None,
             };
         }
@@ -128,7 +128,11 @@ impl Backends {
             let mut locs = home.clone();
             for (ci, c) in s.copies.iter().enumerate() {
                 let src = home[c.src.index()].ok_or(Error::UnboundLeaf { node: c.src.0, op: "copy source" })?;
-                let dst = TensorLoc { buffer: arena_of[&s.backend], offset: schedule.memory.copy_offsets[si][ci], nbytes: src.nbytes };
+                let dst = TensorLoc {
+                    buffer: arena_of[&s.backend],
+                    offset: schedule.memory.copy_offsets[si][ci],
+                    nbytes: src.nbytes,
+                };
                 staging.resize(src.nbytes, 0);
                 self.get(c.from)?.read(src, &mut staging)?;
                 self.get_mut(s.backend)?.write(dst, &staging)?;

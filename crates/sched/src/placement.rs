@@ -54,20 +54,13 @@ impl PlacementRules {
         let mut overrides = Vec::new();
         for value in values {
             for spec in value.split(',').filter(|s| !s.is_empty()) {
-                let (pat, name) =
-                    spec.split_once('=').ok_or_else(|| RuleError::Syntax { spec: spec.to_string() })?;
+                let (pat, name) = spec.split_once('=').ok_or_else(|| RuleError::Syntax { spec: spec.to_string() })?;
                 let pattern = Regex::new(pat)
                     .map_err(|e| RuleError::Regex { spec: spec.to_string(), reason: regex_reason(&e) })?;
                 let valid = || available.iter().map(|b| b.to_string()).collect::<Vec<_>>().join(", ");
-                let backend = name
-                    .parse::<BackendId>()
-                    .ok()
-                    .filter(|b| available.contains(b))
-                    .ok_or_else(|| RuleError::UnknownBackend {
-                        spec: spec.to_string(),
-                        name: name.to_string(),
-                        valid: valid(),
-                    })?;
+                let backend = name.parse::<BackendId>().ok().filter(|b| available.contains(b)).ok_or_else(|| {
+                    RuleError::UnknownBackend { spec: spec.to_string(), name: name.to_string(), valid: valid() }
+                })?;
                 overrides.push(Override { pattern, backend });
             }
         }
@@ -119,7 +112,8 @@ impl Placement {
 
     /// All backends that hold something.
     pub fn backends(&self) -> Vec<BackendId> {
-        let mut b: Vec<BackendId> = self.weights.iter().map(|w| w.backend).chain(self.kv_homes.iter().copied()).collect();
+        let mut b: Vec<BackendId> =
+            self.weights.iter().map(|w| w.backend).chain(self.kv_homes.iter().copied()).collect();
         b.push(BackendId::CPU);
         b.sort();
         b.dedup();
@@ -139,7 +133,11 @@ mod tests {
     #[test]
     fn first_matching_override_wins() {
         let r = rules(&["ffn_up=CPU1,blk\\.1\\.=CPU", "ffn=CPU1"]).unwrap();
-        let p = Placement::new(["blk.0.ffn_up.weight", "blk.1.ffn_up.weight", "blk.1.ffn_down.weight", "output_norm.weight"], 2, &r);
+        let p = Placement::new(
+            ["blk.0.ffn_up.weight", "blk.1.ffn_up.weight", "blk.1.ffn_down.weight", "output_norm.weight"],
+            2,
+            &r,
+        );
         let got: Vec<String> = p.weights.iter().map(|w| w.backend.to_string()).collect();
         assert_eq!(got, ["CPU1", "CPU1", "CPU", "CPU"]);
         assert_eq!(p.weights[2].reason, WeightReason::Override { pattern: "blk\\.1\\.".into() });

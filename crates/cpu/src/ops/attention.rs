@@ -35,7 +35,8 @@ impl Cache {
                 *d = f16::from_f32(s).to_bits();
             }
         } else {
-            std::slice::from_raw_parts_mut((self.ptr as *mut f32).add(row * self.width), self.width).copy_from_slice(src);
+            std::slice::from_raw_parts_mut((self.ptr as *mut f32).add(row * self.width), self.width)
+                .copy_from_slice(src);
         }
     }
 
