@@ -160,3 +160,18 @@ fn bad_inputs_give_one_error_line() {
     fails_cleanly(&tern(&["quantize", cut.to_str().unwrap(), out.to_str().unwrap(), "Q8_0"]));
     assert!(!out.exists());
 }
+
+#[test]
+fn run_is_reproducible_for_a_seed() {
+    let m = model("b158-e512-tq2_0.gguf");
+    let args = ["run", "-m", &m, "-p", "And God said", "-n", "12", "--temp", "1.0", "-c", "64"];
+    let with_seed = |s: &str| {
+        let mut a = args.to_vec();
+        a.extend(["--seed", s]);
+        ok(&tern(&a))
+    };
+    let (a, b, c) = (with_seed("7"), with_seed("7"), with_seed("8"));
+    assert_eq!(a, b);
+    assert!(a.starts_with("And God said"));
+    assert_ne!(a, c, "different seeds gave the same 12 sampled tokens");
+}
