@@ -23,7 +23,7 @@ pub struct Plan {
 impl Plan {
     pub fn of(args: &ModelArgs) -> Result<Plan, CliError> {
         let mut small = args.clone();
-        small.ctx_size = small.ctx_size.min(256);
+        small.ctx_size = Some(small.ctx_or(256).min(256));
         let session = small.load()?;
         let entries = &session.model.weights.table.entries;
         let mut weights = Vec::new();

@@ -6,6 +6,7 @@ mod eval;
 mod info;
 mod info_plan;
 mod json;
+mod perplexity;
 
 mod quantize;
 mod run;
@@ -31,6 +32,8 @@ enum Command {
     Info(info::Args),
     /// Convert a GGUF model to another tensor type.
     Quantize(quantize::Args),
+    /// Measure perplexity on a text file (llama.cpp's method), or KL divergence against a base.
+    Perplexity(perplexity::Args),
 }
 
 /// The error a subcommand reports: already a full sentence.
@@ -62,6 +65,7 @@ fn main() -> ExitCode {
         Command::Eval(a) => eval::main(a),
         Command::Info(a) => info::main(a),
         Command::Quantize(a) => quantize::main(a),
+        Command::Perplexity(a) => perplexity::main(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

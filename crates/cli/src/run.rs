@@ -8,15 +8,18 @@ use tern_sampling::{Sampler, SamplerConfig};
 
 use crate::CliError;
 
+/// The context of `run`, `eval` and `info` when `-c` is not given.
+pub const DEFAULT_CTX: usize = 4096;
+
 /// Options shared by every subcommand that loads a model for inference.
 #[derive(clap::Args, Clone, Debug)]
 pub struct ModelArgs {
     /// Model file (GGUF).
     #[arg(short = 'm', long = "model")]
     pub model: PathBuf,
-    /// Context size in tokens (0 = the model's training context).
-    #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
-    pub ctx_size: usize,
+    /// Context size in tokens (0 = the model's training context; default 4096, perplexity 512).
+    #[arg(short = 'c', long = "ctx-size")]
+    pub ctx_size: Option<usize>,
     /// Threads (default: all cores).
     #[arg(short = 't', long = "threads")]
     pub threads: Option<usize>,
@@ -32,8 +35,14 @@ pub struct ModelArgs {
 }
 
 impl ModelArgs {
+    /// The context size, or `default` when `-c` was not given.
+    pub fn ctx_or(&self, default: usize) -> usize {
+        self.ctx_size.unwrap_or(default)
+    }
+
     pub fn load(&self) -> Result<Session, CliError> {
-        let mut opts = LoadOptions { n_ctx: self.ctx_size, n_batch: self.batch_size, ..LoadOptions::default() };
+        let n_ctx = self.ctx_or(DEFAULT_CTX);
+        let mut opts = LoadOptions { n_ctx, n_batch: self.batch_size, ..LoadOptions::default() };
         if let Some(t) = self.threads {
             opts.n_threads = t.max(1);
         }

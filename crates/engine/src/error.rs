@@ -22,6 +22,8 @@ pub enum Error {
     Tokenizer(String),
     #[error("KV cache type {0} is not supported (use f32 or f16)")]
     KvType(String),
+    #[error("perplexity: {0}")]
+    Perplexity(String),
     #[error("nothing to evaluate: the token list is empty")]
     Empty,
 }

@@ -5,6 +5,7 @@ mod error;
 mod generate;
 mod kv;
 pub mod npy;
+pub mod perplexity;
 mod session;
 
 pub use error::{Error, Result};
