@@ -26,6 +26,7 @@ import os
 import sys
 import time
 
+import gguf  # imported first so a missing package fails before training
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -238,8 +239,6 @@ def sample(model, hf, prompt, bos_id, eos_id, n, device, temp=0.8, seed=0):
 
 
 def export_gguf(model, a, tokens, merges, path):
-    import gguf
-
     arch = "bitnet-b1.58"
     w = gguf.GGUFWriter(path, arch)
     w.add_name("tern demo: BitNet b1.58 on the King James Bible")
@@ -320,7 +319,7 @@ def main():
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--warmup", type=int, default=200)
-    ap.add_argument("--max-steps", type=int, default=6000)
+    ap.add_argument("--max-steps", type=int, default=2500)
     ap.add_argument("--time-budget", type=float, default=330.0, help="seconds of training before stopping")
     ap.add_argument("--eval-every", type=int, default=250)
     ap.add_argument("--rope-theta", type=float, default=10000.0)
@@ -356,7 +355,7 @@ def main():
     say(f"model: {n_params / 1e6:.2f} M parameters ({n_ternary / 1e6:.2f} M ternary), device {device}")
     decay = [p for p in model.parameters() if p.dim() == 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.05}, {"params": no_decay, "weight_decay": 0.0}],
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=a.lr, betas=(0.9, 0.95))
     data = torch.tensor(train_ids, dtype=torch.long)
     gen = torch.Generator().manual_seed(a.seed)
