@@ -48,7 +48,7 @@ pub fn shape_of(t: &tern_gguf::TensorInfo) -> String {
 }
 
 pub fn main(a: Args) -> Result<(), CliError> {
-    let path: &PathBuf = &a.model.model;
+    let path: &PathBuf = &a.model.path()?;
     let file = File::open(path).map_err(|e| CliError(format!("{}: {e}", path.display())))?;
     let by_type = totals(&file);
     let n_params: u64 = file.tensors.iter().map(|t| t.n_elements()).sum();

@@ -2,6 +2,7 @@
 //! parse flags, call the engine, and print. Errors are reported once, here,
 //! as a single `error: ...` line with a non-zero exit.
 
+mod chat;
 mod eval;
 mod info;
 mod info_plan;
@@ -26,6 +27,8 @@ struct Cli {
 enum Command {
     /// Generate text from a prompt.
     Run(run::Args),
+    /// Talk to a model interactively (chat template if it has one, else line continuation).
+    Chat(chat::Args),
     /// Evaluate token ids and write their logits to a .npy file.
     Eval(eval::Args),
     /// Print a model's metadata, tensors and placement plan.
@@ -62,6 +65,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse_from(args());
     let result = match cli.command {
         Command::Run(a) => run::main(a),
+        Command::Chat(a) => chat::main(a),
         Command::Eval(a) => eval::main(a),
         Command::Info(a) => info::main(a),
         Command::Quantize(a) => quantize::main(a),

@@ -8,15 +8,18 @@ use tern_sampling::{Sampler, SamplerConfig};
 
 use crate::CliError;
 
+/// The model `run` and `chat` use when none is given.
+pub const DEMO_MODEL: &str = "models/tern-demo-kjv.gguf";
+
 /// The context of `run`, `eval` and `info` when `-c` is not given.
 pub const DEFAULT_CTX: usize = 4096;
 
 /// Options shared by every subcommand that loads a model for inference.
 #[derive(clap::Args, Clone, Debug)]
 pub struct ModelArgs {
-    /// Model file (GGUF).
+    /// Model file (GGUF). Default: $TERN_MODEL, else the demo model the repo ships.
     #[arg(short = 'm', long = "model")]
-    pub model: PathBuf,
+    pub model: Option<PathBuf>,
     /// Context size in tokens (0 = the model's training context; default 4096, perplexity 512).
     #[arg(short = 'c', long = "ctx-size")]
     pub ctx_size: Option<usize>,
@@ -40,7 +43,24 @@ impl ModelArgs {
         self.ctx_size.unwrap_or(default)
     }
 
+    /// The model to load: `-m`, else `$TERN_MODEL`, else the shipped demo model
+    /// (looked up beside the working directory, then in the source tree tern was built from).
+    pub fn path(&self) -> Result<PathBuf, CliError> {
+        if let Some(p) = &self.model {
+            return Ok(p.clone());
+        }
+        if let Some(p) = std::env::var_os("TERN_MODEL") {
+            return Ok(PathBuf::from(p));
+        }
+        let built_from = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..").join(DEMO_MODEL);
+        [PathBuf::from(DEMO_MODEL), built_from]
+            .into_iter()
+            .find(|p| p.exists())
+            .ok_or_else(|| CliError(format!("no model given (-m) and the demo model {DEMO_MODEL} was not found")))
+    }
+
     pub fn load(&self) -> Result<Session, CliError> {
+        let path = self.path()?;
         let n_ctx = self.ctx_or(DEFAULT_CTX);
         let mut opts = LoadOptions { n_ctx, n_batch: self.batch_size, ..LoadOptions::default() };
         if let Some(t) = self.threads {
@@ -50,21 +70,14 @@ impl ModelArgs {
             .ok_or_else(|| CliError(format!("unknown cache type {:?} (use f16 or f32)", self.cache_type)))?;
         opts.overrides = self.override_tensor.clone();
         let session =
-            Session::load(&self.model, &opts).map_err(|e| CliError(format!("{}: {e}", self.model.display())))?;
+            Session::load(&path, &opts).map_err(|e| CliError(format!("{}: {e}", path.display())))?;
         Ok(session)
     }
 }
 
+/// Sampling flags shared by `run` and `chat`.
 #[derive(clap::Args, Debug)]
-pub struct Args {
-    #[command(flatten)]
-    pub model: ModelArgs,
-    /// Prompt text.
-    #[arg(short = 'p', long = "prompt", default_value = "")]
-    pub prompt: String,
-    /// Tokens to generate.
-    #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
-    pub n_predict: usize,
+pub struct SamplingArgs {
     #[arg(long = "temp", default_value_t = 0.8)]
     pub temp: f32,
     #[arg(long = "top-k", default_value_t = 40)]
@@ -82,6 +95,47 @@ pub struct Args {
     pub seed: u64,
 }
 
+impl SamplingArgs {
+    pub fn sampler(&self) -> Sampler {
+        Sampler::new(SamplerConfig {
+            temperature: self.temp,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            repeat_last_n: self.repeat_last_n,
+            seed: self.seed,
+        })
+    }
+}
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// Prompt text.
+    #[arg(short = 'p', long = "prompt", default_value = "")]
+    pub prompt: String,
+    /// Tokens to generate.
+    #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
+    pub n_predict: usize,
+}
+
+/// Prints the timing line every generating command ends with.
+pub fn print_timing(stats: &tern_engine::GenStats) {
+    eprintln!(
+        "prompt: {} tokens, {:.1} ms ({:.2} t/s) | generation: {} tokens, {:.1} ms ({:.2} t/s)",
+        stats.n_prompt,
+        stats.prompt_time.as_secs_f64() * 1e3,
+        stats.prompt_tps(),
+        stats.n_gen,
+        stats.gen_time.as_secs_f64() * 1e3,
+        stats.gen_tps()
+    );
+}
+
 pub fn main(a: Args) -> Result<(), CliError> {
     let mut session = a.model.load()?;
     let tok = session.tokenizer()?;
@@ -97,15 +151,7 @@ pub fn main(a: Args) -> Result<(), CliError> {
         )));
     }
     let mut decoder = tok.stream_decoder(false);
-    let mut sampler = Sampler::new(SamplerConfig {
-        temperature: a.temp,
-        top_k: a.top_k,
-        top_p: a.top_p,
-        min_p: a.min_p,
-        repeat_penalty: a.repeat_penalty,
-        repeat_last_n: a.repeat_last_n,
-        seed: a.seed,
-    });
+    let mut sampler = a.sampling.sampler();
     let mut out = std::io::stdout().lock();
     let _ = write!(out, "{}", a.prompt);
     let _ = out.flush();
@@ -115,14 +161,6 @@ pub fn main(a: Args) -> Result<(), CliError> {
         true
     })?;
     let _ = writeln!(out, "{}", decoder.finish());
-    eprintln!(
-        "prompt: {} tokens, {:.1} ms ({:.2} t/s) | generation: {} tokens, {:.1} ms ({:.2} t/s)",
-        stats.n_prompt,
-        stats.prompt_time.as_secs_f64() * 1e3,
-        stats.prompt_tps(),
-        stats.n_gen,
-        stats.gen_time.as_secs_f64() * 1e3,
-        stats.gen_tps()
-    );
+    print_timing(&stats);
     Ok(())
 }

@@ -14,6 +14,9 @@ pub struct GenStats {
     /// Time to evaluate the prompt (also the time to the first token's logits).
     pub prompt_time: Duration,
     pub gen_time: Duration,
+    /// The last generated token when it was not evaluated (generation stopped
+    /// right after sampling it); a caller continuing the context feeds it first.
+    pub pending: Option<u32>,
 }
 
 impl GenStats {
@@ -49,7 +52,8 @@ pub fn generate(
         }
         stats.n_gen += 1;
         history.push(tok);
-        if !on_token(tok) || stats.n_gen == n_predict {
+        if !on_token(tok) || stats.n_gen == n_predict || session.pos() == session.n_ctx() {
+            stats.pending = Some(tok);
             break;
         }
         logits = session.eval(&[tok], Logits::Last)?;

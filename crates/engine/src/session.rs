@@ -140,6 +140,11 @@ impl Session {
         self.pos = 0;
     }
 
+    /// Keeps only the first `n` cached tokens, so a new suffix can follow a shared prefix.
+    pub fn truncate(&mut self, n: usize) {
+        self.pos = self.pos.min(n);
+    }
+
     pub fn kv_bytes(&self) -> usize {
         self.kv.bytes()
     }

@@ -17,6 +17,7 @@
 
 mod bpe;
 mod bytes;
+mod chat;
 mod decode;
 mod error;
 mod pretokenize;
@@ -25,6 +26,7 @@ mod unicode;
 mod unicode_tables;
 mod vocab;
 
+pub use chat::{ChatTemplate, Message, TemplateError};
 pub use decode::StreamDecoder;
 pub use error::Error;
 pub use pretokenize::{PreTokenizer, GPT2_PATTERN, LLAMA3_PATTERN};

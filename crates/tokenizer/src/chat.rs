@@ -1,0 +1,121 @@
+//! Chat templates: the Jinja template a GGUF carries in
+//! `tokenizer.chat_template`, rendered with minijinja.
+
+use minijinja::{context, Environment, Error as JinjaError, ErrorKind, Value};
+use tern_gguf::Metadata;
+
+/// One chat message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Message {
+    pub role: String,
+    pub content: String,
+}
+
+impl Message {
+    pub fn new(role: &str, content: &str) -> Message {
+        Message { role: role.to_string(), content: content.to_string() }
+    }
+}
+
+/// A compiled chat template plus the special-token texts it may reference.
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    bos: String,
+    eos: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("chat template: {0}")]
+pub struct TemplateError(String);
+
+impl From<JinjaError> for TemplateError {
+    fn from(e: JinjaError) -> TemplateError {
+        TemplateError(e.to_string())
+    }
+}
+
+const KEY_TEMPLATE: &str = "tokenizer.chat_template";
+
+impl ChatTemplate {
+    /// The model's template, `Ok(None)` when it has none.
+    pub fn from_metadata(md: &Metadata, bos: &str, eos: &str) -> Result<Option<ChatTemplate>, TemplateError> {
+        let Some(src) = md.get(KEY_TEMPLATE).and_then(|v| v.as_str()) else { return Ok(None) };
+        ChatTemplate::new(src, bos, eos).map(Some)
+    }
+
+    pub fn new(src: &str, bos: &str, eos: &str) -> Result<ChatTemplate, TemplateError> {
+        let mut env = Environment::new();
+        // Templates written for HF transformers call these.
+        env.add_function("raise_exception", |msg: String| -> Result<Value, JinjaError> {
+            Err(JinjaError::new(ErrorKind::InvalidOperation, msg))
+        });
+        env.set_unknown_method_callback(python_str_methods);
+        env.add_template_owned("chat", src.to_string())?;
+        Ok(ChatTemplate { env, bos: bos.to_string(), eos: eos.to_string() })
+    }
+
+    /// The prompt for `messages`; `add_generation_prompt` opens the assistant's turn.
+    pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String, TemplateError> {
+        let msgs: Vec<Value> =
+            messages.iter().map(|m| context! { role => m.role.clone(), content => m.content.clone() }).collect();
+        let t = self.env.get_template("chat")?;
+        Ok(t.render(context! {
+            messages => msgs,
+            add_generation_prompt => add_generation_prompt,
+            bos_token => self.bos.clone(),
+            eos_token => self.eos.clone(),
+        })?)
+    }
+}
+
+/// The few Python string methods chat templates use (`strip`, `startswith`, ...).
+fn python_str_methods(
+    _state: &minijinja::State,
+    value: &Value,
+    method: &str,
+    args: &[Value],
+) -> Result<Value, JinjaError> {
+    let Some(s) = value.as_str() else {
+        return Err(JinjaError::new(ErrorKind::UnknownMethod, format!("{method} on a non-string")));
+    };
+    let arg = |i: usize| args.get(i).and_then(|v| v.as_str()).unwrap_or_default().to_string();
+    Ok(match method {
+        "strip" => Value::from(s.trim()),
+        "lstrip" => Value::from(s.trim_start()),
+        "rstrip" => Value::from(s.trim_end()),
+        "lower" => Value::from(s.to_lowercase()),
+        "upper" => Value::from(s.to_uppercase()),
+        "startswith" => Value::from(s.starts_with(&arg(0))),
+        "endswith" => Value::from(s.ends_with(&arg(0))),
+        "replace" => Value::from(s.replace(&arg(0), &arg(1))),
+        "split" => Value::from(s.split(&arg(0)).map(str::to_string).collect::<Vec<_>>()),
+        _ => return Err(JinjaError::new(ErrorKind::UnknownMethod, format!("string has no method {method}"))),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The shape of Llama 3's template (BitNet 2B-4T uses a variant of it).
+    const LLAMA3: &str = "{% for m in messages %}{% if loop.first %}{{ bos_token }}{% endif %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n{{ m.content | trim }}<|eot_id|>{% endfor %}{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}";
+
+    #[test]
+    fn renders_a_conversation() {
+        let t = ChatTemplate::new(LLAMA3, "<|begin_of_text|>", "<|end_of_text|>").unwrap();
+        let out = t.render(&[Message::new("user", " Hi ")], true).unwrap();
+        assert_eq!(
+            out,
+            "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+        );
+    }
+
+    #[test]
+    fn python_methods_and_errors() {
+        let t = ChatTemplate::new("{{ messages[0].content.strip().upper() }}{% if messages|length > 1 %}{{ raise_exception('one only') }}{% endif %}", "", "").unwrap();
+        assert_eq!(t.render(&[Message::new("user", "  a b ")], false).unwrap(), "A B");
+        let err = t.render(&[Message::new("user", "a"), Message::new("user", "b")], false).unwrap_err();
+        assert!(err.to_string().contains("one only"), "{err}");
+        assert!(ChatTemplate::new("{% if %}", "", "").is_err());
+    }
+}
