@@ -17,7 +17,7 @@ pub struct Aligned {
 unsafe impl Send for Aligned {}
 
 impl Aligned {
-    fn new(len: usize) -> Option<Aligned> {
+    pub fn new(len: usize) -> Option<Aligned> {
         if len == 0 {
             return Some(Aligned { ptr: std::ptr::NonNull::<u8>::dangling().as_ptr(), len: 0 });
         }
@@ -27,6 +27,21 @@ impl Aligned {
         (!ptr.is_null()).then_some(Aligned { ptr, len })
     }
 }
+
+impl Aligned {
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: `ptr` owns `len` initialised (zeroed) bytes.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and `&mut self` is exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+// SAFETY: shared references only read.
+unsafe impl Sync for Aligned {}
 
 impl Drop for Aligned {
     fn drop(&mut self) {

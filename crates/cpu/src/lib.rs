@@ -3,6 +3,8 @@
 //! the per-format dot products come from `tern-quant`.
 
 mod buffer;
+pub mod isa;
+pub mod kernels;
 mod ops;
 mod parallel;
 

@@ -34,7 +34,6 @@ pub enum ActType {
     F32,
     Q8_0,
     Q8_K,
-    Q8_K64,
     Q8_Row,
 }
 
@@ -43,14 +42,12 @@ pub const fn act_type(ty: GgmlType) -> ActType {
     match ty {
         GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => ActType::F32,
         GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::IQ4_NL => ActType::Q8_0,
-        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::TQ1_0 | GgmlType::TQ2_0 => ActType::Q8_K,
-        GgmlType::IQ1_BN | GgmlType::IQ2_BN => ActType::Q8_K64,
-        GgmlType::I2_S => ActType::Q8_Row,
+        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => ActType::Q8_K,
+        // BitNet's own arithmetic: one int8 scale per token row (ternary/rows.rs).
+        GgmlType::TQ1_0 | GgmlType::TQ2_0 | GgmlType::IQ1_BN | GgmlType::IQ2_BN | GgmlType::I2_S => ActType::Q8_Row,
     }
 }
 
-/// Elements per block of `ActType::Q8_K64`.
-pub const QK8_K64: usize = 64;
 /// Bytes of the `Q8_Row` header (f32 d, i32 sum) before the `n` quants.
 pub const Q8_ROW_HEADER: usize = 8;
 
@@ -85,23 +82,6 @@ impl BlockQ8K {
     }
 }
 
-/// One `Q8_K64` activation block.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct BlockQ8K64 {
-    /// f32 scale, little-endian.
-    pub d: [u8; 4],
-    pub qs: [i8; QK8_K64],
-}
-impl_block!(BlockQ8K64, 68);
-
-impl BlockQ8K64 {
-    #[inline]
-    pub fn scale(&self) -> f32 {
-        read_f32(self.d)
-    }
-}
-
 impl ActType {
     /// Elements per block: a row length must be a multiple of it (`Q8_Row`: 1).
     pub const fn block_elems(self) -> usize {
@@ -109,7 +89,6 @@ impl ActType {
             ActType::F32 | ActType::Q8_Row => 1,
             ActType::Q8_0 => QK8_0,
             ActType::Q8_K => QK_K,
-            ActType::Q8_K64 => QK8_K64,
         }
     }
 }
@@ -124,7 +103,6 @@ pub fn act_row_bytes(act: ActType, n: usize) -> usize {
         ActType::F32 => 4 * n,
         ActType::Q8_0 => n / QK8_0 * std::mem::size_of::<BlockQ8_0>(),
         ActType::Q8_K => n / QK_K * std::mem::size_of::<BlockQ8K>(),
-        ActType::Q8_K64 => n / QK8_K64 * std::mem::size_of::<BlockQ8K64>(),
         ActType::Q8_Row => Q8_ROW_HEADER + n,
     }
 }
@@ -157,11 +135,6 @@ pub fn quantize_acts(act: ActType, x: &[f32], out: &mut [u8]) {
                     let sum: i32 = b.qs[16 * g..16 * g + 16].iter().map(|&q| q as i32).sum();
                     *s = (sum as i16).to_le_bytes();
                 }
-            }
-        }
-        ActType::Q8_K64 => {
-            for (xb, b) in x.chunks_exact(QK8_K64).zip(cast_blocks_mut::<BlockQ8K64>(out)) {
-                b.d = quantize_absmax(xb, &mut b.qs).to_le_bytes();
             }
         }
         ActType::Q8_Row => {
@@ -199,14 +172,6 @@ pub fn dequantize_acts(act: ActType, bytes: &[u8], out: &mut [f32]) {
         ActType::Q8_0 => q8_0::dequantize(bytes, out),
         ActType::Q8_K => {
             for (b, o) in cast_blocks::<BlockQ8K>(bytes).iter().zip(out.chunks_exact_mut(QK_K)) {
-                let d = b.scale();
-                for (o, &q) in o.iter_mut().zip(&b.qs) {
-                    *o = d * q as f32;
-                }
-            }
-        }
-        ActType::Q8_K64 => {
-            for (b, o) in cast_blocks::<BlockQ8K64>(bytes).iter().zip(out.chunks_exact_mut(QK8_K64)) {
                 let d = b.scale();
                 for (o, &q) in o.iter_mut().zip(&b.qs) {
                     *o = d * q as f32;

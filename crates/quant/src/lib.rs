@@ -26,7 +26,7 @@ pub mod q4_0;
 pub mod q8_0;
 pub mod ternary;
 
-pub use act::{act_row_bytes, act_type, dequantize_acts, quantize_acts, ActType, BlockQ8K, BlockQ8K64};
+pub use act::{act_row_bytes, act_type, dequantize_acts, quantize_acts, ActType, BlockQ8K};
 pub use blocks::{cast_blocks, cast_blocks_mut, Block};
 pub use kquants::{q4k::BlockQ4K, q5k::BlockQ5K, q6k::BlockQ6K};
 pub use q4_0::{BlockIQ4NL, BlockQ4_0};
@@ -34,7 +34,7 @@ pub use q8_0::BlockQ8_0;
 pub use tern_gguf::GgmlType;
 pub use ternary::{bn::BlockIQ1BN, bn::BlockIQ2BN, i2s::BlockI2S, tq::BlockTQ1_0, tq::BlockTQ2_0};
 
-use ternary::{bn, i2s, tq};
+use ternary::{bn, i2s, rows, tq};
 
 /// A scale that belongs to the whole tensor rather than to the row bytes:
 /// I2_S's tail scale. `TensorScale::ONE` for every other type (ignored).
@@ -176,11 +176,12 @@ pub fn vec_dot(ty: GgmlType, n: usize, w_row: &[u8], scale: TensorScale, act: &[
         GgmlType::Q4_K => kquants::q4k::dot(w_row, act),
         GgmlType::Q5_K => kquants::q5k::dot(w_row, act),
         GgmlType::Q6_K => kquants::q6k::dot(w_row, act),
-        GgmlType::TQ1_0 => tq::dot_tq1_0(w_row, act),
-        GgmlType::TQ2_0 => tq::dot_tq2_0(w_row, act),
-        GgmlType::IQ1_BN => bn::dot_iq1bn(w_row, act),
-        GgmlType::IQ2_BN => bn::dot_iq2bn(w_row, act),
-        GgmlType::I2_S => i2s::dot(w_row, scale.0, act),
+        GgmlType::TQ1_0 | GgmlType::TQ2_0 | GgmlType::IQ1_BN | GgmlType::IQ2_BN | GgmlType::I2_S => {
+            let (d, _, q) = act::q8_row_parts(act);
+            let mut values = vec![0i8; n];
+            let scales = rows::decode_row(ty, w_row, scale, &mut values);
+            rows::dot_values(&values, &scales, rows::scale_group(ty, n), d, q)
+        }
     }
 }
 

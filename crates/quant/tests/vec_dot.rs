@@ -36,7 +36,7 @@ fn weight_row(ty: GgmlType, w: &[f32]) -> (Vec<u8>, TensorScale) {
 fn act_bound(act: ActType, x: &[f32]) -> f64 {
     match act {
         ActType::F32 => 1e-6,
-        ActType::Q8_0 | ActType::Q8_K | ActType::Q8_K64 | ActType::Q8_Row => 5.0 * act_sigma(x),
+        ActType::Q8_0 | ActType::Q8_K | ActType::Q8_Row => 5.0 * act_sigma(x),
     }
 }
 

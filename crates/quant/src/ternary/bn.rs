@@ -1,6 +1,6 @@
 //! ik_llama.cpp's ternary formats IQ2_BN (id 135) and IQ1_BN (id 134): 64-element
-//! blocks behind one row scale; `x = d_row·(c − 1)`. Both pair with
-//! `ActType::Q8_K64`.
+//! blocks behind one row scale; `x = d_row·(c − 1)`. Like every ternary type
+//! they pair with `ActType::Q8_Row` (see `rows`).
 //!
 //! IQ2_BN row: `f32 d; blocks[ne0/64] { u8 qs[16] }`. Element e of a block is
 //! in byte `e % 16` at bit shift `2·(e/16)`.
@@ -16,7 +16,6 @@
 //! all-zero row gets code 2 everywhere — harmless, its scale is 0).
 
 use super::{pack_trits, unpack_trit};
-use crate::act::BlockQ8K64;
 use crate::blocks::{amax, cast_blocks, cast_blocks_mut, f16_to_f32, f32_at, f32_to_f16, impl_block};
 
 /// Elements per IQ1_BN / IQ2_BN block.
@@ -128,26 +127,3 @@ pub(crate) fn dequantize_iq1bn_blocks(d: f32, blocks: &[u8], out: &mut [f32]) {
     }
 }
 
-/// `Σ_blocks d_a·(Σ c·q − Σ q)` in f32 over blocks, i32 inside; the caller
-/// multiplies by the row scale once.
-fn blocks_dot(codes: impl Iterator<Item = [u8; QK_BN]>, act: &[u8]) -> f32 {
-    let acts = cast_blocks::<BlockQ8K64>(act);
-    codes
-        .zip(acts)
-        .map(|(c, a)| {
-            let (cq, sq) =
-                c.iter().zip(&a.qs).fold((0i32, 0i32), |(cq, sq), (&c, &q)| (cq + c as i32 * q as i32, sq + q as i32));
-            a.scale() * (cq - sq) as f32
-        })
-        .sum()
-}
-
-pub(crate) fn dot_iq2bn(row: &[u8], act: &[u8]) -> f32 {
-    let blocks = cast_blocks::<BlockIQ2BN>(&row[IQ2_BN_PREFIX..]);
-    iq2bn_row_scale(row) * blocks_dot(blocks.iter().map(iq2_codes), act)
-}
-
-pub(crate) fn dot_iq1bn(row: &[u8], act: &[u8]) -> f32 {
-    let blocks = cast_blocks::<BlockIQ1BN>(&row[IQ1_BN_PREFIX..]);
-    iq1bn_row_scale(row) * blocks_dot(blocks.iter().map(iq1_codes), act)
-}

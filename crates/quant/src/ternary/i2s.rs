@@ -18,7 +18,6 @@
 //! sign-based rule.
 
 use super::round_code;
-use crate::act::q8_row_parts;
 use crate::blocks::{amax, cast_blocks, cast_blocks_mut, f32_at, impl_block};
 
 /// Elements per I2_S block.
@@ -76,15 +75,3 @@ pub(crate) fn dequantize(bytes: &[u8], scale: f32, out: &mut [f32]) {
     }
 }
 
-/// I2_S · Q8_Row, Microsoft's kernel arithmetic: `Σ c·q` over the row in integers,
-/// minus the stored `Σ q`, times the activation scale and the tensor scale.
-pub(crate) fn dot(row: &[u8], scale: f32, act: &[u8]) -> f32 {
-    let (d, sum, qs) = q8_row_parts(act);
-    // i32 inside a block (≤ 128·2·128), i64 over the row so no row length overflows.
-    let mut acc = 0i64;
-    for (b, q) in cast_blocks::<BlockI2S>(row).iter().zip(qs.chunks_exact(QK_I2_S)) {
-        let block: i32 = q.iter().enumerate().map(|(j, &q)| ((b.qs[j % 32] >> shift(j)) & 3) as i32 * q as i32).sum();
-        acc += block as i64;
-    }
-    (acc - sum as i64) as f32 * d * scale
-}

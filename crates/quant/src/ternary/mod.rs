@@ -15,6 +15,7 @@
 
 pub mod bn;
 pub mod i2s;
+pub mod rows;
 pub mod tq;
 
 const POW3: [u8; 5] = [1, 3, 9, 27, 81];

@@ -1,6 +1,6 @@
 //! Mainline's ternary formats TQ2_0 (id 35) and TQ1_0 (id 34): 256-element
-//! blocks with an f16 scale at the END; `x = d·(c − 1)`. Both pair with
-//! `ActType::Q8_K`.
+//! blocks with an f16 scale at the END; `x = d·(c − 1)`. Like every ternary type
+//! they pair with `ActType::Q8_Row` (see `rows`).
 //!
 //! TQ2_0, 66 bytes: `u8 qs[64]; f16 d`. Element e sits in byte
 //! `32·(e/128) + e%32` at bit shift `2·((e%128)/32)`.
@@ -15,7 +15,6 @@
 //! `d = max|x|` over the block, `c = lroundf(x·(1/d)) + 1`.
 
 use super::{pack_trits, round_code, unpack_trit};
-use crate::act::BlockQ8K;
 use crate::blocks::{amax, cast_blocks, cast_blocks_mut, f16_to_f32, f32_to_f16, impl_block};
 use crate::kquants::QK_K;
 
@@ -124,18 +123,3 @@ pub(crate) fn dequantize_tq1_0(bytes: &[u8], out: &mut [f32]) {
     }
 }
 
-/// `d_w · d_a · (Σ c·q − Σ q)` for one block; Σ q comes from the bsums.
-fn block_dot(d: [u8; 2], codes: &[u8; QK_K], a: &BlockQ8K) -> f32 {
-    let sumi: i32 = codes.iter().zip(&a.qs).map(|(&c, &q)| c as i32 * q as i32).sum();
-    f16_to_f32(d) * a.scale() * (sumi - a.sum()) as f32
-}
-
-pub(crate) fn dot_tq2_0(w: &[u8], act: &[u8]) -> f32 {
-    let acts = cast_blocks::<BlockQ8K>(act);
-    cast_blocks::<BlockTQ2_0>(w).iter().zip(acts).map(|(b, a)| block_dot(b.d, &tq2_codes(b), a)).sum()
-}
-
-pub(crate) fn dot_tq1_0(w: &[u8], act: &[u8]) -> f32 {
-    let acts = cast_blocks::<BlockQ8K>(act);
-    cast_blocks::<BlockTQ1_0>(w).iter().zip(acts).map(|(b, a)| block_dot(b.d, &tq1_codes(b), a)).sum()
-}

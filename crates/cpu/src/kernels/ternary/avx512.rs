@@ -1,0 +1,172 @@
+//! AVX-512 VNNI kernels: `vpdpbusd` multiplies unsigned codes (0, 1, 2) by
+//! signed int8 activations, 64 at a time. A tile of R weight rows × T tokens
+//! keeps R·T accumulators in registers, so each unpacked weight vector is used
+//! T times and each activation vector R times.
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+use std::ops::Range;
+
+use super::{finish, Out, PackedActs, PackedTernary, Tiles};
+
+/// Rows and tokens per tile.
+const R: usize = 4;
+const T: usize = 4;
+
+#[target_feature(enable = "avx512f,avx512bw")]
+pub unsafe fn amax(x: &[f32]) -> f32 {
+    let mut m = _mm512_setzero_ps();
+    let chunks = x.chunks_exact(16);
+    let tail = chunks.remainder();
+    for c in chunks {
+        m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(c.as_ptr())));
+    }
+    let mut r = _mm512_reduce_max_ps(m);
+    for &v in tail {
+        r = r.max(v.abs());
+    }
+    r
+}
+
+/// `q = round_half_even(x · s_a)` (the default MXCSR rounding), zero padding
+/// after `x.len()`; returns `Σ q`.
+#[target_feature(enable = "avx512f,avx512bw")]
+pub unsafe fn quantize(x: &[f32], s_a: f32, q: &mut [i8]) -> i32 {
+    let s = _mm512_set1_ps(s_a);
+    let mut sum = _mm512_setzero_si512();
+    let chunks = x.chunks_exact(16);
+    let tail = chunks.remainder();
+    let n = x.len() - tail.len();
+    for (i, c) in chunks.enumerate() {
+        let v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(c.as_ptr()), s));
+        sum = _mm512_add_epi32(sum, v);
+        _mm_storeu_si128(q.as_mut_ptr().add(16 * i) as *mut __m128i, _mm512_cvtsepi32_epi8(v));
+    }
+    let mut total = _mm512_reduce_add_epi32(sum);
+    for (o, &v) in q[n..].iter_mut().zip(tail) {
+        *o = (v * s_a).round_ties_even().clamp(-128.0, 127.0) as i8;
+        total += *o as i32;
+    }
+    q[x.len()..].fill(0);
+    total
+}
+
+/// Writes the tile's results.
+#[inline(always)]
+unsafe fn store<const RR: usize, const TT: usize>(
+    acc: &[[__m512i; TT]; RR],
+    w: &PackedTernary,
+    r0: usize,
+    acts: &PackedActs,
+    t0: usize,
+    out: Out,
+) {
+    for (r, row) in acc.iter().enumerate() {
+        let s = w.row_scales(r0 + r)[0];
+        for (t, a) in row.iter().enumerate() {
+            let y = finish(_mm512_reduce_add_epi32(*a), acts.sum[t0 + t], s, acts.d[t0 + t]);
+            *out.ptr.add((t0 + t) * out.ld + r0 + r) = y;
+        }
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn tile_bits2<const RR: usize, const TT: usize>(w: &PackedTernary, r0: usize, acts: &PackedActs, t0: usize, out: Out) {
+    let mask = _mm512_set1_epi8(3);
+    let mut acc = [[_mm512_setzero_si512(); TT]; RR];
+    let mut wp = [std::ptr::null::<u8>(); RR];
+    for (r, p) in wp.iter_mut().enumerate() {
+        *p = w.row(r0 + r).as_ptr();
+    }
+    let mut ap = [std::ptr::null::<i8>(); TT];
+    for (t, p) in ap.iter_mut().enumerate() {
+        *p = acts.q(t0 + t).as_ptr();
+    }
+    for c in 0..w.layout.k_pad / 256 {
+        let mut cur = [_mm512_setzero_si512(); RR];
+        for r in 0..RR {
+            cur[r] = _mm512_loadu_si512(wp[r].add(64 * c) as *const _);
+        }
+        for i in 0..4 {
+            let mut codes = [_mm512_setzero_si512(); RR];
+            for r in 0..RR {
+                codes[r] = _mm512_and_si512(cur[r], mask);
+                // Shifting 16-bit lanes moves the next pair of each byte down;
+                // bits leaking in from the neighbouring byte are masked off.
+                cur[r] = _mm512_srli_epi16::<2>(cur[r]);
+            }
+            for t in 0..TT {
+                let a = _mm512_load_si512(ap[t].add(256 * c + 64 * i) as *const _);
+                for r in 0..RR {
+                    acc[r][t] = _mm512_dpbusd_epi32(acc[r][t], codes[r], a);
+                }
+            }
+        }
+    }
+    store(&acc, w, r0, acts, t0, out);
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn tile_base3<const RR: usize, const TT: usize>(w: &PackedTernary, r0: usize, acts: &PackedActs, t0: usize, out: Out) {
+    let one = _mm512_set1_epi8(1);
+    // Digit = ((q · 3) >> 8) for the byte q: 0 below 86, 1 below 171, else 2.
+    let (t1, t2) = (_mm512_set1_epi8(86u8 as i8), _mm512_set1_epi8(171u8 as i8));
+    let mut acc = [[_mm512_setzero_si512(); TT]; RR];
+    let mut wp = [std::ptr::null::<u8>(); RR];
+    for (r, p) in wp.iter_mut().enumerate() {
+        *p = w.row(r0 + r).as_ptr();
+    }
+    let mut ap = [std::ptr::null::<i8>(); TT];
+    for (t, p) in ap.iter_mut().enumerate() {
+        *p = acts.q(t0 + t).as_ptr();
+    }
+    for c in 0..w.layout.k_pad / 320 {
+        let mut q = [_mm512_setzero_si512(); RR];
+        for r in 0..RR {
+            q[r] = _mm512_loadu_si512(wp[r].add(64 * c) as *const _);
+        }
+        for i in 0..5 {
+            let mut codes = [_mm512_setzero_si512(); RR];
+            for r in 0..RR {
+                if i > 0 {
+                    // b·3^i mod 256 from the previous digit's byte, in wrapping byte adds.
+                    q[r] = _mm512_add_epi8(_mm512_add_epi8(q[r], q[r]), q[r]);
+                }
+                let lo = _mm512_maskz_mov_epi8(_mm512_cmpge_epu8_mask(q[r], t1), one);
+                codes[r] = _mm512_mask_add_epi8(lo, _mm512_cmpge_epu8_mask(q[r], t2), lo, one);
+            }
+            for t in 0..TT {
+                let a = _mm512_load_si512(ap[t].add(320 * c + 64 * i) as *const _);
+                for r in 0..RR {
+                    acc[r][t] = _mm512_dpbusd_epi32(acc[r][t], codes[r], a);
+                }
+            }
+        }
+    }
+    store(&acc, w, r0, acts, t0, out);
+}
+
+pub unsafe fn gemm_bits2(w: &PackedTernary, rows: Range<usize>, acts: &PackedActs, out: Out) {
+    let tiles = Tiles {
+        rows: R,
+        tokens: T,
+        full: tile_bits2::<R, T>,
+        row_edge: tile_bits2::<1, T>,
+        token_edge: &[tile_bits2::<R, 1>, tile_bits2::<R, 2>, tile_bits2::<R, 3>],
+        single: tile_bits2::<1, 1>,
+    };
+    tiles.drive(w, rows, acts, out)
+}
+
+pub unsafe fn gemm_base3(w: &PackedTernary, rows: Range<usize>, acts: &PackedActs, out: Out) {
+    let tiles = Tiles {
+        rows: R,
+        tokens: T,
+        full: tile_base3::<R, T>,
+        row_edge: tile_base3::<1, T>,
+        token_edge: &[tile_base3::<R, 1>, tile_base3::<R, 2>, tile_base3::<R, 3>],
+        single: tile_base3::<1, 1>,
+    };
+    tiles.drive(w, rows, acts, out)
+}

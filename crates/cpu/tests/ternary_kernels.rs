@@ -1,0 +1,131 @@
+//! The packed ternary kernels against the scalar reference (`tern_quant::vec_dot`
+//! on the file formats), for every ternary format, both packings, every ISA
+//! this machine has, and shapes that are not multiples of the tiles or chunks.
+//! Bound: bit-identical (the kernels do the reference's integer sums and its
+//! float operations in its order).
+
+use tern_cpu::isa::Isa;
+use tern_cpu::kernels::ternary::{gemm, Out, PackedActs, PackedTernary};
+use tern_quant::ternary::rows::Packing;
+use tern_quant::{act_row_bytes, quantize_acts, quantize_tensor, vec_dot, ActType, GgmlType, TensorScale};
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E3779B97F4A7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58476D1CE4E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D049BB133111EB);
+        z ^ (z >> 31)
+    }
+    fn f32(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+    fn ternary(&mut self) -> f32 {
+        match self.next() % 20 {
+            0..=6 => 0.0,
+            7..=13 => 1.0,
+            _ => -1.0,
+        }
+    }
+}
+
+fn isas() -> Vec<Isa> {
+    Isa::ALL.into_iter().filter(|i| i.available()).collect()
+}
+
+/// Weights `rows × k` of `ty`, ternary-valued with row scales (or block
+/// scales when `grouped`), as the file bytes.
+fn weights(ty: GgmlType, k: usize, rows: usize, grouped: bool, rng: &mut Rng) -> Vec<u8> {
+    let mut x = vec![0f32; k * rows];
+    for (r, row) in x.chunks_exact_mut(k).enumerate() {
+        for (i, v) in row.iter_mut().enumerate() {
+            let s = if grouped { 0.25 * (1 + (i / 256) % 3) as f32 } else { 0.0625 * (1 + r % 5) as f32 };
+            *v = rng.ternary() * s;
+        }
+    }
+    let mut bytes = vec![0u8; ty.tensor_bytes(&[k as u64, rows as u64]).unwrap() as usize];
+    quantize_tensor(ty, &x, k, &mut bytes);
+    bytes
+}
+
+fn check(ty: GgmlType, k: usize, rows: usize, n: usize, grouped: bool, packing: Packing, rng: &mut Rng) {
+    let w = weights(ty, k, rows, grouped, rng);
+    let x: Vec<f32> = (0..k * n).map(|_| rng.f32() * 3.0).collect();
+    let scale = TensorScale::of(ty, &w, k * rows);
+    let row_bytes = ty.row_bytes(k as u64).unwrap() as usize;
+    let ab = act_row_bytes(ActType::Q8_Row, k);
+    let mut want = vec![0f32; rows * n];
+    for t in 0..n {
+        let mut act = vec![0u8; ab];
+        quantize_acts(ActType::Q8_Row, &x[t * k..(t + 1) * k], &mut act);
+        for r in 0..rows {
+            want[t * rows + r] = vec_dot(ty, k, &w[r * row_bytes..(r + 1) * row_bytes], scale, &act);
+        }
+    }
+    let packed = PackedTernary::new(ty, &w, k, rows, packing);
+    assert_eq!(packed.layout.groups > 1, grouped);
+    for isa in isas() {
+        let mut acts = PackedActs::new(k, packed.layout.k_pad, n);
+        acts.quantize(&x, isa);
+        let mut got = vec![f32::NAN; rows * n];
+        // Two row ranges, as two threads would split them.
+        let mid = rows / 2;
+        for range in [0..mid, mid..rows] {
+            unsafe { gemm(&packed, range, &acts, Out { ptr: got.as_mut_ptr(), ld: rows }, isa) };
+        }
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g.to_bits(), w.to_bits(), "{ty} {packing:?} {isa:?} k={k} rows={rows} n={n}: out {i}: {g} vs {w}");
+        }
+    }
+}
+
+#[test]
+fn every_format_packing_and_isa_matches_the_reference() {
+    let mut rng = Rng(7);
+    let cases: [(GgmlType, &[usize]); 5] = [
+        (GgmlType::TQ2_0, &[256, 768, 2560]),
+        (GgmlType::TQ1_0, &[256, 1280]),
+        (GgmlType::IQ2_BN, &[64, 192, 704, 2560]),
+        (GgmlType::IQ1_BN, &[64, 320, 960]),
+        (GgmlType::I2_S, &[128, 384, 2560]),
+    ];
+    for (ty, ks) in cases {
+        for &k in ks {
+            for packing in [Packing::Bits2, Packing::Base3] {
+                for (rows, n) in [(1, 1), (5, 1), (8, 3), (9, 4), (6, 5), (3, 9)] {
+                    check(ty, k, rows, n, false, packing, &mut rng);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn rows_with_several_block_scales_are_exact_too() {
+    let mut rng = Rng(11);
+    for ty in [GgmlType::TQ2_0, GgmlType::TQ1_0] {
+        for packing in [Packing::Bits2, Packing::Base3] {
+            check(ty, 768, 5, 3, true, packing, &mut rng);
+        }
+    }
+}
+
+#[test]
+fn activation_quantization_agrees_across_isas() {
+    let mut rng = Rng(3);
+    for k in [1, 15, 64, 100, 2560] {
+        let x: Vec<f32> = (0..k * 2).map(|_| rng.f32() * 10.0).collect();
+        let mut reference = PackedActs::new(k, k.next_multiple_of(320), 2);
+        reference.quantize(&x, Isa::Scalar);
+        for isa in isas() {
+            let mut a = PackedActs::new(k, k.next_multiple_of(320), 2);
+            a.quantize(&x, isa);
+            for t in 0..2 {
+                assert_eq!(a.q(t), reference.q(t), "{isa:?} k={k}");
+                assert_eq!((a.d[t], a.sum[t]), (reference.d[t], reference.sum[t]));
+            }
+        }
+    }
+}
