@@ -1,0 +1,1 @@
+//! SIMD dot products for the block formats (being written).
