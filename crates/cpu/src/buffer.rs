@@ -5,6 +5,8 @@ use std::alloc::{alloc_zeroed, dealloc, Layout};
 
 use tern_backend::{BufferId, HostBytes, TensorLoc};
 
+use crate::kernels::ternary::PackedTernary;
+
 const ALIGN: usize = 64;
 
 /// Zeroed, 64-byte aligned bytes.
@@ -55,20 +57,26 @@ impl Drop for Aligned {
 pub enum Storage {
     Owned(Aligned),
     Host(HostBytes),
+    /// A ternary weight repacked for the kernels (read through `packed`).
+    Ternary(PackedTernary),
 }
 
 impl Storage {
+    /// Bytes addressable through `TensorLoc`s (a repacked weight keeps the
+    /// file size it was loaded with, but only `packed` reads it).
     fn len(&self) -> usize {
         match self {
             Storage::Owned(a) => a.len,
             Storage::Host(h) => h.as_slice().len(),
+            Storage::Ternary(_) => usize::MAX,
         }
     }
 
-    fn base(&self) -> *mut u8 {
+    fn base(&self) -> Option<*mut u8> {
         match self {
-            Storage::Owned(a) => a.ptr,
-            Storage::Host(h) => h.as_slice().as_ptr() as *mut u8,
+            Storage::Owned(a) => Some(a.ptr),
+            Storage::Host(h) => Some(h.as_slice().as_ptr() as *mut u8),
+            Storage::Ternary(_) => None,
         }
     }
 }
@@ -109,7 +117,15 @@ impl Buffers {
     /// Base pointer of `loc`, bounds-checked. Host aliases must only be read.
     pub fn ptr(&self, loc: TensorLoc) -> Option<*mut u8> {
         // SAFETY: `storage` checked that offset + nbytes lies inside the buffer.
-        self.storage(loc).map(|s| unsafe { s.base().add(loc.offset) })
+        self.storage(loc)?.base().map(|b| unsafe { b.add(loc.offset) })
+    }
+
+    /// The repacked ternary weight at `loc`, if that is what it holds.
+    pub fn packed(&self, loc: TensorLoc) -> Option<&PackedTernary> {
+        match self.slots.get(loc.buffer.0 as usize)?.as_ref()? {
+            Storage::Ternary(p) => Some(p),
+            _ => None,
+        }
     }
 
     pub fn bytes(&self, loc: TensorLoc) -> Option<&[u8]> {
@@ -126,7 +142,7 @@ impl Buffers {
                 // SAFETY: bounds checked; exclusive borrow of self; owned memory.
                 Some(unsafe { std::slice::from_raw_parts_mut(p, loc.nbytes) })
             }
-            Storage::Host(_) => None,
+            Storage::Host(_) | Storage::Ternary(_) => None,
         }
     }
 }

@@ -6,23 +6,43 @@ mod buffer;
 pub mod isa;
 pub mod kernels;
 mod ops;
-mod parallel;
+pub mod pool;
 
 use tern_backend::{Backend, BackendId, BufferId, Error, HostBytes, Result, TensorLoc, WeightDesc};
 use tern_graph::{DType, Graph, Node, NodeId, Op};
+use tern_quant::ternary::rows::Packing;
+use tern_quant::GgmlType;
 
 use buffer::{Buffers, Storage};
+use isa::Isa;
+use kernels::ternary::PackedTernary;
+use pool::Pool;
 
 pub struct CpuBackend {
     id: BackendId,
-    n_threads: usize,
+    pool: Pool,
+    isa: Isa,
     buffers: Buffers,
 }
 
 impl CpuBackend {
-    /// A CPU backend named `id` (`CPU`, `CPU1`, ...) computing on `n_threads` threads.
+    /// A CPU backend named `id` (`CPU`, `CPU1`, ...) computing on `n_threads`
+    /// threads with the best kernels the processor has (see `isa::active`).
     pub fn new(id: BackendId, n_threads: usize) -> CpuBackend {
-        CpuBackend { id, n_threads: n_threads.max(1), buffers: Buffers::default() }
+        CpuBackend { id, pool: Pool::new(n_threads), isa: isa::active(), buffers: Buffers::default() }
+    }
+
+    pub fn isa(&self) -> Isa {
+        self.isa
+    }
+}
+
+/// The in-memory layout a ternary file type is repacked into: 1.6-bit files
+/// stay 1.6-bit, the rest become 2-bit.
+fn packing(ty: GgmlType) -> Packing {
+    match ty {
+        GgmlType::TQ1_0 | GgmlType::IQ1_BN => Packing::Base3,
+        _ => Packing::Bits2,
     }
 }
 
@@ -50,9 +70,17 @@ impl Backend for CpuBackend {
         self.buffers.free(buffer);
     }
 
-    fn load_weight(&mut self, bytes: HostBytes, _desc: WeightDesc) -> Result<TensorLoc> {
+    fn load_weight(&mut self, bytes: HostBytes, desc: WeightDesc) -> Result<TensorLoc> {
         let nbytes = bytes.as_slice().len();
-        let buffer = self.buffers.insert(Storage::Host(bytes));
+        let is_matrix = desc.ne[2] == 1 && desc.ne[3] == 1;
+        let storage = if desc.ty.is_ternary() && is_matrix {
+            // Repacked once into the kernels' layout; the file bytes are no longer read.
+            let (k, rows) = (desc.ne[0], desc.ne[1]);
+            Storage::Ternary(PackedTernary::new(desc.ty, bytes.as_slice(), k, rows, packing(desc.ty)))
+        } else {
+            Storage::Host(bytes)
+        };
+        let buffer = self.buffers.insert(storage);
         Ok(TensorLoc { buffer, offset: 0, nbytes })
     }
 
@@ -74,15 +102,18 @@ impl Backend for CpuBackend {
             let node = graph.node(id);
             let view = |n: NodeId| -> Result<ops::Tensor> {
                 let loc = locs[n.index()].ok_or_else(|| unbound(self.id, n))?;
+                if let Some(packed) = self.buffers.packed(loc) {
+                    return Ok(ops::Tensor { ptr: std::ptr::null_mut(), node: graph.node(n), packed: Some(packed) });
+                }
                 let ptr = self.buffers.ptr(loc).ok_or_else(|| bad_loc(self.id, loc))?;
-                Ok(ops::Tensor { ptr, node: graph.node(n) })
+                Ok(ops::Tensor { ptr, node: graph.node(n), packed: None })
             };
             let dst = view(id)?;
             let srcs = node.srcs.iter().map(|&s| view(s)).collect::<Result<Vec<_>>>()?;
             // SAFETY: the memory plan gives every live tensor its own bytes, so
             // `dst` never overlaps a source it reads, and mmapped weights are
             // only read. Caches are written only by the attention op of their layer.
-            unsafe { ops::run(node, dst, &srcs, self.n_threads) }
+            unsafe { ops::run(node, dst, &srcs, &ops::Ctx { pool: &self.pool, isa: self.isa }) }
         }
         Ok(())
     }

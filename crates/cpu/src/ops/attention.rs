@@ -8,7 +8,7 @@ use half::f16;
 use tern_graph::{AttentionParams, DType, GgmlType};
 
 use super::Tensor;
-use crate::parallel::for_chunks;
+use crate::pool::Pool;
 
 /// A cache as rows of `width` elements.
 struct Cache {
@@ -64,7 +64,7 @@ unsafe impl Sync for Out {}
 
 /// # Safety
 /// `srcs[3..5]` are the layer's caches, not aliased by any other view in use.
-pub unsafe fn attention(srcs: &[Tensor], p: &AttentionParams, out: &mut [f32], n_threads: usize) {
+pub unsafe fn attention(srcs: &[Tensor], p: &AttentionParams, out: &mut [f32], pool: &Pool) {
     let (q, k, v) = (srcs[0].f32(), srcs[1].f32(), srcs[2].f32());
     let (kc, vc) = (Cache::new(&srcs[3]), Cache::new(&srcs[4]));
     let kv_width = p.head_dim * p.n_head_kv;
@@ -77,7 +77,7 @@ pub unsafe fn attention(srcs: &[Tensor], p: &AttentionParams, out: &mut [f32], n
     let width = p.head_dim * p.n_head;
     let out_ptr = Out(out.as_mut_ptr());
     let tasks = n_tokens * p.n_head;
-    for_chunks(tasks, n_threads, 4, |range| {
+    pool.for_chunks(tasks, 4, |range| {
         let out_ptr = &out_ptr;
         let mut krow = vec![0f32; p.head_dim];
         let mut acc = vec![0f32; p.head_dim];

@@ -1,14 +1,17 @@
-//! Matrix products and row lookups on weights in their file format.
+//! Matrix products and row lookups on weights in their file format, or in
+//! the repacked ternary layout.
 //!
 //! Weights are never widened to f32 as a whole: a paired matmul quantizes
 //! the activations once per column into the int8 type the weight format pairs
-//! with, then runs the per-format dot product row by row.
+//! with, then runs the per-format dot product row by row (ternary weights:
+//! the packed kernels, a tile of rows × tokens at a time).
 
 use tern_graph::{DType, GgmlType, Precision};
+use tern_quant::ternary::rows;
 use tern_quant::{ActType, TensorScale};
 
-use super::Tensor;
-use crate::parallel::for_chunks;
+use super::{Ctx, Tensor};
+use crate::kernels::ternary::{self, PackedActs, PackedTernary};
 
 fn weight_type(w: &Tensor) -> GgmlType {
     match w.node.dtype {
@@ -19,8 +22,20 @@ fn weight_type(w: &Tensor) -> GgmlType {
 
 /// Rows `ids` of `table`, dequantized to f32.
 pub fn get_rows(table: &Tensor, ids: &[i32], y: &mut [f32]) {
+    let k = table.node.ne[0];
+    if let Some(p) = table.packed {
+        let mut values = vec![0i8; p.layout.k_pad];
+        for (out, &id) in y.chunks_exact_mut(k).zip(ids) {
+            rows::unpack_row(&p.layout, p.row(id as usize), &mut values);
+            let scales = p.row_scales(id as usize);
+            for (i, (o, &v)) in out.iter_mut().zip(&values).enumerate() {
+                *o = v as f32 * scales[i / p.layout.group()];
+            }
+        }
+        return;
+    }
     let ty = weight_type(table);
-    let (k, rows) = (table.node.ne[0], table.node.n_rows());
+    let rows = table.node.n_rows();
     let bytes = table.bytes();
     let scale = TensorScale::of(ty, bytes, k * rows);
     let row_bytes = ty.row_bytes(k as u64).expect("validated at load") as usize;
@@ -37,10 +52,48 @@ struct Out(*mut f32);
 unsafe impl Sync for Out {}
 
 /// `y [n, m] = W [k, n] · x [k, m]`.
-pub fn mul_mat(w: &Tensor, x: &[f32], precision: Precision, y: &mut [f32], n_threads: usize) {
+pub fn mul_mat(w: &Tensor, x: &[f32], precision: Precision, y: &mut [f32], cx: &Ctx) {
+    match w.packed {
+        Some(p) if precision == Precision::Paired => mul_mat_ternary(p, x, y, cx),
+        _ => mul_mat_rows(w, x, precision, y, cx),
+    }
+}
+
+/// Ternary weights: per-token int8 activations, tiles of rows × tokens.
+fn mul_mat_ternary(w: &PackedTernary, x: &[f32], y: &mut [f32], cx: &Ctx) {
+    let k = w.layout.k;
+    let m = x.len() / k;
+    let mut acts = PackedActs::new(k, w.layout.k_pad, m);
+    acts.quantize(x, cx.isa);
+    let out = ternary::Out { ptr: y.as_mut_ptr(), ld: w.rows };
+    // Whole 16-row groups per thread keep the kernels' tiles full.
+    let groups = w.rows.div_ceil(16);
+    cx.pool.for_chunks(groups, 1, |g| {
+        let rows = (g.start * 16).min(w.rows)..(g.end * 16).min(w.rows);
+        // SAFETY: every thread writes its own rows; `isa` is the backend's, which is available.
+        unsafe { ternary::gemm(w, rows, &acts, out, cx.isa) };
+    });
+}
+
+/// Any other weight: the per-format dot product, row by row.
+fn mul_mat_rows(w: &Tensor, x: &[f32], precision: Precision, y: &mut [f32], cx: &Ctx) {
     let ty = weight_type(w);
     let (k, n) = (w.node.ne[0], w.node.ne[1]);
     let m = x.len() / k;
+    if let Some(p) = w.packed {
+        // A ternary weight asked for float activations: widen its rows.
+        let mut values = vec![0i8; p.layout.k_pad];
+        for j in 0..n {
+            rows::unpack_row(&p.layout, p.row(j), &mut values);
+            let s = p.row_scales(j);
+            for c in 0..m {
+                let xs = &x[c * k..(c + 1) * k];
+                let acc: f64 = xs.iter().enumerate().map(|(i, &v)| (values[i] as f32 * s[i / p.layout.group()]) as f64 * v as f64).sum();
+                y[c * n + j] = acc as f32;
+            }
+        }
+        return;
+    }
     let bytes = w.bytes();
     let scale = TensorScale::of(ty, bytes, k * n);
     let row_bytes = ty.row_bytes(k as u64).expect("validated at load") as usize;
@@ -56,9 +109,9 @@ pub fn mul_mat(w: &Tensor, x: &[f32], precision: Precision, y: &mut [f32], n_thr
         }
     }
     let y_ptr = Out(y.as_mut_ptr());
-    // About 64k multiply-adds per thread before splitting pays for a spawn.
+    // About 64k multiply-adds per thread before splitting pays.
     let min_rows = (65536 / (k * m).max(1)).max(1);
-    for_chunks(n, n_threads, min_rows, |rows| {
+    cx.pool.for_chunks(n, min_rows, |rows| {
         let y_ptr = &y_ptr;
         for j in rows {
             let wr = &bytes[j * row_bytes..(j + 1) * row_bytes];

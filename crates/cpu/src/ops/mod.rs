@@ -7,10 +7,22 @@ mod rope;
 
 use tern_graph::{Node, Op};
 
-/// A node's data on this backend: a raw base pointer plus the node's shape.
+use crate::isa::Isa;
+use crate::kernels::ternary::PackedTernary;
+use crate::pool::Pool;
+
+/// A node's data on this backend: a raw base pointer plus the node's shape,
+/// or, for a repacked ternary weight, the packed matrix (and a null pointer).
 pub struct Tensor<'g> {
     pub ptr: *mut u8,
     pub node: &'g Node,
+    pub packed: Option<&'g PackedTernary>,
+}
+
+/// What kernels run with: the thread pool and the ISA level.
+pub struct Ctx<'a> {
+    pub pool: &'a Pool,
+    pub isa: Isa,
 }
 
 impl Tensor<'_> {
@@ -45,7 +57,7 @@ impl Tensor<'_> {
 ///
 /// # Safety
 /// `dst` must not overlap any of `srcs`, and no other thread may access them.
-pub unsafe fn run(node: &Node, dst: Tensor, srcs: &[Tensor], n_threads: usize) {
+pub unsafe fn run(node: &Node, dst: Tensor, srcs: &[Tensor], cx: &Ctx) {
     match &node.op {
         Op::Weight(_) | Op::Input(_) | Op::KvCache { .. } => {}
         Op::GetRows => matmul::get_rows(&srcs[0], srcs[1].i32(), dst.f32_mut()),
@@ -54,8 +66,8 @@ pub unsafe fn run(node: &Node, dst: Tensor, srcs: &[Tensor], n_threads: usize) {
         Op::Add => elementwise::binary(srcs[0].f32(), srcs[1].f32(), dst.f32_mut(), |a, b| a + b),
         Op::Scale { factor } => elementwise::scale(srcs[0].f32(), *factor, dst.f32_mut()),
         Op::GatedAct(act) => elementwise::gated(srcs[0].f32(), srcs[1].f32(), *act, dst.f32_mut()),
-        Op::MulMat { precision } => matmul::mul_mat(&srcs[0], srcs[1].f32(), *precision, dst.f32_mut(), n_threads),
+        Op::MulMat { precision } => matmul::mul_mat(&srcs[0], srcs[1].f32(), *precision, dst.f32_mut(), cx),
         Op::Rope(p) => rope::rope(srcs[0].f32(), srcs[1].i32(), srcs.get(2).map(|f| f.f32()), p, dst.f32_mut()),
-        Op::Attention(p) => attention::attention(srcs, p, dst.f32_mut(), n_threads),
+        Op::Attention(p) => attention::attention(srcs, p, dst.f32_mut(), cx.pool),
     }
 }
