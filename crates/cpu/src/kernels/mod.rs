@@ -3,3 +3,4 @@
 
 pub mod blocks;
 pub mod ternary;
+pub mod vec;

@@ -1,13 +1,18 @@
-//! Causal attention over a layer's KV cache (f32 or f16 rows).
+//! Causal attention over a layer's KV cache (f32 or f16 rows), flash style:
+//! one pass over the cache with an online softmax, never materialising the
+//! score matrix.
 //!
-//! The op stores this batch's keys and values into the cache, then each
-//! (token, head) pair attends to every cache row up to its own position.
-//! Scores and the softmax are accumulated in f32 with the running-max trick.
+//! The op stores this batch's keys and values into the cache, then each task
+//! (token, KV head) walks cache rows `0..=kv_pos + t` once: every K and V row
+//! is widened to f32 once and shared by the query heads of its group (GQA).
 
+use half::slice::HalfFloatSliceExt;
 use half::f16;
 use tern_graph::{AttentionParams, DType, GgmlType};
 
 use super::Tensor;
+use crate::isa::Isa;
+use crate::kernels::vec;
 use crate::pool::Pool;
 
 /// A cache as rows of `width` elements.
@@ -30,27 +35,21 @@ impl Cache {
     /// `row` is inside the cache and nobody reads it concurrently.
     unsafe fn store(&self, row: usize, src: &[f32]) {
         if self.f16 {
-            let dst = std::slice::from_raw_parts_mut((self.ptr as *mut u16).add(row * self.width), self.width);
-            for (d, &s) in dst.iter_mut().zip(src) {
-                *d = f16::from_f32(s).to_bits();
-            }
+            let dst = std::slice::from_raw_parts_mut((self.ptr as *mut f16).add(row * self.width), self.width);
+            dst.convert_from_f32_slice(src);
         } else {
-            std::slice::from_raw_parts_mut((self.ptr as *mut f32).add(row * self.width), self.width)
-                .copy_from_slice(src);
+            std::slice::from_raw_parts_mut((self.ptr as *mut f32).add(row * self.width), self.width).copy_from_slice(src);
         }
     }
 
-    /// Element range `[start, start + len)` of `row`, widened into `out`.
+    /// Element range `[start, start + out.len())` of `row`, widened into `out`.
     fn load(&self, row: usize, start: usize, out: &mut [f32]) {
         let at = row * self.width + start;
         // SAFETY: rows below the current position were written by `store`; the
         // cache buffer holds n_ctx rows (checked when the graph was built).
         unsafe {
             if self.f16 {
-                let src = std::slice::from_raw_parts((self.ptr as *const u16).add(at), out.len());
-                for (o, &b) in out.iter_mut().zip(src) {
-                    *o = f16::from_bits(b).to_f32();
-                }
+                std::slice::from_raw_parts((self.ptr as *const f16).add(at), out.len()).convert_to_f32_slice(out);
             } else {
                 out.copy_from_slice(std::slice::from_raw_parts((self.ptr as *const f32).add(at), out.len()));
             }
@@ -59,12 +58,12 @@ impl Cache {
 }
 
 struct Out(*mut f32);
-// SAFETY: each (token, head) task writes its own disjoint slice of the output.
+// SAFETY: each (token, KV head) task writes the outputs of its own query heads.
 unsafe impl Sync for Out {}
 
 /// # Safety
 /// `srcs[3..5]` are the layer's caches, not aliased by any other view in use.
-pub unsafe fn attention(srcs: &[Tensor], p: &AttentionParams, out: &mut [f32], pool: &Pool) {
+pub unsafe fn attention(srcs: &[Tensor], p: &AttentionParams, out: &mut [f32], pool: &Pool, isa: Isa) {
     let (q, k, v) = (srcs[0].f32(), srcs[1].f32(), srcs[2].f32());
     let (kc, vc) = (Cache::new(&srcs[3]), Cache::new(&srcs[4]));
     let kv_width = p.head_dim * p.n_head_kv;
@@ -74,37 +73,40 @@ pub unsafe fn attention(srcs: &[Tensor], p: &AttentionParams, out: &mut [f32], p
         vc.store(p.kv_pos + t, &v[t * kv_width..(t + 1) * kv_width]);
     }
     let group = p.n_head / p.n_head_kv;
-    let width = p.head_dim * p.n_head;
+    let (hd, width) = (p.head_dim, p.head_dim * p.n_head);
     let out_ptr = Out(out.as_mut_ptr());
-    let tasks = n_tokens * p.n_head;
-    pool.for_chunks(tasks, 4, |range| {
+    pool.for_chunks(n_tokens * p.n_head_kv, 1, |range| {
         let out_ptr = &out_ptr;
-        let mut krow = vec![0f32; p.head_dim];
-        let mut acc = vec![0f32; p.head_dim];
+        let mut krow = vec![0f32; hd];
+        let mut vrow = vec![0f32; hd];
+        // Per query head of the group: running max, running sum, accumulator.
+        let mut max = vec![f32::NEG_INFINITY; group];
+        let mut sum = vec![0f32; group];
+        let mut acc = vec![0f32; group * hd];
         for task in range {
-            let (t, h) = (task / p.n_head, task % p.n_head);
-            let kv_head = h / group;
-            let qh = &q[t * width + h * p.head_dim..][..p.head_dim];
-            let n_kv = p.kv_pos + t + 1;
-            let mut max = f32::NEG_INFINITY;
-            let mut sum = 0f32;
+            let (t, g) = (task / p.n_head_kv, task % p.n_head_kv);
+            let qs = &q[t * width + g * group * hd..][..group * hd];
+            max.fill(f32::NEG_INFINITY);
+            sum.fill(0.0);
             acc.fill(0.0);
-            for pos in 0..n_kv {
-                kc.load(pos, kv_head * p.head_dim, &mut krow);
-                let s = qh.iter().zip(&krow).map(|(a, b)| a * b).sum::<f32>() * p.scale;
-                // Online softmax: rescale what was accumulated when the max grows.
-                let (w, rescale) = if s > max { (1.0, (max - s).exp()) } else { ((s - max).exp(), 1.0) };
-                max = max.max(s);
-                sum = sum * rescale + w;
-                vc.load(pos, kv_head * p.head_dim, &mut krow);
-                for (a, &vv) in acc.iter_mut().zip(&krow) {
-                    *a = *a * rescale + w * vv;
+            for pos in 0..=p.kv_pos + t {
+                kc.load(pos, g * hd, &mut krow);
+                vc.load(pos, g * hd, &mut vrow);
+                for h in 0..group {
+                    let s = vec::dot(&qs[h * hd..(h + 1) * hd], &krow, isa) * p.scale;
+                    // Online softmax: rescale what was accumulated when the max grows.
+                    let (w, rescale) = if s > max[h] { (1.0, (max[h] - s).exp()) } else { ((s - max[h]).exp(), 1.0) };
+                    max[h] = max[h].max(s);
+                    sum[h] = sum[h] * rescale + w;
+                    vec::scale_add(&mut acc[h * hd..(h + 1) * hd], rescale, w, &vrow, isa);
                 }
             }
-            // SAFETY: task (t, h) owns output elements [t*width + h*hd, +hd).
-            let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.0.add(t * width + h * p.head_dim), p.head_dim) };
-            for (o, a) in o.iter_mut().zip(&acc) {
-                *o = a / sum;
+            for h in 0..group {
+                // SAFETY: task (t, g) owns the outputs of query heads g·group..(g+1)·group of token t.
+                let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.0.add(t * width + (g * group + h) * hd), hd) };
+                for (o, a) in o.iter_mut().zip(&acc[h * hd..(h + 1) * hd]) {
+                    *o = a / sum[h];
+                }
             }
         }
     });

@@ -11,6 +11,7 @@ use tern_quant::ternary::rows;
 use tern_quant::{ActType, TensorScale};
 
 use super::{Ctx, Tensor};
+use crate::kernels::blocks;
 use crate::kernels::ternary::{self, PackedActs, PackedTernary};
 
 fn weight_type(w: &Tensor) -> GgmlType {
@@ -108,6 +109,11 @@ fn mul_mat_rows(w: &Tensor, x: &[f32], precision: Precision, y: &mut [f32], cx: 
             tern_quant::quantize_acts(act, col, out);
         }
     }
+    // The SIMD kernel for the pair, if there is one: float weights with f32
+    // activations, or quantized weights with their paired int8 activations.
+    let fast = if act != ActType::F32 || ty.is_float() { blocks::dot_fn(ty, cx.isa) } else { None };
+    // SAFETY: f32 has no padding; the kernels read activations as little-endian f32 bytes.
+    let x_bytes = unsafe { std::slice::from_raw_parts(x.as_ptr() as *const u8, x.len() * 4) };
     let y_ptr = Out(y.as_mut_ptr());
     // About 64k multiply-adds per thread before splitting pays.
     let min_rows = (65536 / (k * m).max(1)).max(1);
@@ -116,10 +122,16 @@ fn mul_mat_rows(w: &Tensor, x: &[f32], precision: Precision, y: &mut [f32], cx: 
         for j in rows {
             let wr = &bytes[j * row_bytes..(j + 1) * row_bytes];
             for c in 0..m {
-                let v = if act == ActType::F32 {
-                    tern_quant::vec_dot_f32(ty, wr, scale, &x[c * k..(c + 1) * k])
+                let act_row = if act == ActType::F32 {
+                    &x_bytes[c * k * 4..(c + 1) * k * 4]
                 } else {
-                    tern_quant::vec_dot(ty, k, wr, scale, &acts[c * act_bytes..(c + 1) * act_bytes])
+                    &acts[c * act_bytes..(c + 1) * act_bytes]
+                };
+                let v = match fast {
+                    // SAFETY: dot_fn only returns kernels the processor supports.
+                    Some(f) => unsafe { f(k, wr, act_row) },
+                    None if act == ActType::F32 => tern_quant::vec_dot_f32(ty, wr, scale, &x[c * k..(c + 1) * k]),
+                    None => tern_quant::vec_dot(ty, k, wr, scale, act_row),
                 };
                 // SAFETY: row j of every column belongs to this thread only.
                 unsafe { *y_ptr.0.add(c * n + j) = v };

@@ -68,6 +68,6 @@ pub unsafe fn run(node: &Node, dst: Tensor, srcs: &[Tensor], cx: &Ctx) {
         Op::GatedAct(act) => elementwise::gated(srcs[0].f32(), srcs[1].f32(), *act, dst.f32_mut()),
         Op::MulMat { precision } => matmul::mul_mat(&srcs[0], srcs[1].f32(), *precision, dst.f32_mut(), cx),
         Op::Rope(p) => rope::rope(srcs[0].f32(), srcs[1].i32(), srcs.get(2).map(|f| f.f32()), p, dst.f32_mut()),
-        Op::Attention(p) => attention::attention(srcs, p, dst.f32_mut(), cx.pool),
+        Op::Attention(p) => attention::attention(srcs, p, dst.f32_mut(), cx.pool, cx.isa),
     }
 }

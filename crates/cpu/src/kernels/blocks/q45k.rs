@@ -1,0 +1,206 @@
+//! Q4_K (144 B per 256) and Q5_K (176 B) weights against Q8_K activations
+//! (292 B: f32 `d`, 256 i8, i16 `bsums[16]`).
+//!
+//! ```text
+//! Q4_K: f16 d, f16 dmin, u8 scales[12],             u8 qs[128]
+//! Q5_K: f16 d, f16 dmin, u8 scales[12], u8 qh[32],  u8 qs[128]
+//! ```
+//! Chunk `c` (64 elements) is `qs[32c..32c+32]`: low nibbles are sub-block
+//! `2c`, high nibbles sub-block `2c+1`; Q5_K adds bit `2c` (low) / `2c+1`
+//! (high) of `qh[l]` as the fifth bit of element `l` of the chunk's halves.
+//!
+//! Per block, as the reference: `sumi = Σ_j sc_j·Σ q·a` and
+//! `summ = Σ_j m_j·(bsum_2j + bsum_2j+1)` in i32 (levels unsigned, so
+//! `maddubs` pair sums stay ≤ 2·31·127), then
+//! `d_a·(d·sumi − dmin·summ)` in f32, summed in block order — the reference's
+//! float operations exactly.
+
+use std::arch::x86_64::*;
+
+use super::blocks_of;
+use super::x86::*;
+
+const QK: usize = 256;
+const ACT_BYTES: usize = 292;
+const ACT_QS: usize = 4;
+const ACT_BSUMS: usize = 260;
+const SCALES: usize = 4;
+/// Where `qs` starts: after `scales` (Q4_K) or after `qh` (Q5_K).
+const fn qs_at(five: bool) -> usize {
+    if five {
+        48
+    } else {
+        16
+    }
+}
+const fn w_bytes(five: bool) -> usize {
+    if five {
+        176
+    } else {
+        144
+    }
+}
+const QH: usize = 16;
+
+/// The eight 6-bit scales and eight 6-bit mins of `scales[12]` at `p`, one per
+/// byte of each u64 (sub-block `j` in byte `j`); `spec/quants.md` §5:
+/// * j < 4: `sc = q[j] & 63`, `m = q[j+4] & 63`;
+/// * j ≥ 4: `sc = (q[j+4] & 15) | (q[j-4] >> 6) << 4`, `m = (q[j+4] >> 4) | (q[j] >> 6) << 4`.
+#[inline]
+unsafe fn scales_mins(p: *const u8) -> (u64, u64) {
+    let q = |i: usize| p.add(4 * i).cast::<u32>().read_unaligned();
+    let (w0, w1, w2) = (q(0), q(1), q(2));
+    let sc_hi = (w2 & 0x0F0F_0F0F) | ((w0 >> 2) & 0x3030_3030);
+    let m_hi = ((w2 >> 4) & 0x0F0F_0F0F) | ((w1 >> 2) & 0x3030_3030);
+    let sc = (w0 & 0x3F3F_3F3F) as u64 | (sc_hi as u64) << 32;
+    let m = (w1 & 0x3F3F_3F3F) as u64 | (m_hi as u64) << 32;
+    (sc, m)
+}
+
+/// `Σ_j m_j·(bsum_2j + bsum_2j+1)` as eight i32 lanes (`madd` of the sixteen
+/// block sums with each min repeated twice).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn mins_dot(m: u64, ab: *const u8) -> __m256i {
+    let m8 = _mm_cvtsi64_si128(m as i64);
+    let m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
+    _mm256_madd_epi16(load256(ab.add(ACT_BSUMS)), m16)
+}
+
+/// `shuffle_epi8` masks broadcasting i16 scale `j` of a lane of eight.
+const fn scale_pick(j: usize) -> [u8; 32] {
+    let mut m = [0u8; 32];
+    let mut i = 0;
+    while i < 32 {
+        m[i] = (2 * j + i % 2) as u8;
+        i += 1;
+    }
+    m
+}
+static SCALE_PICK: [[u8; 32]; 8] = [
+    scale_pick(0),
+    scale_pick(1),
+    scale_pick(2),
+    scale_pick(3),
+    scale_pick(4),
+    scale_pick(5),
+    scale_pick(6),
+    scale_pick(7),
+];
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn dot_avx2<const FIVE: bool>(n: usize, w: &[u8], act: &[u8]) -> f32 {
+    let wbytes = w_bytes(FIVE);
+    let nb = blocks_of(n, w, act, QK, wbytes, ACT_BYTES);
+    let (wp, ap) = (w.as_ptr(), act.as_ptr());
+    let m4 = _mm256_set1_epi8(0x0F);
+    let m10 = _mm256_set1_epi8(0x10);
+    let mut sum = 0.0f32;
+    for b in 0..nb {
+        let (wb, ab) = (wp.add(b * wbytes), ap.add(b * ACT_BYTES));
+        let (sc, m) = scales_mins(wb.add(SCALES));
+        let scv = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)));
+        let mins = mins_dot(m, ab);
+        // Q5_K: bits 0 and 1 of each byte are the fifth bits of chunk c
+        // (shifted down by 2 per chunk; the 16-bit shifts only pull
+        // neighbouring bits into bits 2..8, which are never read).
+        let mut hb = if FIVE { load256(wb.add(QH)) } else { _mm256_setzero_si256() };
+        let mut acc = _mm256_setzero_si256();
+        for c in 0..4 {
+            let qs = load256(wb.add(qs_at(FIVE) + 32 * c));
+            let mut lo = _mm256_and_si256(qs, m4);
+            let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(qs), m4);
+            if FIVE {
+                lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16::<4>(hb), m10));
+                hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16::<3>(hb), m10));
+                hb = _mm256_srli_epi16::<2>(hb);
+            }
+            let a0 = load256(ab.add(ACT_QS + 64 * c));
+            let a1 = load256(ab.add(ACT_QS + 64 * c + 32));
+            let s0 = _mm256_shuffle_epi8(scv, load256(SCALE_PICK[2 * c].as_ptr()));
+            let s1 = _mm256_shuffle_epi8(scv, load256(SCALE_PICK[2 * c + 1].as_ptr()));
+            let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, a0), s0);
+            let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, a1), s1);
+            acc = _mm256_add_epi32(acc, _mm256_add_epi32(p0, p1));
+        }
+        let (sumi, summ) = hsum2_i32x8(acc, mins);
+        sum += f32_at(ab) * (f16_at(wb) * sumi as f32 - f16_at(wb.add(2)) * summ as f32);
+    }
+    sum
+}
+
+/// `permutexvar_epi16` indices for chunk `c`: i16 lanes 0..16 of the
+/// `maddubs` result are sub-block `2c`, lanes 16..32 sub-block `2c+1`.
+const fn chunk_index(c: usize) -> [u16; 32] {
+    let mut m = [0u16; 32];
+    let mut i = 0;
+    while i < 32 {
+        m[i] = (2 * c + i / 16) as u16;
+        i += 1;
+    }
+    m
+}
+static CHUNK_INDEX: [[u16; 32]; 4] = [chunk_index(0), chunk_index(1), chunk_index(2), chunk_index(3)];
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn dot_avx512<const FIVE: bool>(n: usize, w: &[u8], act: &[u8]) -> f32 {
+    let wbytes = w_bytes(FIVE);
+    let nb = blocks_of(n, w, act, QK, wbytes, ACT_BYTES);
+    let (wp, ap) = (w.as_ptr(), act.as_ptr());
+    let m4 = _mm512_set1_epi8(0x0F);
+    let m10 = _mm512_set1_epi8(0x10);
+    let mut sum = 0.0f32;
+    for b in 0..nb {
+        let (wb, ab) = (wp.add(b * wbytes), ap.add(b * ACT_BYTES));
+        let (sc, m) = scales_mins(wb.add(SCALES));
+        let scz = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)));
+        let mins = mins_dot(m, ab);
+        // Q5_K: [qh | qh >> 1]; bit 0 of each byte is the fifth bit of the
+        // chunk's low (first 256 bits) and high (last 256 bits) nibbles.
+        let mut hh = if FIVE {
+            let h = load256(wb.add(QH));
+            _mm512_inserti64x4::<1>(_mm512_castsi256_si512(h), _mm256_srli_epi16::<1>(h))
+        } else {
+            _mm512_setzero_si512()
+        };
+        let mut acc = _mm512_setzero_si512();
+        for (c, idx) in CHUNK_INDEX.iter().enumerate() {
+            let qs = load256(wb.add(qs_at(FIVE) + 32 * c));
+            let both = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(qs), _mm256_srli_epi16::<4>(qs));
+            let mut q = _mm512_and_si512(both, m4);
+            if FIVE {
+                q = _mm512_or_si512(q, _mm512_and_si512(_mm512_slli_epi16::<4>(hh), m10));
+                hh = _mm512_srli_epi16::<2>(hh);
+            }
+            let a = _mm512_loadu_si512(ab.add(ACT_QS + 64 * c).cast());
+            let s = _mm512_permutexvar_epi16(_mm512_loadu_si512(idx.as_ptr().cast()), scz);
+            acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(q, a), s);
+        }
+        let sumi = _mm512_reduce_add_epi32(acc);
+        let summ = hsum_i32x8(mins);
+        sum += f32_at(ab) * (f16_at(wb) * sumi as f32 - f16_at(wb.add(2)) * summ as f32);
+    }
+    sum
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q4k_avx2(n: usize, w: &[u8], act: &[u8]) -> f32 {
+    dot_avx2::<false>(n, w, act)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q5k_avx2(n: usize, w: &[u8], act: &[u8]) -> f32 {
+    dot_avx2::<true>(n, w, act)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn q4k_avx512(n: usize, w: &[u8], act: &[u8]) -> f32 {
+    dot_avx512::<false>(n, w, act)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn q5k_avx512(n: usize, w: &[u8], act: &[u8]) -> f32 {
+    dot_avx512::<true>(n, w, act)
+}

@@ -1,0 +1,353 @@
+//! The SIMD block-format dot products (`tern_cpu::kernels::blocks`) against the
+//! scalar reference `tern_quant::vec_dot`, on every ISA level this machine has.
+//!
+//! Bounds, with `S = Σ|w_i·a_i|` over the dequantized weights and activations:
+//! * integer formats: `|Δ| ≤ 1e-5·S` (the block integer sums are exact; only
+//!   the f32 summation of block results may be reordered), and the k-quants
+//!   (which keep the reference's block order) must match it bit for bit;
+//! * F32/F16/BF16: `|Δ| ≤ 1e-6·S` (f32 lanes against the reference's f64).
+//!
+//! `cargo test --release -p tern-cpu --test block_kernels -- --ignored --nocapture`
+//! prints a single-thread GB/s micro-benchmark (`BENCH_TYPES=Q6_K,F16` to
+//! limit it to some types).
+
+use std::time::{Duration, Instant};
+
+use tern_cpu::isa::Isa;
+use tern_cpu::kernels::blocks::{dot_fn, DotFn};
+use tern_quant::{
+    act_row_bytes, act_type, dequantize_acts, dequantize_row, quantize_acts, quantize_row, row_bytes, vec_dot,
+    GgmlType, TensorScale,
+};
+
+/// splitmix64.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [-1, 1).
+    fn uniform(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+
+    /// Roughly normal (sum of four uniforms), occasionally a 10× outlier.
+    fn normalish(&mut self) -> f32 {
+        let v = (0..4).map(|_| self.uniform()).sum::<f32>() * 0.87;
+        if self.next().is_multiple_of(97) {
+            v * 10.0
+        } else {
+            v
+        }
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+const INT_TYPES: [GgmlType; 6] =
+    [GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::IQ4_NL];
+const FLOAT_TYPES: [GgmlType; 3] = [GgmlType::F32, GgmlType::F16, GgmlType::BF16];
+
+fn is_kquant(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
+}
+
+/// Row lengths: several multiples of the block, odd block counts included, and
+/// counts that leave every batch tail of the kernels (8/16 blocks, 8/16/32/64
+/// float lanes) non-empty.
+fn lengths(ty: GgmlType) -> &'static [usize] {
+    match ty.block_elems() {
+        256 => &[256, 768, 1792, 2560, 6912],
+        32 => &[32, 96, 256, 544, 864, 2560, 2592, 6912],
+        _ => &[1, 7, 8, 15, 31, 33, 64, 100, 127, 1000, 2560, 6912],
+    }
+}
+
+/// Offsets of the f16 scale fields inside one block (finite values are
+/// written there when weights are random bytes).
+fn f16_fields(ty: GgmlType) -> &'static [usize] {
+    match ty {
+        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::IQ4_NL => &[0],
+        GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
+        GgmlType::Q6_K => &[208],
+        _ => &[],
+    }
+}
+
+/// A weight row of `n` elements: quantized random data (`raw == false`), or
+/// random bytes with finite random f16 scales (`raw == true`, integer types
+/// only: every code and sub-scale bit pattern, e.g. Q8_0's −128 and Q6_K's
+/// −128 sub-scale, which the quantizers never write).
+fn weight_row(ty: GgmlType, n: usize, rng: &mut Rng, raw: bool) -> Vec<u8> {
+    let mut out = vec![0u8; row_bytes(ty, n)];
+    if raw {
+        out.iter_mut().for_each(|b| *b = rng.next() as u8);
+        let bb = ty.layout().block_bytes;
+        for block in out.chunks_exact_mut(bb) {
+            for &f in f16_fields(ty) {
+                let d = half::f16::from_f32(rng.uniform() * 0.01);
+                block[f..f + 2].copy_from_slice(&d.to_le_bytes());
+            }
+        }
+    } else {
+        let scale = 0.02 * (1.0 + rng.below(100) as f32);
+        let x: Vec<f32> = (0..n).map(|_| rng.normalish() * scale).collect();
+        quantize_row(ty, &x, &mut out);
+    }
+    out
+}
+
+fn act_row(ty: GgmlType, n: usize, rng: &mut Rng) -> Vec<u8> {
+    let scale = 0.1 * (1.0 + rng.below(50) as f32);
+    let x: Vec<f32> = (0..n).map(|_| rng.normalish() * scale).collect();
+    let mut out = vec![0u8; act_row_bytes(act_type(ty), n)];
+    quantize_acts(act_type(ty), &x, &mut out);
+    out
+}
+
+/// `Σ|w_i·a_i|` over the values the dot product multiplies.
+fn abs_dot(ty: GgmlType, n: usize, w: &[u8], act: &[u8]) -> f64 {
+    let mut wf = vec![0.0f32; n];
+    let mut af = vec![0.0f32; n];
+    dequantize_row(ty, w, TensorScale::ONE, &mut wf);
+    dequantize_acts(act_type(ty), act, &mut af);
+    wf.iter().zip(&af).map(|(&w, &a)| (w as f64 * a as f64).abs()).sum()
+}
+
+/// Copies `bytes` to `offset` bytes into a fresh buffer (misaligns the data).
+fn at_offset(bytes: &[u8], offset: usize) -> Vec<u8> {
+    let mut v = vec![0u8; offset + bytes.len()];
+    v[offset..].copy_from_slice(bytes);
+    v
+}
+
+fn isas() -> impl Iterator<Item = Isa> {
+    Isa::ALL.into_iter().filter(|i| i.available() && *i != Isa::Scalar)
+}
+
+/// Checks every kernel of `ty` on every available ISA against `vec_dot`;
+/// returns the largest `|Δ|/S` seen per ISA.
+fn check_type(ty: GgmlType, tol: f64, seed: u64) -> Vec<(Isa, f64)> {
+    let mut rng = Rng(seed);
+    let mut worst: Vec<(Isa, f64)> = isas().map(|i| (i, 0.0)).collect();
+    let raw_variants: &[bool] = if FLOAT_TYPES.contains(&ty) { &[false] } else { &[false, true] };
+    for &n in lengths(ty) {
+        for &raw in raw_variants {
+            for rep in 0..4 {
+                let w = weight_row(ty, n, &mut rng, raw);
+                let a = act_row(ty, n, &mut rng);
+                let want = vec_dot(ty, n, &w, TensorScale::ONE, &a);
+                let s = abs_dot(ty, n, &w, &a);
+                let (wo, ao) = (at_offset(&w, 1 + rep), at_offset(&a, 3 - rep));
+                let (w2, a2) = (&wo[1 + rep..], &ao[3 - rep..]);
+                for (isa, worst) in worst.iter_mut() {
+                    let f = dot_fn(ty, *isa).unwrap_or_else(|| panic!("no {ty} kernel for {isa:?}"));
+                    // SAFETY: `isa` is available on this machine.
+                    let got = unsafe { f(n, w2, a2) };
+                    let err = (got as f64 - want as f64).abs();
+                    let ctx = format!("{ty} {isa:?} n={n} raw={raw} rep={rep}: got {got}, want {want}, S={s}");
+                    assert!(got.is_finite(), "{ctx}");
+                    assert!(err <= tol * s, "{ctx}: |Δ| = {err:e} > {tol:e}·S");
+                    if is_kquant(ty) {
+                        assert_eq!(got.to_bits(), want.to_bits(), "{ctx}: k-quant kernels are bit-exact");
+                    }
+                    if s > 0.0 {
+                        *worst = worst.max(err / s);
+                    }
+                }
+            }
+        }
+    }
+    worst
+}
+
+fn report(ty: GgmlType, tol: f64, worst: &[(Isa, f64)]) {
+    for (isa, e) in worst {
+        println!("{ty:>7} {:>7}: max |Δ|/Σ|w·a| = {e:.3e} (bound {tol:e})", isa.name());
+    }
+}
+
+#[test]
+fn integer_formats_match_reference() {
+    for (i, ty) in INT_TYPES.into_iter().enumerate() {
+        let worst = check_type(ty, 1e-5, 0x1234_5678 + i as u64);
+        report(ty, 1e-5, &worst);
+    }
+}
+
+#[test]
+fn float_formats_match_reference() {
+    for (i, ty) in FLOAT_TYPES.into_iter().enumerate() {
+        let worst = check_type(ty, 1e-6, 0xABCD_0000 + i as u64);
+        report(ty, 1e-6, &worst);
+    }
+}
+
+/// The AVX-512 kernels of the Q8_0-activation formats are exact for every
+/// activation byte, −128 included (which `quantize_acts` never writes and the
+/// AVX2 sign trick cannot take).
+#[test]
+fn avx512_q8_0_acts_take_any_byte() {
+    if !Isa::Avx512.available() {
+        return;
+    }
+    let mut rng = Rng(0x5EED);
+    for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::IQ4_NL] {
+        let f = dot_fn(ty, Isa::Avx512).unwrap();
+        for n in [32, 96, 544, 864, 2560] {
+            for _ in 0..4 {
+                let w = weight_row(ty, n, &mut rng, true);
+                let mut a = weight_row(GgmlType::Q8_0, n, &mut rng, true);
+                a[2] = 0x80; // an activation quant of −128
+                let want = vec_dot(ty, n, &w, TensorScale::ONE, &a);
+                let s = abs_dot(ty, n, &w, &a);
+                // SAFETY: AVX-512 is available.
+                let got = unsafe { f(n, &w, &a) };
+                assert!((got as f64 - want as f64).abs() <= 1e-5 * s, "{ty} n={n}: got {got}, want {want}, S={s}");
+            }
+        }
+    }
+}
+
+/// Zero rows give exactly zero; one non-zero element gives the reference exactly.
+#[test]
+fn zeros_and_single_elements() {
+    for ty in INT_TYPES.into_iter().chain(FLOAT_TYPES) {
+        let n = 2 * 256;
+        let mut rng = Rng(7);
+        let a = act_row(ty, n, &mut rng);
+        let w = vec![0u8; row_bytes(ty, n)];
+        let mut x = vec![0.0f32; n];
+        x[n - 3] = 0.75;
+        let mut w1 = vec![0u8; row_bytes(ty, n)];
+        quantize_row(ty, &x, &mut w1);
+        for isa in isas() {
+            let f = dot_fn(ty, isa).unwrap();
+            // SAFETY: `isa` is available on this machine.
+            unsafe {
+                assert_eq!(f(n, &w, &a), 0.0, "{ty} {isa:?} zero row");
+                let want = vec_dot(ty, n, &w1, TensorScale::ONE, &a);
+                assert_eq!(f(n, &w1, &a), want, "{ty} {isa:?} one element");
+            }
+        }
+    }
+}
+
+#[test]
+fn dispatch_gives_the_best_kernel() {
+    let best = Isa::detected();
+    for ty in INT_TYPES.into_iter().chain(FLOAT_TYPES) {
+        assert!(dot_fn(ty, Isa::Scalar).is_none(), "{ty}: scalar level has no SIMD kernel");
+        let top = isas().last();
+        let got = dot_fn(ty, best).map(|f| f as usize);
+        assert_eq!(got, top.and_then(|i| dot_fn(ty, i)).map(|f| f as usize), "{ty}");
+        // Asking above the processor's level is capped at the detected one.
+        assert_eq!(dot_fn(ty, Isa::Avx512).map(|f| f as usize), got, "{ty}");
+        if cfg!(target_arch = "x86_64") && best >= Isa::Avx2 {
+            assert!(got.is_some(), "{ty}: a SIMD kernel on {best:?}");
+        }
+        if best == Isa::Avx512 {
+            assert_ne!(got, dot_fn(ty, Isa::Avx2).map(|f| f as usize), "{ty}: AVX-512 has its own kernel");
+        }
+    }
+    for ty in [GgmlType::TQ1_0, GgmlType::TQ2_0, GgmlType::I2_S, GgmlType::IQ1_BN, GgmlType::IQ2_BN] {
+        assert!(dot_fn(ty, best).is_none(), "{ty}: ternary formats are not block kernels");
+    }
+}
+
+#[test]
+#[should_panic(expected = "weight row byte length")]
+fn wrong_lengths_panic() {
+    if let Some(f) = dot_fn(GgmlType::Q6_K, Isa::detected()) {
+        let a = vec![0u8; act_row_bytes(act_type(GgmlType::Q6_K), 256)];
+        // SAFETY: the kernel is for a detected ISA level.
+        unsafe { f(256, &[0u8; 200], &a) };
+    } else {
+        panic!("weight row byte length (no kernel on this machine)");
+    }
+}
+
+/// GB/s of weight bytes for one thread computing `rows` dots of length `k`
+/// against one activation row.
+fn bench(ty: GgmlType, k: usize, rows: usize, f: &dyn Fn(&[u8], &[u8]) -> f32) -> f64 {
+    let mut rng = Rng(99);
+    let rb = row_bytes(ty, k);
+    // Quantize 64 distinct rows and tile them (the content does not matter for speed).
+    let distinct: Vec<Vec<u8>> = (0..64.min(rows)).map(|_| weight_row(ty, k, &mut rng, false)).collect();
+    let mut w = Vec::with_capacity(rb * rows);
+    for r in 0..rows {
+        w.extend_from_slice(&distinct[r % distinct.len()]);
+    }
+    let a = act_row(ty, k, &mut rng);
+    let mut sink = 0.0f32;
+    let pass = |sink: &mut f32| {
+        for row in w.chunks_exact(rb) {
+            *sink += f(row, &a);
+        }
+    };
+    pass(&mut sink);
+    let (mut passes, start, cpu0) = (0u32, Instant::now(), on_cpu_ns());
+    while start.elapsed() < Duration::from_millis(400) || passes < 2 {
+        pass(&mut sink);
+        passes += 1;
+    }
+    std::hint::black_box(sink);
+    let secs = match (cpu0, on_cpu_ns()) {
+        (Some(a), Some(b)) if b > a => (b - a) as f64 * 1e-9,
+        _ => start.elapsed().as_secs_f64(),
+    };
+    (w.len() as f64 * passes as f64) / secs / 1e9
+}
+
+/// Nanoseconds this thread has spent on a CPU (Linux `schedstat`), so that a
+/// busy machine does not count other processes' time slices.
+fn on_cpu_ns() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    s.split_whitespace().next()?.parse().ok()
+}
+
+#[test]
+#[ignore = "micro-benchmark; run in release with --ignored --nocapture"]
+fn bench_block_kernels() {
+    let k = 2560;
+    // BENCH_TYPES=Q6_K,F16 limits the run to those types.
+    let only = std::env::var("BENCH_TYPES").ok();
+    let clock = if on_cpu_ns().is_some() { "on-CPU time" } else { "wall time" };
+    println!("single thread, weight GB/s by {clock}, k = {k} (scalar = tern_quant::vec_dot)");
+    for (ty, rows_list) in [
+        (GgmlType::Q6_K, &[256usize, 32768][..]),
+        (GgmlType::F16, &[256, 16384][..]),
+        (GgmlType::Q8_0, &[256, 16384][..]),
+        (GgmlType::Q4_0, &[256, 32768][..]),
+        (GgmlType::IQ4_NL, &[256, 32768][..]),
+        (GgmlType::Q4_K, &[256, 32768][..]),
+        (GgmlType::Q5_K, &[256, 32768][..]),
+        (GgmlType::BF16, &[256, 16384][..]),
+        (GgmlType::F32, &[128, 8192][..]),
+    ] {
+        if only.as_deref().is_some_and(|o| !o.split(',').any(|t| t.eq_ignore_ascii_case(&ty.to_string()))) {
+            continue;
+        }
+        for &rows in rows_list {
+            let mb = (row_bytes(ty, k) * rows) as f64 / 1e6;
+            let mut line = format!("{ty:>7} {k}x{rows:<6} ({mb:7.1} MB):");
+            let scalar = bench(ty, k, rows, &|w, a| vec_dot(ty, k, w, TensorScale::ONE, a));
+            line += &format!("  scalar {scalar:6.2}");
+            for isa in isas() {
+                let f: DotFn = dot_fn(ty, isa).unwrap();
+                // SAFETY: `isa` is available on this machine.
+                let gbs = bench(ty, k, rows, &|w, a| unsafe { f(k, w, a) });
+                line += &format!("  {} {gbs:6.2}", isa.name());
+            }
+            println!("{line}");
+        }
+    }
+}
