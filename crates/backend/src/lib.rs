@@ -105,6 +105,14 @@ impl HostBytes {
     }
 }
 
+/// Where a loaded weight lives, and whether the backend still reads the host
+/// bytes it was given (if not, the loader may release them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoadedWeight {
+    pub loc: TensorLoc,
+    pub aliases_host: bool,
+}
+
 /// A weight tensor as stored in the model file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WeightDesc {
@@ -140,7 +148,7 @@ pub trait Backend: Send {
 
     /// Makes a weight resident in the layout this backend computes with. A host
     /// backend may alias `bytes`; a device uploads (and may repack) them.
-    fn load_weight(&mut self, bytes: HostBytes, desc: WeightDesc) -> Result<TensorLoc>;
+    fn load_weight(&mut self, bytes: HostBytes, desc: WeightDesc) -> Result<LoadedWeight>;
 
     fn write(&mut self, dst: TensorLoc, data: &[u8]) -> Result<()>;
 

@@ -8,7 +8,7 @@ pub mod kernels;
 mod ops;
 pub mod pool;
 
-use tern_backend::{Backend, BackendId, BufferId, Error, HostBytes, Result, TensorLoc, WeightDesc};
+use tern_backend::{Backend, BackendId, BufferId, Error, HostBytes, LoadedWeight, Result, TensorLoc, WeightDesc};
 use tern_graph::{DType, Graph, Node, NodeId, Op};
 use tern_quant::ternary::rows::Packing;
 use tern_quant::GgmlType;
@@ -70,18 +70,18 @@ impl Backend for CpuBackend {
         self.buffers.free(buffer);
     }
 
-    fn load_weight(&mut self, bytes: HostBytes, desc: WeightDesc) -> Result<TensorLoc> {
+    fn load_weight(&mut self, bytes: HostBytes, desc: WeightDesc) -> Result<LoadedWeight> {
         let nbytes = bytes.as_slice().len();
         let is_matrix = desc.ne[2] == 1 && desc.ne[3] == 1;
-        let storage = if desc.ty.is_ternary() && is_matrix {
+        let (storage, aliases_host) = if desc.ty.is_ternary() && is_matrix {
             // Repacked once into the kernels' layout; the file bytes are no longer read.
             let (k, rows) = (desc.ne[0], desc.ne[1]);
-            Storage::Ternary(PackedTernary::new(desc.ty, bytes.as_slice(), k, rows, packing(desc.ty)))
+            (Storage::Ternary(PackedTernary::new(desc.ty, bytes.as_slice(), k, rows, packing(desc.ty))), false)
         } else {
-            Storage::Host(bytes)
+            (Storage::Host(bytes), true)
         };
         let buffer = self.buffers.insert(storage);
-        Ok(TensorLoc { buffer, offset: 0, nbytes })
+        Ok(LoadedWeight { loc: TensorLoc { buffer, offset: 0, nbytes }, aliases_host })
     }
 
     fn write(&mut self, dst: TensorLoc, data: &[u8]) -> Result<()> {
@@ -98,6 +98,7 @@ impl Backend for CpuBackend {
     }
 
     fn compute(&mut self, graph: &Graph, nodes: &[NodeId], locs: &[Option<TensorLoc>]) -> Result<()> {
+        let cx = ops::Ctx { pool: &self.pool, isa: self.isa, acts: Default::default() };
         for &id in nodes {
             let node = graph.node(id);
             let view = |n: NodeId| -> Result<ops::Tensor> {
@@ -113,7 +114,7 @@ impl Backend for CpuBackend {
             // SAFETY: the memory plan gives every live tensor its own bytes, so
             // `dst` never overlaps a source it reads, and mmapped weights are
             // only read. Caches are written only by the attention op of their layer.
-            unsafe { ops::run(node, dst, &srcs, &ops::Ctx { pool: &self.pool, isa: self.isa }) }
+            unsafe { ops::run(node, dst, &srcs, &cx) }
         }
         Ok(())
     }

@@ -95,7 +95,11 @@ impl Session {
                 *d = n as usize;
             }
             let desc = WeightDesc { ty: info.ty, ne };
-            weight_locs.push(backends.get_mut(place.backend)?.load_weight(HostBytes::new(owner.clone(), range), desc)?);
+            let loaded = backends.get_mut(place.backend)?.load_weight(HostBytes::new(owner.clone(), range), desc)?;
+            if !loaded.aliases_host {
+                file.release(info.offset, info.nbytes);
+            }
+            weight_locs.push(loaded.loc);
         }
 
         if !matches!(opts.kv_type, GgmlType::F32 | GgmlType::F16) {

@@ -118,6 +118,24 @@ impl File {
         &self.bytes()[info.offset as usize..(info.offset + info.nbytes) as usize]
     }
 
+    /// Tells the OS that the bytes `[offset, offset + len)` will not be read
+    /// again (a backend copied or repacked them), so their pages leave the
+    /// process's resident set. Reading them later is still valid: the mapping
+    /// is read-only and pages come back from the file.
+    pub fn release(&self, offset: u64, len: u64) {
+        #[cfg(unix)]
+        if let Bytes::Mapped(m) = &*self.bytes {
+            let end = offset.saturating_add(len).min(m.len() as u64);
+            if offset < end {
+                // SAFETY: a read-only private file mapping: MADV_DONTNEED only
+                // drops clean pages, which a later read faults back in.
+                let _ = unsafe {
+                    m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, offset as usize, (end - offset) as usize)
+                };
+            }
+        }
+    }
+
     pub fn architecture(&self) -> Result<&str> {
         self.metadata.str("general.architecture")
     }

@@ -53,26 +53,32 @@ struct Out(*mut f32);
 unsafe impl Sync for Out {}
 
 /// `y [n, m] = W [k, n] · x [k, m]`.
-pub fn mul_mat(w: &Tensor, x: &[f32], precision: Precision, y: &mut [f32], cx: &Ctx) {
+pub fn mul_mat(w: &Tensor, x: &Tensor, precision: Precision, y: &mut [f32], cx: &Ctx) {
     match w.packed {
         Some(p) if precision == Precision::Paired => mul_mat_ternary(p, x, y, cx),
-        _ => mul_mat_rows(w, x, precision, y, cx),
+        _ => mul_mat_rows(w, x.f32(), precision, y, cx),
     }
 }
 
 /// Ternary weights: per-token int8 activations, tiles of rows × tokens.
-fn mul_mat_ternary(w: &PackedTernary, x: &[f32], y: &mut [f32], cx: &Ctx) {
-    let k = w.layout.k;
-    let m = x.len() / k;
-    let mut acts = PackedActs::new(k, w.layout.k_pad, m);
-    acts.quantize(x, cx.isa);
+fn mul_mat_ternary(w: &PackedTernary, x: &Tensor, y: &mut [f32], cx: &Ctx) {
+    let mut cache = cx.acts.borrow_mut();
+    let key = x.node as *const _;
+    let fresh = !matches!(&*cache, Some((k, a)) if *k == key && a.k_pad == w.layout.k_pad);
+    if fresh {
+        let (k, xs) = (w.layout.k, x.f32());
+        let mut acts = PackedActs::new(k, w.layout.k_pad, xs.len() / k);
+        acts.quantize(xs, cx.isa);
+        *cache = Some((key, acts));
+    }
+    let acts = &cache.as_ref().expect("filled above").1;
     let out = ternary::Out { ptr: y.as_mut_ptr(), ld: w.rows };
     // Whole 16-row groups per thread keep the kernels' tiles full.
-    let groups = w.rows.div_ceil(16);
+    let (groups, isa) = (w.rows.div_ceil(16), cx.isa);
     cx.pool.for_chunks(groups, 1, |g| {
         let rows = (g.start * 16).min(w.rows)..(g.end * 16).min(w.rows);
         // SAFETY: every thread writes its own rows; `isa` is the backend's, which is available.
-        unsafe { ternary::gemm(w, rows, &acts, out, cx.isa) };
+        unsafe { ternary::gemm(w, rows, acts, out, isa) };
     });
 }
 

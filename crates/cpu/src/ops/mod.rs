@@ -8,7 +8,7 @@ mod rope;
 use tern_graph::{Node, Op};
 
 use crate::isa::Isa;
-use crate::kernels::ternary::PackedTernary;
+use crate::kernels::ternary::{PackedActs, PackedTernary};
 use crate::pool::Pool;
 
 /// A node's data on this backend: a raw base pointer plus the node's shape,
@@ -19,10 +19,13 @@ pub struct Tensor<'g> {
     pub packed: Option<&'g PackedTernary>,
 }
 
-/// What kernels run with: the thread pool and the ISA level.
+/// What kernels run with: the thread pool, the ISA level, and the last
+/// quantized activations (q/k/v and gate/up read the same input, which is then
+/// quantized once).
 pub struct Ctx<'a> {
     pub pool: &'a Pool,
     pub isa: Isa,
+    pub acts: std::cell::RefCell<Option<(*const Node, PackedActs)>>,
 }
 
 impl Tensor<'_> {
@@ -66,7 +69,7 @@ pub unsafe fn run(node: &Node, dst: Tensor, srcs: &[Tensor], cx: &Ctx) {
         Op::Add => elementwise::binary(srcs[0].f32(), srcs[1].f32(), dst.f32_mut(), |a, b| a + b),
         Op::Scale { factor } => elementwise::scale(srcs[0].f32(), *factor, dst.f32_mut()),
         Op::GatedAct(act) => elementwise::gated(srcs[0].f32(), srcs[1].f32(), *act, dst.f32_mut()),
-        Op::MulMat { precision } => matmul::mul_mat(&srcs[0], srcs[1].f32(), *precision, dst.f32_mut(), cx),
+        Op::MulMat { precision } => matmul::mul_mat(&srcs[0], &srcs[1], *precision, dst.f32_mut(), cx),
         Op::Rope(p) => rope::rope(srcs[0].f32(), srcs[1].i32(), srcs.get(2).map(|f| f.f32()), p, dst.f32_mut()),
         Op::Attention(p) => attention::attention(srcs, p, dst.f32_mut(), cx.pool, cx.isa),
     }
