@@ -50,7 +50,8 @@ impl<E: std::fmt::Display> From<E> for CliError {
 
 /// llama.cpp spells some long options with one dash (`-ot`, `-ctk`); clap's
 /// short flags are one letter, so those spellings are rewritten first.
-const SINGLE_DASH_LONG: [(&str, &str); 2] = [("-ot", "--override-tensor"), ("-ctk", "--cache-type-k")];
+const SINGLE_DASH_LONG: [(&str, &str); 3] =
+    [("-ot", "--override-tensor"), ("-ctk", "--cache-type-k"), ("-ctv", "--cache-type-v")];
 
 fn args() -> Vec<String> {
     std::env::args()

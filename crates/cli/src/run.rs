@@ -26,9 +26,12 @@ pub struct ModelArgs {
     /// Threads (default: all cores).
     #[arg(short = 't', long = "threads")]
     pub threads: Option<usize>,
-    /// KV cache type: f16 or f32.
+    /// K cache type: f16, f32 or q8_0.
     #[arg(long = "cache-type-k", default_value = "f16")]
-    pub cache_type: String,
+    pub cache_type_k: String,
+    /// V cache type: f16, f32 or q8_0.
+    #[arg(long = "cache-type-v", default_value = "f16")]
+    pub cache_type_v: String,
     /// Largest number of tokens evaluated at once.
     #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
     pub batch_size: usize,
@@ -66,8 +69,11 @@ impl ModelArgs {
         if let Some(t) = self.threads {
             opts.n_threads = t.max(1);
         }
-        opts.kv_type = parse_kv_type(&self.cache_type)
-            .ok_or_else(|| CliError(format!("unknown cache type {:?} (use f16 or f32)", self.cache_type)))?;
+        let kv = |s: &str| {
+            parse_kv_type(s).ok_or_else(|| CliError(format!("unknown cache type {s:?} (use f16, f32 or q8_0)")))
+        };
+        opts.k_type = kv(&self.cache_type_k)?;
+        opts.v_type = kv(&self.cache_type_v)?;
         opts.overrides = self.override_tensor.clone();
         let session =
             Session::load(&path, &opts).map_err(|e| CliError(format!("{}: {e}", path.display())))?;

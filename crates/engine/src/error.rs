@@ -20,7 +20,7 @@ pub enum Error {
     BadToken { id: u32, n_vocab: usize },
     #[error("this model has no usable tokenizer: {0}")]
     Tokenizer(String),
-    #[error("KV cache type {0} is not supported (use f32 or f16)")]
+    #[error("KV cache type {0}")]
     KvType(String),
     #[error("perplexity: {0}")]
     Perplexity(String),

@@ -1,12 +1,13 @@
 //! The KV cache: per layer one K and one V tensor `[head_dim * n_head_kv,
-//! n_ctx]`, allocated in the buffers of the backend that is the layer's home.
+//! n_ctx]` (f32, f16 or q8_0 rows), allocated in the buffers of the backend
+//! that is the layer's home.
 
 use tern_backend::{BackendId, TensorLoc};
 use tern_gguf::GgmlType;
 use tern_models::{Config, KvSpec};
 use tern_sched::Backends;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 pub struct KvCache {
     pub spec: KvSpec,
@@ -17,13 +18,20 @@ pub struct KvCache {
 impl KvCache {
     pub fn new(c: &Config, spec: KvSpec, homes: &[BackendId], backends: &mut Backends) -> Result<KvCache> {
         let row = c.head_dim * c.n_head_kv;
-        let bytes = spec.dtype.tensor_bytes(&[row as u64, spec.n_ctx as u64]).expect("f32/f16 rows") as usize;
+        let bytes = |ty: GgmlType| -> Result<usize> {
+            let b = ty.tensor_bytes(&[row as u64, spec.n_ctx as u64]).ok_or_else(|| {
+                Error::KvType(format!("{ty}: a KV row of {row} is not whole {}-element blocks", ty.block_elems()))
+            })?;
+            Ok(b as usize)
+        };
+        let (kb, vb) = (bytes(spec.k_type)?, bytes(spec.v_type)?);
         let mut layers = Vec::with_capacity(c.n_layer);
         for home in homes {
             let b = backends.get_mut(*home)?;
-            let mut half =
-                || -> Result<TensorLoc> { Ok(TensorLoc { buffer: b.alloc(bytes)?, offset: 0, nbytes: bytes }) };
-            layers.push((half()?, half()?));
+            let mut alloc = |nbytes: usize| -> Result<TensorLoc> {
+                Ok(TensorLoc { buffer: b.alloc(nbytes)?, offset: 0, nbytes })
+            };
+            layers.push((alloc(kb)?, alloc(vb)?));
         }
         Ok(KvCache { spec, layers })
     }
@@ -33,11 +41,12 @@ impl KvCache {
     }
 }
 
-/// Parses `-ctk`/`-ctv` style names.
+/// Parses `-ctk`/`-ctv` names: f32, f16, q8_0.
 pub fn parse_kv_type(s: &str) -> Option<GgmlType> {
     match s.to_ascii_lowercase().as_str() {
         "f32" => Some(GgmlType::F32),
         "f16" => Some(GgmlType::F16),
+        "q8_0" => Some(GgmlType::Q8_0),
         _ => None,
     }
 }

@@ -20,7 +20,9 @@ pub struct LoadOptions {
     /// Context size in tokens; 0 means the model's training context.
     pub n_ctx: usize,
     pub n_threads: usize,
-    pub kv_type: GgmlType,
+    /// KV cache types (`-ctk`, `-ctv`): F32, F16 or Q8_0.
+    pub k_type: GgmlType,
+    pub v_type: GgmlType,
     /// Largest number of tokens evaluated in one graph.
     pub n_batch: usize,
     /// `-ot REGEX=BACKEND` rules.
@@ -36,7 +38,7 @@ impl Default for LoadOptions {
         LoadOptions {
             n_ctx: 0,
             n_threads,
-            kv_type: GgmlType::F16,
+            k_type: GgmlType::F16, v_type: GgmlType::F16,
             n_batch: 512,
             overrides: Vec::new(),
             cpu_instances: 1,
@@ -102,11 +104,13 @@ impl Session {
             weight_locs.push(loaded.loc);
         }
 
-        if !matches!(opts.kv_type, GgmlType::F32 | GgmlType::F16) {
-            return Err(Error::KvType(opts.kv_type.to_string()));
+        for ty in [opts.k_type, opts.v_type] {
+            if !matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::Q8_0) {
+                return Err(Error::KvType(format!("{ty} (use f32, f16 or q8_0)")));
+            }
         }
         let n_ctx = if opts.n_ctx == 0 { c.n_ctx_train } else { opts.n_ctx };
-        let spec = KvSpec { dtype: opts.kv_type, n_ctx };
+        let spec = KvSpec { k_type: opts.k_type, v_type: opts.v_type, n_ctx };
         let kv = KvCache::new(c, spec, &placement.kv_homes, &mut backends)?;
         let tokenizer = Tokenizer::from_metadata(&file.metadata).map(Arc::new).map_err(|e| e.to_string());
         Ok(Session {

@@ -96,8 +96,8 @@ impl<'a> Ctx<'a> {
         let q = self.g.rope(q, self.inputs.positions, factors, rope);
         let k = self.g.rope(k, self.inputs.positions, factors, rope);
         let cache_ne = [c.head_dim * c.n_head_kv, self.kv.n_ctx, 1, 1];
-        let kc = self.g.kv_cache(il, KvKind::K, self.kv.dtype, cache_ne);
-        let vc = self.g.kv_cache(il, KvKind::V, self.kv.dtype, cache_ne);
+        let kc = self.g.kv_cache(il, KvKind::K, self.kv.k_type, cache_ne);
+        let vc = self.g.kv_cache(il, KvKind::V, self.kv.v_type, cache_ne);
         let p = AttentionParams {
             layer: il,
             n_head: c.n_head,

@@ -30,8 +30,10 @@ pub struct Batch {
 /// The KV cache the graph attends over.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KvSpec {
-    /// F32 or F16.
-    pub dtype: GgmlType,
+    /// Type of the K rows: F32, F16 or Q8_0.
+    pub k_type: GgmlType,
+    /// Type of the V rows: F32, F16 or Q8_0.
+    pub v_type: GgmlType,
     /// Cache rows (the context size).
     pub n_ctx: usize,
 }

@@ -15,11 +15,12 @@ use crate::isa::Isa;
 use crate::kernels::vec;
 use crate::pool::Pool;
 
-/// A cache as rows of `width` elements.
+/// A cache as rows of `width` elements of type `ty` (F32, F16 or Q8_0).
 struct Cache {
     ptr: *mut u8,
-    f16: bool,
+    ty: GgmlType,
     width: usize,
+    row_bytes: usize,
 }
 
 // SAFETY: threads only read cache rows after the single-threaded store below.
@@ -27,31 +28,42 @@ unsafe impl Sync for Cache {}
 
 impl Cache {
     fn new(t: &Tensor) -> Cache {
-        let f16 = t.node.dtype == DType::Ggml(GgmlType::F16);
-        Cache { ptr: t.ptr, f16, width: t.node.ne[0] }
+        let ty = match t.node.dtype {
+            DType::Ggml(ty) => ty,
+            DType::I32 => unreachable!("supports() admits only F32, F16 and Q8_0 caches"),
+        };
+        let width = t.node.ne[0];
+        let row_bytes = ty.row_bytes(width as u64).expect("cache rows are whole blocks") as usize;
+        Cache { ptr: t.ptr, ty, width, row_bytes }
     }
 
     /// # Safety
     /// `row` is inside the cache and nobody reads it concurrently.
     unsafe fn store(&self, row: usize, src: &[f32]) {
-        if self.f16 {
-            let dst = std::slice::from_raw_parts_mut((self.ptr as *mut f16).add(row * self.width), self.width);
-            dst.convert_from_f32_slice(src);
-        } else {
-            std::slice::from_raw_parts_mut((self.ptr as *mut f32).add(row * self.width), self.width).copy_from_slice(src);
+        let bytes = std::slice::from_raw_parts_mut(self.ptr.add(row * self.row_bytes), self.row_bytes);
+        match self.ty {
+            GgmlType::F16 => std::slice::from_raw_parts_mut(bytes.as_mut_ptr() as *mut f16, self.width).convert_from_f32_slice(src),
+            GgmlType::F32 => std::slice::from_raw_parts_mut(bytes.as_mut_ptr() as *mut f32, self.width).copy_from_slice(src),
+            ty => tern_quant::quantize_row(ty, src, bytes),
         }
     }
 
-    /// Element range `[start, start + out.len())` of `row`, widened into `out`.
+    /// Element range `[start, start + out.len())` of `row`, widened into `out`
+    /// (`start` and the length are whole blocks: head boundaries).
     fn load(&self, row: usize, start: usize, out: &mut [f32]) {
-        let at = row * self.width + start;
         // SAFETY: rows below the current position were written by `store`; the
         // cache buffer holds n_ctx rows (checked when the graph was built).
         unsafe {
-            if self.f16 {
-                std::slice::from_raw_parts((self.ptr as *const f16).add(at), out.len()).convert_to_f32_slice(out);
-            } else {
-                out.copy_from_slice(std::slice::from_raw_parts((self.ptr as *const f32).add(at), out.len()));
+            let base = self.ptr.add(row * self.row_bytes);
+            match self.ty {
+                GgmlType::F16 => std::slice::from_raw_parts((base as *const f16).add(start), out.len()).convert_to_f32_slice(out),
+                GgmlType::F32 => out.copy_from_slice(std::slice::from_raw_parts((base as *const f32).add(start), out.len())),
+                ty => {
+                    let be = ty.block_elems();
+                    let bb = ty.layout().block_bytes;
+                    let bytes = std::slice::from_raw_parts(base.add(start / be * bb), out.len() / be * bb);
+                    tern_quant::dequantize_row(ty, bytes, tern_quant::TensorScale::ONE, out);
+                }
             }
         }
     }
