@@ -83,9 +83,7 @@ impl Pool {
         // SAFETY: no job is running (the previous `run` waited for pending == 0),
         // so no worker reads `job` now. The pointer's lifetime is erased, but
         // this function does not return before every worker is done with it.
-        unsafe {
-            *s.job.get() = Some(std::mem::transmute::<*const (dyn Fn(usize, usize) + Sync + 'a), *const Job>(f))
-        };
+        unsafe { *s.job.get() = Some(std::mem::transmute::<*const (dyn Fn(usize, usize) + Sync + 'a), *const Job>(f)) };
         s.pending.store(s.n - 1, Ordering::Relaxed);
         s.generation.fetch_add(1, Ordering::Release);
         for (i, (_, t)) in self.workers.iter().enumerate() {
@@ -174,7 +172,7 @@ mod tests {
     fn every_thread_runs_each_job_once() {
         for n in [1, 2, 3] {
             let pool = Pool::new(n);
-            for _ in 0..1000 {
+            for _ in 0..200 {
                 let hits: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
                 pool.run(&|i, total| {
                     assert_eq!(total, n);

@@ -126,4 +126,3 @@ pub(crate) fn dequantize_iq1bn_blocks(d: f32, blocks: &[u8], out: &mut [f32]) {
         expand(d, &iq1_codes(b), o);
     }
 }
-

@@ -74,4 +74,3 @@ pub(crate) fn dequantize(bytes: &[u8], scale: f32, out: &mut [f32]) {
         }
     }
 }
-

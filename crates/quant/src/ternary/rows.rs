@@ -34,8 +34,9 @@ pub fn scale_group(ty: GgmlType, k: usize) -> usize {
 }
 
 /// Decodes one ternary row into values and one scale per group of
-/// `scale_group(ty, k)` elements. Exact: the values times their scale are the
-/// format's dequantized values.
+/// `scale_group(ty, k)` elements. Exact for every valid file: each
+/// dequantized value is `±s` or 0 for its group's `s`, so its sign is the
+/// ternary value and the group's largest magnitude is the scale.
 pub fn decode_row(ty: GgmlType, row: &[u8], scale: TensorScale, values: &mut [i8]) -> Vec<f32> {
     debug_assert!(ty.is_ternary());
     let k = values.len();
@@ -44,11 +45,10 @@ pub fn decode_row(ty: GgmlType, row: &[u8], scale: TensorScale, values: &mut [i8
     let group = scale_group(ty, k);
     let mut scales = Vec::with_capacity(k.div_ceil(group));
     for (xs, vs) in x.chunks(group).zip(values.chunks_mut(group)) {
-        let s = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
+        scales.push(xs.iter().fold(0f32, |m, v| m.max(v.abs())));
         for (v, &xv) in vs.iter_mut().zip(xs) {
-            *v = if s > 0.0 { (xv / s) as i8 } else { 0 };
+            *v = (xv > 0.0) as i8 - (xv < 0.0) as i8;
         }
-        scales.push(s);
     }
     scales
 }
@@ -73,7 +73,12 @@ pub fn dot_values(values: &[i8], scales: &[f32], group: usize, d: f32, q: &[i8])
     match uniform_scale(scales) {
         Some(s) => int_dot(values, q) as f32 * s * d,
         None => {
-            let sum: f32 = values.chunks(group).zip(q.chunks(group)).zip(scales).map(|((v, q), &s)| int_dot(v, q) as f32 * s).sum();
+            let sum: f32 = values
+                .chunks(group)
+                .zip(q.chunks(group))
+                .zip(scales)
+                .map(|((v, q), &s)| int_dot(v, q) as f32 * s)
+                .sum();
             sum * d
         }
     }
@@ -163,14 +168,31 @@ pub fn unpack_row(layout: &Layout, row: &[u8], values: &mut [i8]) {
 }
 
 /// Repacks a whole ternary tensor of `rows` rows of `k`: returns the layout,
-/// the packed rows and the scales (`layout.groups` per row).
-pub fn repack(ty: GgmlType, data: &[u8], scale: TensorScale, k: usize, rows: usize, packing: Packing) -> (Layout, Vec<u8>, Vec<f32>) {
+/// the packed rows and the scales (`layout.groups` per row). Rows are
+/// decoded and packed on all cores (this runs once per weight at load).
+pub fn repack(
+    ty: GgmlType,
+    data: &[u8],
+    scale: TensorScale,
+    k: usize,
+    rows: usize,
+    packing: Packing,
+) -> (Layout, Vec<u8>, Vec<f32>) {
     let in_row = ty.row_bytes(k as u64).expect("validated by the reader") as usize;
     let mut values = vec![0i8; rows * k];
-    let mut group_scales = Vec::with_capacity(rows);
-    for (r, v) in values.chunks_exact_mut(k).enumerate() {
-        group_scales.push(decode_row(ty, &data[r * in_row..(r + 1) * in_row], scale, v));
-    }
+    let mut group_scales = vec![Vec::new(); rows];
+    in_parallel(
+        rows,
+        |range, out_values, out_scales| {
+            for (i, r) in range.enumerate() {
+                out_scales[i] =
+                    decode_row(ty, &data[r * in_row..(r + 1) * in_row], scale, &mut out_values[i * k..(i + 1) * k]);
+            }
+        },
+        &mut values,
+        k,
+        &mut group_scales,
+    );
     let uniform: Option<Vec<f32>> = group_scales.iter().map(|s| uniform_scale(s)).collect();
     let layout = Layout::new(packing, k, uniform.is_some());
     let scales = match uniform {
@@ -181,10 +203,36 @@ pub fn repack(ty: GgmlType, data: &[u8], scale: TensorScale, k: usize, rows: usi
             .collect(),
     };
     let mut packed = vec![0u8; rows * layout.row_bytes];
-    for (v, out) in values.chunks_exact(k).zip(packed.chunks_exact_mut(layout.row_bytes)) {
-        pack_row(&layout, v, out);
-    }
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let per = rows.div_ceil(threads).max(1);
+    std::thread::scope(|sc| {
+        for (v, out) in values.chunks(per * k).zip(packed.chunks_mut(per * layout.row_bytes)) {
+            sc.spawn(move || {
+                for (v, o) in v.chunks_exact(k).zip(out.chunks_exact_mut(layout.row_bytes)) {
+                    pack_row(&layout, v, o);
+                }
+            });
+        }
+    });
     (layout, packed, scales)
+}
+
+/// Runs `f(rows, values, scales)` on disjoint row ranges, one per core.
+fn in_parallel(
+    rows: usize,
+    f: impl Fn(std::ops::Range<usize>, &mut [i8], &mut [Vec<f32>]) + Sync,
+    values: &mut [i8],
+    k: usize,
+    scales: &mut [Vec<f32>],
+) {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let per = rows.div_ceil(threads).max(1);
+    std::thread::scope(|sc| {
+        for (i, (v, s)) in values.chunks_mut(per * k).zip(scales.chunks_mut(per)).enumerate() {
+            let f = &f;
+            sc.spawn(move || f(i * per..i * per + s.len(), v, s));
+        }
+    });
 }
 
 /// The scalar reference of the packed kernels: row `row` (its scales

@@ -122,4 +122,3 @@ pub(crate) fn dequantize_tq1_0(bytes: &[u8], out: &mut [f32]) {
         expand(f16_to_f32(b.d), &tq1_codes(b), o);
     }
 }
-
