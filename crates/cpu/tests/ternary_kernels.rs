@@ -76,7 +76,11 @@ fn check(ty: GgmlType, k: usize, rows: usize, n: usize, grouped: bool, packing: 
             unsafe { gemm(&packed, range, &acts, Out { ptr: got.as_mut_ptr(), ld: rows }, isa) };
         }
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            assert_eq!(g.to_bits(), w.to_bits(), "{ty} {packing:?} {isa:?} k={k} rows={rows} n={n}: out {i}: {g} vs {w}");
+            assert_eq!(
+                g.to_bits(),
+                w.to_bits(),
+                "{ty} {packing:?} {isa:?} k={k} rows={rows} n={n}: out {i}: {g} vs {w}"
+            );
         }
     }
 }

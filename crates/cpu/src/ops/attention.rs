@@ -1,19 +1,25 @@
-//! Causal attention over a layer's KV cache (f32 or f16 rows), flash style:
-//! one pass over the cache with an online softmax, never materialising the
-//! score matrix.
+//! Causal attention over a layer's KV cache (f32, f16 or q8_0 rows), flash
+//! style: one pass over the cache with an online softmax, never materialising
+//! the whole score matrix.
 //!
 //! The op stores this batch's keys and values into the cache, then each task
-//! (token, KV head) walks cache rows `0..=kv_pos + t` once: every K and V row
-//! is widened to f32 once and shared by the query heads of its group (GQA).
+//! (KV head, block of query tokens) walks the cache in blocks of positions:
+//! every K and V row is widened to f32 once and shared by all the query heads
+//! of its group (GQA) and all the tokens of the block. Scores of a position
+//! block are computed first so their exponentials run as one vector loop.
 
-use half::slice::HalfFloatSliceExt;
 use half::f16;
+use half::slice::HalfFloatSliceExt;
 use tern_graph::{AttentionParams, DType, GgmlType};
 
 use super::Tensor;
 use crate::isa::Isa;
 use crate::kernels::vec;
 use crate::pool::Pool;
+
+/// Query tokens per task and cache positions per block.
+const TOKENS: usize = 16;
+const POSITIONS: usize = 64;
 
 /// A cache as rows of `width` elements of type `ty` (F32, F16 or Q8_0).
 struct Cache {
@@ -42,8 +48,12 @@ impl Cache {
     unsafe fn store(&self, row: usize, src: &[f32]) {
         let bytes = std::slice::from_raw_parts_mut(self.ptr.add(row * self.row_bytes), self.row_bytes);
         match self.ty {
-            GgmlType::F16 => std::slice::from_raw_parts_mut(bytes.as_mut_ptr() as *mut f16, self.width).convert_from_f32_slice(src),
-            GgmlType::F32 => std::slice::from_raw_parts_mut(bytes.as_mut_ptr() as *mut f32, self.width).copy_from_slice(src),
+            GgmlType::F16 => {
+                std::slice::from_raw_parts_mut(bytes.as_mut_ptr() as *mut f16, self.width).convert_from_f32_slice(src)
+            }
+            GgmlType::F32 => {
+                std::slice::from_raw_parts_mut(bytes.as_mut_ptr() as *mut f32, self.width).copy_from_slice(src)
+            }
             ty => tern_quant::quantize_row(ty, src, bytes),
         }
     }
@@ -56,11 +66,12 @@ impl Cache {
         unsafe {
             let base = self.ptr.add(row * self.row_bytes);
             match self.ty {
-                GgmlType::F16 => std::slice::from_raw_parts((base as *const f16).add(start), out.len()).convert_to_f32_slice(out),
+                GgmlType::F16 => {
+                    std::slice::from_raw_parts((base as *const f16).add(start), out.len()).convert_to_f32_slice(out)
+                }
                 GgmlType::F32 => out.copy_from_slice(std::slice::from_raw_parts((base as *const f32).add(start), out.len())),
                 ty => {
-                    let be = ty.block_elems();
-                    let bb = ty.layout().block_bytes;
+                    let (be, bb) = (ty.block_elems(), ty.layout().block_bytes);
                     let bytes = std::slice::from_raw_parts(base.add(start / be * bb), out.len() / be * bb);
                     tern_quant::dequantize_row(ty, bytes, tern_quant::TensorScale::ONE, out);
                 }
@@ -70,7 +81,7 @@ impl Cache {
 }
 
 struct Out(*mut f32);
-// SAFETY: each (token, KV head) task writes the outputs of its own query heads.
+// SAFETY: each task writes the outputs of its own (token block, KV head) queries.
 unsafe impl Sync for Out {}
 
 /// # Safety
@@ -84,42 +95,113 @@ pub unsafe fn attention(srcs: &[Tensor], p: &AttentionParams, out: &mut [f32], p
         kc.store(p.kv_pos + t, &k[t * kv_width..(t + 1) * kv_width]);
         vc.store(p.kv_pos + t, &v[t * kv_width..(t + 1) * kv_width]);
     }
-    let group = p.n_head / p.n_head_kv;
-    let (hd, width) = (p.head_dim, p.head_dim * p.n_head);
+    let blocks = n_tokens.div_ceil(TOKENS);
     let out_ptr = Out(out.as_mut_ptr());
-    pool.for_chunks(n_tokens * p.n_head_kv, 1, |range| {
-        let out_ptr = &out_ptr;
-        let mut krow = vec![0f32; hd];
-        let mut vrow = vec![0f32; hd];
-        // Per query head of the group: running max, running sum, accumulator.
-        let mut max = vec![f32::NEG_INFINITY; group];
-        let mut sum = vec![0f32; group];
-        let mut acc = vec![0f32; group * hd];
-        for task in range {
-            let (t, g) = (task / p.n_head_kv, task % p.n_head_kv);
-            let qs = &q[t * width + g * group * hd..][..group * hd];
-            max.fill(f32::NEG_INFINITY);
-            sum.fill(0.0);
-            acc.fill(0.0);
-            for pos in 0..=p.kv_pos + t {
-                kc.load(pos, g * hd, &mut krow);
-                vc.load(pos, g * hd, &mut vrow);
-                for h in 0..group {
-                    let s = vec::dot(&qs[h * hd..(h + 1) * hd], &krow, isa) * p.scale;
-                    // Online softmax: rescale what was accumulated when the max grows.
-                    let (w, rescale) = if s > max[h] { (1.0, (max[h] - s).exp()) } else { ((s - max[h]).exp(), 1.0) };
-                    max[h] = max[h].max(s);
-                    sum[h] = sum[h] * rescale + w;
-                    vec::scale_add(&mut acc[h * hd..(h + 1) * hd], rescale, w, &vrow, isa);
-                }
+    pool.for_chunks(blocks * p.n_head_kv, 1, |range| {
+        let mut task = Task::new(p);
+        for i in range {
+            let (b, g) = (i / p.n_head_kv, i % p.n_head_kv);
+            let tokens = b * TOKENS..((b + 1) * TOKENS).min(n_tokens);
+            task.run(p, q, &kc, &vc, g, tokens, &out_ptr, isa);
+        }
+    });
+}
+
+/// Scratch of one task: per query (token of the block × head of the group)
+/// the running max, running sum and accumulator of the online softmax.
+struct Task {
+    group: usize,
+    hd: usize,
+    krows: Vec<f32>,
+    vrows: Vec<f32>,
+    scores: Vec<f32>,
+    max: Vec<f32>,
+    sum: Vec<f32>,
+    acc: Vec<f32>,
+}
+
+impl Task {
+    fn new(p: &AttentionParams) -> Task {
+        let (group, hd) = (p.n_head / p.n_head_kv, p.head_dim);
+        let queries = TOKENS * group;
+        Task {
+            group,
+            hd,
+            krows: vec![0.0; POSITIONS * hd],
+            vrows: vec![0.0; POSITIONS * hd],
+            scores: vec![0.0; POSITIONS],
+            max: vec![f32::NEG_INFINITY; queries],
+            sum: vec![0.0; queries],
+            acc: vec![0.0; queries * hd],
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        &mut self,
+        p: &AttentionParams,
+        q: &[f32],
+        kc: &Cache,
+        vc: &Cache,
+        g: usize,
+        tokens: std::ops::Range<usize>,
+        out: &Out,
+        isa: Isa,
+    ) {
+        let (group, hd) = (self.group, self.hd);
+        let width = hd * p.n_head;
+        let n_q = tokens.len() * group;
+        self.max[..n_q].fill(f32::NEG_INFINITY);
+        self.sum[..n_q].fill(0.0);
+        self.acc[..n_q * hd].fill(0.0);
+        // The last token of the block sees the most positions.
+        let end = p.kv_pos + tokens.end;
+        for start in (0..end).step_by(POSITIONS) {
+            let n_pos = POSITIONS.min(end - start);
+            for j in 0..n_pos {
+                kc.load(start + j, g * hd, &mut self.krows[j * hd..(j + 1) * hd]);
+                vc.load(start + j, g * hd, &mut self.vrows[j * hd..(j + 1) * hd]);
             }
-            for h in 0..group {
-                // SAFETY: task (t, g) owns the outputs of query heads g·group..(g+1)·group of token t.
-                let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.0.add(t * width + (g * group + h) * hd), hd) };
-                for (o, a) in o.iter_mut().zip(&acc[h * hd..(h + 1) * hd]) {
-                    *o = a / sum[h];
+            for (ti, t) in tokens.clone().enumerate() {
+                // Causal: token t sees positions up to kv_pos + t.
+                let visible = (p.kv_pos + t + 1).saturating_sub(start).min(n_pos);
+                if visible == 0 {
+                    continue;
+                }
+                for h in 0..group {
+                    let qi = ti * group + h;
+                    let qv = &q[t * width + (g * group + h) * hd..][..hd];
+                    let scores = &mut self.scores[..visible];
+                    for (j, s) in scores.iter_mut().enumerate() {
+                        *s = vec::dot(qv, &self.krows[j * hd..(j + 1) * hd], isa) * p.scale;
+                    }
+                    let block_max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+                    let new_max = self.max[qi].max(block_max);
+                    // Rescale what was accumulated under the old max, then add this block.
+                    let rescale = (self.max[qi] - new_max).exp();
+                    self.max[qi] = new_max;
+                    vec::exp_shifted(scores, new_max, isa);
+                    let acc = &mut self.acc[qi * hd..(qi + 1) * hd];
+                    let mut sum = self.sum[qi] * rescale;
+                    vec::scale_add(acc, rescale, 0.0, &self.vrows[..hd], isa);
+                    for (j, &w) in scores.iter().enumerate() {
+                        sum += w;
+                        vec::scale_add(acc, 1.0, w, &self.vrows[j * hd..(j + 1) * hd], isa);
+                    }
+                    self.sum[qi] = sum;
                 }
             }
         }
-    });
+        for (ti, t) in tokens.enumerate() {
+            for h in 0..group {
+                let qi = ti * group + h;
+                // SAFETY: this task owns the outputs of query heads g·group.. of its tokens.
+                let o = unsafe { std::slice::from_raw_parts_mut(out.0.add(t * width + (g * group + h) * hd), hd) };
+                let inv = 1.0 / self.sum[qi];
+                for (o, a) in o.iter_mut().zip(&self.acc[qi * hd..(qi + 1) * hd]) {
+                    *o = a * inv;
+                }
+            }
+        }
+    }
 }

@@ -95,7 +95,11 @@ fn mul_mat_rows(w: &Tensor, x: &[f32], precision: Precision, y: &mut [f32], cx: 
             let s = p.row_scales(j);
             for c in 0..m {
                 let xs = &x[c * k..(c + 1) * k];
-                let acc: f64 = xs.iter().enumerate().map(|(i, &v)| (values[i] as f32 * s[i / p.layout.group()]) as f64 * v as f64).sum();
+                let acc: f64 = xs
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &v)| (values[i] as f32 * s[i / p.layout.group()]) as f64 * v as f64)
+                    .sum();
                 y[c * n + j] = acc as f32;
             }
         }

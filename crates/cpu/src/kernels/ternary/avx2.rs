@@ -88,7 +88,13 @@ unsafe fn store<const RR: usize, const TT: usize>(
 }
 
 #[target_feature(enable = "avx2,fma")]
-unsafe fn tile_bits2<const RR: usize, const TT: usize>(w: &PackedTernary, r0: usize, acts: &PackedActs, t0: usize, out: Out) {
+unsafe fn tile_bits2<const RR: usize, const TT: usize>(
+    w: &PackedTernary,
+    r0: usize,
+    acts: &PackedActs,
+    t0: usize,
+    out: Out,
+) {
     let (mask, ones) = (_mm256_set1_epi8(3), _mm256_set1_epi16(1));
     let mut acc = [[_mm256_setzero_si256(); TT]; RR];
     for c in 0..w.layout.k_pad / 256 {
@@ -117,7 +123,13 @@ unsafe fn tile_bits2<const RR: usize, const TT: usize>(w: &PackedTernary, r0: us
 }
 
 #[target_feature(enable = "avx2,fma")]
-unsafe fn tile_base3<const RR: usize, const TT: usize>(w: &PackedTernary, r0: usize, acts: &PackedActs, t0: usize, out: Out) {
+unsafe fn tile_base3<const RR: usize, const TT: usize>(
+    w: &PackedTernary,
+    r0: usize,
+    acts: &PackedActs,
+    t0: usize,
+    out: Out,
+) {
     let ones = _mm256_set1_epi16(1);
     let (t1, t2) = (_mm256_set1_epi8(86u8 as i8), _mm256_set1_epi8(171u8 as i8));
     let mut acc = [[_mm256_setzero_si256(); TT]; RR];

@@ -72,7 +72,13 @@ unsafe fn store<const RR: usize, const TT: usize>(
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn tile_bits2<const RR: usize, const TT: usize>(w: &PackedTernary, r0: usize, acts: &PackedActs, t0: usize, out: Out) {
+unsafe fn tile_bits2<const RR: usize, const TT: usize>(
+    w: &PackedTernary,
+    r0: usize,
+    acts: &PackedActs,
+    t0: usize,
+    out: Out,
+) {
     let mask = _mm512_set1_epi8(3);
     let mut acc = [[_mm512_setzero_si512(); TT]; RR];
     let mut wp = [std::ptr::null::<u8>(); RR];
@@ -108,7 +114,13 @@ unsafe fn tile_bits2<const RR: usize, const TT: usize>(w: &PackedTernary, r0: us
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn tile_base3<const RR: usize, const TT: usize>(w: &PackedTernary, r0: usize, acts: &PackedActs, t0: usize, out: Out) {
+unsafe fn tile_base3<const RR: usize, const TT: usize>(
+    w: &PackedTernary,
+    r0: usize,
+    acts: &PackedActs,
+    t0: usize,
+    out: Out,
+) {
     let one = _mm512_set1_epi8(1);
     // Digit = ((q · 3) >> 8) for the byte q: 0 below 86, 1 below 171, else 2.
     let (t1, t2) = (_mm512_set1_epi8(86u8 as i8), _mm512_set1_epi8(171u8 as i8));
