@@ -19,6 +19,10 @@ pub struct Tensor<'g> {
     pub packed: Option<&'g PackedTernary>,
 }
 
+// SAFETY: a view is read by many threads at once; ops write only through
+// `dst`, each thread to its own rows.
+unsafe impl Sync for Tensor<'_> {}
+
 /// What kernels run with: the thread pool, the ISA level, and the last
 /// quantized activations (q/k/v and gate/up read the same input, which is then
 /// quantized once).
@@ -56,21 +60,63 @@ impl Tensor<'_> {
     }
 }
 
+/// A raw f32 base pointer that threads index by disjoint rows.
+#[derive(Clone, Copy)]
+struct Rows(*mut f32);
+// SAFETY: every thread touches only its own rows.
+unsafe impl Send for Rows {}
+unsafe impl Sync for Rows {}
+
+/// Runs `f(rows)` on disjoint row ranges of an op over `n_rows` rows, on all
+/// threads when there are enough rows to pay for it (prompt processing).
+fn by_rows(cx: &Ctx, n_rows: usize, f: impl Fn(std::ops::Range<usize>) + Sync) {
+    cx.pool.for_chunks(n_rows, 8, f)
+}
+
+/// Rows `r` of a contiguous `[width, ..]` f32 tensor.
+///
+/// # Safety
+/// The rows are in bounds and no other thread uses them mutably.
+#[allow(clippy::mut_from_ref)]
+unsafe fn rows_mut(base: Rows, width: usize, r: &std::ops::Range<usize>) -> &mut [f32] {
+    std::slice::from_raw_parts_mut(base.0.add(r.start * width), r.len() * width)
+}
+
 /// Runs one node.
 ///
 /// # Safety
 /// `dst` must not overlap any of `srcs`, and no other thread may access them.
 pub unsafe fn run(node: &Node, dst: Tensor, srcs: &[Tensor], cx: &Ctx) {
+    let (width, n_rows) = (node.ne[0], node.n_rows());
+    let out = Rows(dst.ptr as *mut f32);
+    // Row `r`'s slice of a source; a one-row source broadcasts.
+    let src_rows = |i: usize, r: &std::ops::Range<usize>| -> &[f32] {
+        let x = srcs[i].f32();
+        if x.len() == width { x } else { &x[r.start * width..r.end * width] }
+    };
     match &node.op {
         Op::Weight(_) | Op::Input(_) | Op::KvCache { .. } => {}
         Op::GetRows => matmul::get_rows(&srcs[0], srcs[1].i32(), dst.f32_mut()),
-        Op::RmsNorm { eps } => elementwise::rms_norm(srcs[0].f32(), node.ne[0], *eps, dst.f32_mut()),
-        Op::Mul => elementwise::binary(srcs[0].f32(), srcs[1].f32(), dst.f32_mut(), |a, b| a * b),
-        Op::Add => elementwise::binary(srcs[0].f32(), srcs[1].f32(), dst.f32_mut(), |a, b| a + b),
-        Op::Scale { factor } => elementwise::scale(srcs[0].f32(), *factor, dst.f32_mut()),
-        Op::GatedAct(act) => elementwise::gated(srcs[0].f32(), srcs[1].f32(), *act, dst.f32_mut()),
+        Op::RmsNorm { eps } => by_rows(cx, n_rows, |r| {
+            elementwise::rms_norm(src_rows(0, &r), width, *eps, rows_mut(out, width, &r))
+        }),
+        Op::Mul => by_rows(cx, n_rows, |r| {
+            elementwise::binary(src_rows(0, &r), src_rows(1, &r), rows_mut(out, width, &r), |a, b| a * b)
+        }),
+        Op::Add => by_rows(cx, n_rows, |r| {
+            elementwise::binary(src_rows(0, &r), src_rows(1, &r), rows_mut(out, width, &r), |a, b| a + b)
+        }),
+        Op::Scale { factor } => {
+            by_rows(cx, n_rows, |r| elementwise::scale(src_rows(0, &r), *factor, rows_mut(out, width, &r)))
+        }
+        Op::GatedAct(act) => by_rows(cx, n_rows, |r| {
+            elementwise::gated(src_rows(0, &r), src_rows(1, &r), *act, rows_mut(out, width, &r))
+        }),
+        Op::Rope(p) => by_rows(cx, n_rows, |r| {
+            let pos = &srcs[1].i32()[r.clone()];
+            rope::rope(src_rows(0, &r), pos, srcs.get(2).map(|f| f.f32()), p, rows_mut(out, width, &r))
+        }),
         Op::MulMat { precision } => matmul::mul_mat(&srcs[0], &srcs[1], *precision, dst.f32_mut(), cx),
-        Op::Rope(p) => rope::rope(srcs[0].f32(), srcs[1].i32(), srcs.get(2).map(|f| f.f32()), p, dst.f32_mut()),
         Op::Attention(p) => attention::attention(srcs, p, dst.f32_mut(), cx.pool, cx.isa),
     }
 }
