@@ -101,7 +101,11 @@ fn turn(
 ) -> Result<String, CliError> {
     let shared = cached.iter().zip(wanted).take_while(|(x, y)| x == y).count().min(wanted.len().saturating_sub(1));
     if wanted.len() + 1 >= session.n_ctx() {
-        return Err(CliError(format!("the conversation has {} tokens; the context holds {} (raise -c)", wanted.len(), session.n_ctx())));
+        return Err(CliError(format!(
+            "the conversation has {} tokens; the context holds {} (raise -c)",
+            wanted.len(),
+            session.n_ctx()
+        )));
     }
     session.truncate(shared);
     cached.truncate(shared);

@@ -53,7 +53,9 @@ pub fn main(a: Args) -> Result<(), CliError> {
         _ => (None, None),
     };
     let bar = ProgressBar::new(plan.n_chunks as u64);
-    bar.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} chunks {elapsed_precise} eta {eta} {msg}").unwrap());
+    bar.set_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} chunks {elapsed_precise} eta {eta} {msg}").unwrap(),
+    );
     let mut stats = NllStats::default();
     let mut kld = KldStats::default();
     let mut running = Vec::with_capacity(plan.n_chunks);

@@ -75,8 +75,7 @@ impl ModelArgs {
         opts.k_type = kv(&self.cache_type_k)?;
         opts.v_type = kv(&self.cache_type_v)?;
         opts.overrides = self.override_tensor.clone();
-        let session =
-            Session::load(&path, &opts).map_err(|e| CliError(format!("{}: {e}", path.display())))?;
+        let session = Session::load(&path, &opts).map_err(|e| CliError(format!("{}: {e}", path.display())))?;
         Ok(session)
     }
 }

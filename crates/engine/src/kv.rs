@@ -28,9 +28,8 @@ impl KvCache {
         let mut layers = Vec::with_capacity(c.n_layer);
         for home in homes {
             let b = backends.get_mut(*home)?;
-            let mut alloc = |nbytes: usize| -> Result<TensorLoc> {
-                Ok(TensorLoc { buffer: b.alloc(nbytes)?, offset: 0, nbytes })
-            };
+            let mut alloc =
+                |nbytes: usize| -> Result<TensorLoc> { Ok(TensorLoc { buffer: b.alloc(nbytes)?, offset: 0, nbytes }) };
             layers.push((alloc(kb)?, alloc(vb)?));
         }
         Ok(KvCache { spec, layers })

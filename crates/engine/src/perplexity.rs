@@ -83,7 +83,13 @@ impl Chunking {
 
 /// Evaluates chunk `c` of `tokens` and returns the log-probabilities of its
 /// scored rows (`scored_per_chunk` rows of `n_vocab`).
-pub fn chunk_log_probs(session: &mut Session, tokens: &[u32], plan: Chunking, c: usize, bos: u32) -> Result<Vec<Vec<f64>>> {
+pub fn chunk_log_probs(
+    session: &mut Session,
+    tokens: &[u32],
+    plan: Chunking,
+    c: usize,
+    bos: u32,
+) -> Result<Vec<Vec<f64>>> {
     let mut chunk = tokens[c * plan.n_ctx..(c + 1) * plan.n_ctx].to_vec();
     chunk[0] = bos;
     session.reset();
@@ -188,7 +194,8 @@ impl KldReader {
         self.file
             .read_exact(&mut raw)
             .map_err(|_| Error::Perplexity(format!("{}: truncated log-probabilities", self.path.display())))?;
-        let vals: Vec<f64> = raw.chunks_exact(2).map(|b| f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f64()).collect();
+        let vals: Vec<f64> =
+            raw.chunks_exact(2).map(|b| f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f64()).collect();
         Ok(vals.chunks_exact(self.n_vocab).map(<[f64]>::to_vec).collect())
     }
 }

@@ -38,7 +38,8 @@ impl Default for LoadOptions {
         LoadOptions {
             n_ctx: 0,
             n_threads,
-            k_type: GgmlType::F16, v_type: GgmlType::F16,
+            k_type: GgmlType::F16,
+            v_type: GgmlType::F16,
             n_batch: 512,
             overrides: Vec::new(),
             cpu_instances: 1,

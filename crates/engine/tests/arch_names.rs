@@ -41,7 +41,8 @@ fn rewrite(src: &str, arch: &str, activation: Option<&str>, out: &Path) {
 
 /// Max |Δ| of the first `PROMPT.len()` rows against the float64 reference.
 fn max_diff_vs_ref64(model: &Path, golden: &str) -> f64 {
-    let opts = LoadOptions { n_ctx: 32, n_threads: 2, k_type: GgmlType::F32, v_type: GgmlType::F32, ..LoadOptions::default() };
+    let opts =
+        LoadOptions { n_ctx: 32, n_threads: 2, k_type: GgmlType::F32, v_type: GgmlType::F32, ..LoadOptions::default() };
     let mut s = Session::load(model, &opts).unwrap_or_else(|e| panic!("{}: {e}", model.display()));
     let ours = s.eval(&PROMPT, Logits::All).unwrap();
     // ref64 rows are teacher-forced on the peer's ids, whose prompt is PROMPT.

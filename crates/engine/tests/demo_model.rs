@@ -23,7 +23,13 @@ const BOUND: f64 = MEASURED * 1.10;
 fn demo_model_perplexity_on_held_out_text() {
     let model = repo().join("models/tern-demo-kjv.gguf");
     let text = std::fs::read_to_string(repo().join("testdata/kjv/heldout-hebrews-revelation.txt")).unwrap();
-    let opts = LoadOptions { n_ctx: 128, n_threads: 2, k_type: GgmlType::F16, v_type: GgmlType::F16, ..LoadOptions::default() };
+    let opts = LoadOptions {
+        n_ctx: 128,
+        n_threads: 2,
+        k_type: GgmlType::F16,
+        v_type: GgmlType::F16,
+        ..LoadOptions::default()
+    };
     let mut s = Session::load(&model, &opts).unwrap();
     let tok = s.tokenizer().unwrap();
     let tokens = tok.encode(&text[..8000], true, false);

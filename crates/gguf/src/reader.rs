@@ -130,7 +130,11 @@ impl File {
                 // SAFETY: a read-only private file mapping: MADV_DONTNEED only
                 // drops clean pages, which a later read faults back in.
                 let _ = unsafe {
-                    m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, offset as usize, (end - offset) as usize)
+                    m.unchecked_advise_range(
+                        memmap2::UncheckedAdvice::DontNeed,
+                        offset as usize,
+                        (end - offset) as usize,
+                    )
                 };
             }
         }
