@@ -92,8 +92,16 @@ impl Pool {
             }
         }
         f(0, s.n);
+        // Spin for the usual short wait; yield when it is long, so a worker that
+        // was descheduled (a busy machine) gets the core back.
+        let mut spins = 0u32;
         while s.pending.load(Ordering::Acquire) != 0 {
-            std::hint::spin_loop();
+            spins += 1;
+            if spins < YIELD_AFTER {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
         }
     }
 

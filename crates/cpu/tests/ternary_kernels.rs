@@ -133,3 +133,36 @@ fn activation_quantization_agrees_across_isas() {
         }
     }
 }
+
+/// Kernel throughput on the 2B-4T shapes (not a test: run with
+/// `cargo test --release -p tern-cpu --test ternary_kernels -- --ignored --nocapture`).
+#[test]
+#[ignore]
+fn bench_ternary_kernels() {
+    let mut rng = Rng(5);
+    let isa = Isa::detected();
+    for (k, rows) in [(2560, 6912), (6912, 2560)] {
+        let w = weights(GgmlType::TQ2_0, k, rows, false, &mut rng);
+        for packing in [Packing::Bits2, Packing::Base3] {
+            let packed = PackedTernary::new(GgmlType::TQ2_0, &w, k, rows, packing);
+            for n in [1, 64] {
+                let x: Vec<f32> = (0..k * n).map(|_| rng.f32()).collect();
+                let mut acts = PackedActs::new(k, packed.layout.k_pad, n);
+                acts.quantize(&x, isa);
+                let mut y = vec![0f32; rows * n];
+                let reps = if n == 1 { 200 } else { 10 };
+                let t = std::time::Instant::now();
+                for _ in 0..reps {
+                    unsafe { gemm(&packed, 0..rows, &acts, Out { ptr: y.as_mut_ptr(), ld: rows }, isa) };
+                }
+                let s = t.elapsed().as_secs_f64() / reps as f64;
+                eprintln!(
+                    "{packing:?} {k}x{rows} n={n} ({isa:?}, 1 thread): {:.3} ms, {:.1} GB/s of weights, {:.1} GMAC/s",
+                    s * 1e3,
+                    packed.bytes() as f64 / s / 1e9,
+                    (k * rows * n) as f64 / s / 1e9
+                );
+            }
+        }
+    }
+}
