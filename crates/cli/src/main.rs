@@ -2,6 +2,7 @@
 //! parse flags, call the engine, and print. Errors are reported once, here,
 //! as a single `error: ...` line with a non-zero exit.
 
+mod bench;
 mod chat;
 mod eval;
 mod info;
@@ -37,6 +38,8 @@ enum Command {
     Quantize(quantize::Args),
     /// Measure perplexity on a text file (llama.cpp's method), or KL divergence against a base.
     Perplexity(perplexity::Args),
+    /// Measure prompt and generation speed (llama-bench's tests and output), a depth sweep, or memory bandwidth.
+    Bench(bench::Args),
 }
 
 /// The error a subcommand reports: already a full sentence.
@@ -50,8 +53,13 @@ impl<E: std::fmt::Display> From<E> for CliError {
 
 /// llama.cpp spells some long options with one dash (`-ot`, `-ctk`); clap's
 /// short flags are one letter, so those spellings are rewritten first.
-const SINGLE_DASH_LONG: [(&str, &str); 3] =
-    [("-ot", "--override-tensor"), ("-ctk", "--cache-type-k"), ("-ctv", "--cache-type-v")];
+const SINGLE_DASH_LONG: [(&str, &str); 5] = [
+    ("-ot", "--override-tensor"),
+    ("-ctk", "--cache-type-k"),
+    ("-ctv", "--cache-type-v"),
+    ("-pg", "--pg"),
+    ("-ub", "--ubatch-size"),
+];
 
 fn args() -> Vec<String> {
     std::env::args()
@@ -71,6 +79,7 @@ fn main() -> ExitCode {
         Command::Info(a) => info::main(a),
         Command::Quantize(a) => quantize::main(a),
         Command::Perplexity(a) => perplexity::main(a),
+        Command::Bench(a) => bench::main(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
