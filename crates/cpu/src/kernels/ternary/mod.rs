@@ -159,6 +159,20 @@ unsafe fn gemm_scalar(w: &PackedTernary, rows: std::ops::Range<usize>, acts: &Pa
 /// A kernel for one tile: R weight rows starting at a row, T tokens starting at a token.
 type Tile = unsafe fn(&PackedTernary, usize, &PackedActs, usize, Out);
 
+/// A kernel for one tile whose R rows were decoded to one code byte per weight.
+type CodesTile = unsafe fn(&PackedTernary, usize, &[u8], &PackedActs, usize, Out);
+
+/// Prompt-sized batches decode each row tile once per token block into a
+/// scratch of codes, then every token tile reads plain bytes: the unpacking
+/// is paid once per block instead of once per token tile.
+struct Decoded {
+    /// Decodes rows `r0..r0 + R` into `R × k_pad` code bytes.
+    decode: unsafe fn(&PackedTernary, usize, &mut [u8]),
+    full: CodesTile,
+    /// R rows × 1..T-1 tokens (index = tokens − 1).
+    token_edge: &'static [CodesTile],
+}
+
 /// An ISA's tile kernels: the full R×T tile and the smaller ones for edges.
 struct Tiles {
     rows: usize,
@@ -169,6 +183,7 @@ struct Tiles {
     /// R rows × 1..T-1 tokens (index = tokens − 1).
     token_edge: &'static [Tile],
     single: Tile,
+    decoded: Option<Decoded>,
 }
 
 /// Tokens whose activations stay in cache while every row tile passes over
@@ -184,13 +199,28 @@ impl Tiles {
         for block in (0..acts.n).step_by(TOKEN_BLOCK) {
             let block_end = (block + TOKEN_BLOCK).min(acts.n);
             let full_end = block + (block_end - block) / tt * tt;
+            let decoded = self.decoded.as_ref().filter(|_| full_end - block >= 2 * tt);
+            let mut scratch = vec![0u8; if decoded.is_some() { rr * w.layout.k_pad } else { 0 }];
             let mut r = rows.start;
             while r + rr <= rows.end {
-                for t0 in (block..full_end).step_by(tt) {
-                    (self.full)(w, r, acts, t0, out);
-                }
-                if full_end < block_end {
-                    (self.token_edge[block_end - full_end - 1])(w, r, acts, full_end, out);
+                match decoded {
+                    Some(d) => {
+                        (d.decode)(w, r, &mut scratch);
+                        for t0 in (block..full_end).step_by(tt) {
+                            (d.full)(w, r, &scratch, acts, t0, out);
+                        }
+                        if full_end < block_end {
+                            (d.token_edge[block_end - full_end - 1])(w, r, &scratch, acts, full_end, out);
+                        }
+                    }
+                    None => {
+                        for t0 in (block..full_end).step_by(tt) {
+                            (self.full)(w, r, acts, t0, out);
+                        }
+                        if full_end < block_end {
+                            (self.token_edge[block_end - full_end - 1])(w, r, acts, full_end, out);
+                        }
+                    }
                 }
                 r += rr;
             }
