@@ -5,7 +5,7 @@
 //! float operations in its order).
 
 use tern_cpu::isa::Isa;
-use tern_cpu::kernels::ternary::{gemm, Out, PackedActs, PackedTernary};
+use tern_cpu::kernels::ternary::{gemm, gemm_with, Base3Decode, Out, PackedActs, PackedTernary};
 use tern_quant::ternary::rows::Packing;
 use tern_quant::{act_row_bytes, quantize_acts, quantize_tensor, vec_dot, ActType, GgmlType, TensorScale};
 
@@ -66,21 +66,24 @@ fn check(ty: GgmlType, k: usize, rows: usize, n: usize, grouped: bool, packing: 
     }
     let packed = PackedTernary::new(ty, &w, k, rows, packing);
     assert_eq!(packed.layout.groups > 1, grouped);
+    let decodes = match Base3Decode::best() {
+        Base3Decode::Lookup => vec![Base3Decode::Lookup, Base3Decode::Compare],
+        Base3Decode::Compare => vec![Base3Decode::Compare],
+    };
     for isa in isas() {
-        let mut acts = PackedActs::new(k, packed.layout.k_pad, n);
-        acts.quantize(&x, isa);
-        let mut got = vec![f32::NAN; rows * n];
-        // Two row ranges, as two threads would split them.
-        let mid = rows / 2;
-        for range in [0..mid, mid..rows] {
-            unsafe { gemm(&packed, range, &acts, Out { ptr: got.as_mut_ptr(), ld: rows }, isa) };
-        }
-        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            assert_eq!(
-                g.to_bits(),
-                w.to_bits(),
-                "{ty} {packing:?} {isa:?} k={k} rows={rows} n={n}: out {i}: {g} vs {w}"
-            );
+        for &base3 in &decodes {
+            let mut acts = PackedActs::new(k, packed.layout.k_pad, n);
+            acts.quantize(&x, isa);
+            let mut got = vec![f32::NAN; rows * n];
+            // Two row ranges, as two threads would split them.
+            let mid = rows / 2;
+            for range in [0..mid, mid..rows] {
+                unsafe { gemm_with(&packed, range, &acts, Out { ptr: got.as_mut_ptr(), ld: rows }, isa, base3) };
+            }
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                let what = format!("{ty} {packing:?} {isa:?} {base3:?} k={k} rows={rows} n={n}: out {i}");
+                assert_eq!(g.to_bits(), w.to_bits(), "{what}: {g} vs {w}");
+            }
         }
     }
 }

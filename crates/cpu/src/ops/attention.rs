@@ -69,7 +69,9 @@ impl Cache {
                 GgmlType::F16 => {
                     std::slice::from_raw_parts((base as *const f16).add(start), out.len()).convert_to_f32_slice(out)
                 }
-                GgmlType::F32 => out.copy_from_slice(std::slice::from_raw_parts((base as *const f32).add(start), out.len())),
+                GgmlType::F32 => {
+                    out.copy_from_slice(std::slice::from_raw_parts((base as *const f32).add(start), out.len()))
+                }
                 ty => {
                     let (be, bb) = (ty.block_elems(), ty.layout().block_bytes);
                     let bytes = std::slice::from_raw_parts(base.add(start / be * bb), out.len() / be * bb);

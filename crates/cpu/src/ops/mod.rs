@@ -92,14 +92,18 @@ pub unsafe fn run(node: &Node, dst: Tensor, srcs: &[Tensor], cx: &Ctx) {
     // Row `r`'s slice of a source; a one-row source broadcasts.
     let src_rows = |i: usize, r: &std::ops::Range<usize>| -> &[f32] {
         let x = srcs[i].f32();
-        if x.len() == width { x } else { &x[r.start * width..r.end * width] }
+        if x.len() == width {
+            x
+        } else {
+            &x[r.start * width..r.end * width]
+        }
     };
     match &node.op {
         Op::Weight(_) | Op::Input(_) | Op::KvCache { .. } => {}
         Op::GetRows => matmul::get_rows(&srcs[0], srcs[1].i32(), dst.f32_mut()),
-        Op::RmsNorm { eps } => by_rows(cx, n_rows, |r| {
-            elementwise::rms_norm(src_rows(0, &r), width, *eps, rows_mut(out, width, &r))
-        }),
+        Op::RmsNorm { eps } => {
+            by_rows(cx, n_rows, |r| elementwise::rms_norm(src_rows(0, &r), width, *eps, rows_mut(out, width, &r)))
+        }
         Op::Mul => by_rows(cx, n_rows, |r| {
             elementwise::binary(src_rows(0, &r), src_rows(1, &r), rows_mut(out, width, &r), |a, b| a * b)
         }),

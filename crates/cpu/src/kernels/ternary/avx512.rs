@@ -159,6 +159,85 @@ unsafe fn tile_base3<const RR: usize, const TT: usize>(
     store(&acc, w, r0, acts, t0, out);
 }
 
+/// The base-3 digits of every byte as two 256-entry tables: digits 0..4 packed
+/// 2 bits each (digit i at bit 2i), and digit 4 alone.
+fn base3_tables() -> ([u8; 256], [u8; 256]) {
+    let digit = |b: u8, k: u32| (((b.wrapping_mul(3u8.pow(k)) as u16) * 3) >> 8) as u8;
+    let mut four = [0u8; 256];
+    let mut fifth = [0u8; 256];
+    for b in 0..=255u8 {
+        four[b as usize] = (0..4).fold(0, |acc, k| acc | digit(b, k) << (2 * k));
+        fifth[b as usize] = digit(b, 4);
+    }
+    (four, fifth)
+}
+
+/// A 256-entry byte table in four registers, looked up with two `vpermi2b`.
+#[derive(Clone, Copy)]
+struct Lut([__m512i; 4]);
+
+impl Lut {
+    #[target_feature(enable = "avx512f")]
+    unsafe fn new(table: &[u8; 256]) -> Lut {
+        let part = |i: usize| _mm512_loadu_si512(table.as_ptr().add(64 * i) as *const _);
+        Lut([part(0), part(1), part(2), part(3)])
+    }
+
+    #[inline(always)]
+    unsafe fn get(&self, idx: __m512i) -> __m512i {
+        let lo = _mm512_permutex2var_epi8(self.0[0], idx, self.0[1]);
+        let hi = _mm512_permutex2var_epi8(self.0[2], idx, self.0[3]);
+        _mm512_mask_blend_epi8(_mm512_movepi8_mask(idx), lo, hi)
+    }
+}
+
+/// Base3 through table lookups (AVX-512 VBMI): one lookup gives four digits
+/// as 2-bit fields, unpacked like Bits2; a second gives the fifth.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx512vbmi")]
+unsafe fn tile_base3_lut<const RR: usize, const TT: usize>(
+    w: &PackedTernary,
+    r0: usize,
+    acts: &PackedActs,
+    t0: usize,
+    out: Out,
+) {
+    let (four, fifth) = base3_tables();
+    let (four, fifth) = (Lut::new(&four), Lut::new(&fifth));
+    let mask = _mm512_set1_epi8(3);
+    let mut acc = [[_mm512_setzero_si512(); TT]; RR];
+    let mut wp = [std::ptr::null::<u8>(); RR];
+    for (r, p) in wp.iter_mut().enumerate() {
+        *p = w.row(r0 + r).as_ptr();
+    }
+    let mut ap = [std::ptr::null::<i8>(); TT];
+    for (t, p) in ap.iter_mut().enumerate() {
+        *p = acts.q(t0 + t).as_ptr();
+    }
+    for c in 0..w.layout.k_pad / 320 {
+        let mut packed = [_mm512_setzero_si512(); RR];
+        let mut last = [_mm512_setzero_si512(); RR];
+        for r in 0..RR {
+            let b = _mm512_loadu_si512(wp[r].add(64 * c) as *const _);
+            packed[r] = four.get(b);
+            last[r] = fifth.get(b);
+        }
+        for i in 0..5 {
+            let mut codes = [_mm512_setzero_si512(); RR];
+            for r in 0..RR {
+                codes[r] = if i < 4 { _mm512_and_si512(packed[r], mask) } else { last[r] };
+                packed[r] = _mm512_srli_epi16::<2>(packed[r]);
+            }
+            for t in 0..TT {
+                let a = _mm512_load_si512(ap[t].add(320 * c + 64 * i) as *const _);
+                for r in 0..RR {
+                    acc[r][t] = _mm512_dpbusd_epi32(acc[r][t], codes[r], a);
+                }
+            }
+        }
+    }
+    store(&acc, w, r0, acts, t0, out);
+}
+
 /// Rows `r0..r0 + R` of a Bits2 matrix as code bytes, `k_pad` per row.
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn decode_bits2(w: &PackedTernary, r0: usize, codes: &mut [u8]) {
@@ -245,7 +324,10 @@ pub unsafe fn gemm_bits2(w: &PackedTernary, rows: Range<usize>, acts: &PackedAct
     tiles.drive(w, rows, acts, out)
 }
 
-pub unsafe fn gemm_base3(w: &PackedTernary, rows: Range<usize>, acts: &PackedActs, out: Out) {
+pub unsafe fn gemm_base3(w: &PackedTernary, rows: Range<usize>, acts: &PackedActs, out: Out, lut: bool) {
+    if lut {
+        return gemm_base3_lut(w, rows, acts, out);
+    }
     let tiles = Tiles {
         rows: R,
         tokens: T,
@@ -253,6 +335,23 @@ pub unsafe fn gemm_base3(w: &PackedTernary, rows: Range<usize>, acts: &PackedAct
         row_edge: tile_base3::<1, T>,
         token_edge: &[tile_base3::<R, 1>, tile_base3::<R, 2>, tile_base3::<R, 3>],
         single: tile_base3::<1, 1>,
+        decoded: Some(Decoded {
+            decode: decode_base3,
+            full: tile_codes::<R, T>,
+            token_edge: &[tile_codes::<R, 1>, tile_codes::<R, 2>, tile_codes::<R, 3>],
+        }),
+    };
+    tiles.drive(w, rows, acts, out)
+}
+
+unsafe fn gemm_base3_lut(w: &PackedTernary, rows: Range<usize>, acts: &PackedActs, out: Out) {
+    let tiles = Tiles {
+        rows: R,
+        tokens: T,
+        full: tile_base3_lut::<R, T>,
+        row_edge: tile_base3_lut::<1, T>,
+        token_edge: &[tile_base3_lut::<R, 1>, tile_base3_lut::<R, 2>, tile_base3_lut::<R, 3>],
+        single: tile_base3_lut::<1, 1>,
         decoded: Some(Decoded {
             decode: decode_base3,
             full: tile_codes::<R, T>,

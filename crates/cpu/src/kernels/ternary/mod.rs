@@ -125,19 +125,53 @@ pub struct Out {
 unsafe impl Send for Out {}
 unsafe impl Sync for Out {}
 
+/// How AVX-512 kernels read base-3 bytes: table lookups (needs VBMI) or
+/// multiply-and-compare.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Base3Decode {
+    Lookup,
+    Compare,
+}
+
+impl Base3Decode {
+    /// The faster one this processor supports.
+    pub fn best() -> Base3Decode {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx512vbmi") {
+            return Base3Decode::Lookup;
+        }
+        Base3Decode::Compare
+    }
+}
+
 /// `y[t·ld + r] = W[r] · x[t]` for `r` in `rows`, every token of `acts`.
 ///
 /// # Safety
 /// `out` must be valid for every written index and not written by anyone else
 /// for these rows; `isa` must be available.
 pub unsafe fn gemm(w: &PackedTernary, rows: std::ops::Range<usize>, acts: &PackedActs, out: Out, isa: Isa) {
+    gemm_with(w, rows, acts, out, isa, Base3Decode::best())
+}
+
+/// [`gemm`] with the base-3 decoding chosen (tests cover both).
+///
+/// # Safety
+/// As [`gemm`]; `Base3Decode::Lookup` needs AVX-512 VBMI.
+pub unsafe fn gemm_with(
+    w: &PackedTernary,
+    rows: std::ops::Range<usize>,
+    acts: &PackedActs,
+    out: Out,
+    isa: Isa,
+    base3: Base3Decode,
+) {
     debug_assert_eq!(acts.k_pad, w.layout.k_pad);
     if w.layout.groups != 1 || isa == Isa::Scalar {
         return gemm_scalar(w, rows, acts, out);
     }
     match (isa, w.layout.packing) {
         (Isa::Avx512, Packing::Bits2) => avx512::gemm_bits2(w, rows, acts, out),
-        (Isa::Avx512, Packing::Base3) => avx512::gemm_base3(w, rows, acts, out),
+        (Isa::Avx512, Packing::Base3) => avx512::gemm_base3(w, rows, acts, out, base3 == Base3Decode::Lookup),
         (Isa::Avx2, Packing::Bits2) => avx2::gemm_bits2(w, rows, acts, out),
         (Isa::Avx2, Packing::Base3) => avx2::gemm_base3(w, rows, acts, out),
         (Isa::Scalar, _) => unreachable!("handled above"),
