@@ -1,10 +1,11 @@
 //! Small f32 vector kernels (attention's inner loops). The loops are written
 //! with independent lanes so the compiler vectorises them; each ISA level
-//! compiles the same loop with its own target features.
+//! compiles the same loop with its own target features, and the plain loop
+//! is the scalar twin.
 
 use crate::isa::Isa;
 
-/// `Σ a·b` in `L` independent lanes (then summed), the scalar twin of every level.
+/// `Σ a·b` in `L` independent lanes, then summed.
 #[inline(always)]
 fn dot_lanes<const L: usize>(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; L];
@@ -18,29 +19,39 @@ fn dot_lanes<const L: usize>(a: &[f32], b: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + tail
 }
 
-/// `y = y·rescale + w·x`.
+/// `out[j] = scale · (q · rows[j])` for the `out.len()` rows of `q.len()`.
 #[inline(always)]
-fn scale_add_loop(y: &mut [f32], rescale: f32, w: f32, x: &[f32]) {
-    for (y, &x) in y.iter_mut().zip(x) {
-        *y = y.mul_add(rescale, w * x);
+fn dots_loop<const L: usize>(q: &[f32], rows: &[f32], scale: f32, out: &mut [f32]) {
+    for (o, row) in out.iter_mut().zip(rows.chunks_exact(q.len())) {
+        *o = dot_lanes::<L>(q, row) * scale;
+    }
+}
+
+/// `acc = acc·rescale + Σ_j w[j]·rows[j]`.
+#[inline(always)]
+fn weighted_rows_loop(acc: &mut [f32], rescale: f32, w: &[f32], rows: &[f32]) {
+    for a in acc.iter_mut() {
+        *a *= rescale;
+    }
+    for (&wj, row) in w.iter().zip(rows.chunks_exact(acc.len())) {
+        for (a, &r) in acc.iter_mut().zip(row) {
+            *a = wj.mul_add(r, *a);
+        }
     }
 }
 
 /// `e^x` for `x ≤ 0` (softmax after subtracting the max), as a polynomial the
 /// compiler vectorises: `x = n·ln2 + f` (Cody–Waite), `e^f` by its degree-7
-/// Taylor polynomial (|f| ≤ ln2/2), `2^n` through the exponent bits. Relative error
-/// below 3e-7 (a few ulp); inputs under -87 give about 1e-38.
+/// Taylor polynomial (|f| ≤ ln2/2), `2^n` through the exponent bits. Relative
+/// error below 3e-7 (a few ulp); inputs under -87 give about 1e-38.
 #[inline(always)]
 fn exp_neg(x: f32) -> f32 {
     let x = x.max(-87.0);
     let n = (x * std::f32::consts::LOG2_E).round();
     // Cody–Waite: ln 2 split in a part exact in f32 times n and a small rest.
     let f = (x - n * 0.693_145_75) - n * 1.428_606_8e-6;
-    // e^f on |f| ≤ ln2/2.
     let p = 1.0
-        + f * (1.0
-            + f * (0.5
-                + f * (1.0 / 6.0 + f * (1.0 / 24.0 + f * (1.0 / 120.0 + f * (1.0 / 720.0 + f * (1.0 / 5040.0)))))));
+        + f * (1.0 + f * (0.5 + f * (1.0 / 6.0 + f * (1.0 / 24.0 + f * (1.0 / 120.0 + f * (1.0 / 720.0 + f * (1.0 / 5040.0)))))));
     f32::from_bits(((n as i32 + 127) << 23) as u32) * p
 }
 
@@ -51,88 +62,64 @@ fn exp_shifted_loop(xs: &mut [f32], shift: f32) {
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn exp_shifted_avx512(xs: &mut [f32], shift: f32) {
-    exp_shifted_loop(xs, shift)
+/// Instantiates a loop at each SIMD level and dispatches on `isa`.
+macro_rules! per_isa {
+    ($(#[$doc:meta])* pub fn $name:ident($($arg:ident: $ty:ty),*) => $body512:expr, $body2:expr, $scalar:expr) => {
+        $(#[$doc])*
+        pub fn $name($($arg: $ty,)* isa: Isa) {
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "avx512f")]
+            unsafe fn avx512($($arg: $ty),*) {
+                $body512
+            }
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "avx2,fma")]
+            unsafe fn avx2($($arg: $ty),*) {
+                $body2
+            }
+            match isa {
+                // SAFETY: the caller's `isa` is available on this processor.
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx512 => unsafe { avx512($($arg),*) },
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx2 => unsafe { avx2($($arg),*) },
+                _ => $scalar,
+            }
+        }
+    };
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn exp_shifted_avx2(xs: &mut [f32], shift: f32) {
-    exp_shifted_loop(xs, shift)
+per_isa! {
+    /// Scaled dot products of `q` with each row of `rows` (attention scores).
+    pub fn dots(q: &[f32], rows: &[f32], scale: f32, out: &mut [f32]) =>
+        dots_loop::<16>(q, rows, scale, out), dots_loop::<8>(q, rows, scale, out), dots_loop::<8>(q, rows, scale, out)
 }
 
-/// `x = e^(x − shift)` for every element, `shift ≥ max(x)`.
-pub fn exp_shifted(xs: &mut [f32], shift: f32, isa: Isa) {
-    match isa {
-        // SAFETY: the caller's `isa` is available on this processor.
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => unsafe { exp_shifted_avx512(xs, shift) },
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { exp_shifted_avx2(xs, shift) },
-        _ => exp_shifted_loop(xs, shift),
-    }
+per_isa! {
+    /// `acc = acc·rescale + Σ_j w[j]·rows[j]` (attention's value accumulation).
+    pub fn weighted_rows(acc: &mut [f32], rescale: f32, w: &[f32], rows: &[f32]) =>
+        weighted_rows_loop(acc, rescale, w, rows), weighted_rows_loop(acc, rescale, w, rows),
+        weighted_rows_loop(acc, rescale, w, rows)
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn dot_avx512(a: &[f32], b: &[f32]) -> f32 {
-    dot_lanes::<16>(a, b)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
-    dot_lanes::<8>(a, b)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn scale_add_avx512(y: &mut [f32], rescale: f32, w: f32, x: &[f32]) {
-    scale_add_loop(y, rescale, w, x)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn scale_add_avx2(y: &mut [f32], rescale: f32, w: f32, x: &[f32]) {
-    scale_add_loop(y, rescale, w, x)
-}
-
-/// `Σ a·b` at ISA level `isa` (which must be available).
-pub fn dot(a: &[f32], b: &[f32], isa: Isa) -> f32 {
-    debug_assert_eq!(a.len(), b.len());
-    match isa {
-        // SAFETY: the caller's `isa` is available on this processor.
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => unsafe { dot_avx512(a, b) },
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { dot_avx2(a, b) },
-        _ => dot_lanes::<8>(a, b),
-    }
-}
-
-/// `y = y·rescale + w·x` at ISA level `isa` (which must be available).
-pub fn scale_add(y: &mut [f32], rescale: f32, w: f32, x: &[f32], isa: Isa) {
-    debug_assert_eq!(y.len(), x.len());
-    match isa {
-        // SAFETY: the caller's `isa` is available on this processor.
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => unsafe { scale_add_avx512(y, rescale, w, x) },
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { scale_add_avx2(y, rescale, w, x) },
-        _ => scale_add_loop(y, rescale, w, x),
-    }
+per_isa! {
+    /// `x = e^(x − shift)` for every element, `shift ≥ max(x)`.
+    pub fn exp_shifted(xs: &mut [f32], shift: f32) =>
+        exp_shifted_loop(xs, shift), exp_shifted_loop(xs, shift), exp_shifted_loop(xs, shift)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn isas() -> impl Iterator<Item = Isa> {
+        Isa::ALL.into_iter().filter(|i| i.available())
+    }
+
     #[test]
     fn exp_matches_f64() {
         let xs: Vec<f32> = (0..2000).map(|i| -(i as f32) * 0.05).collect();
-        for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
+        for isa in isas() {
             let mut got = xs.clone();
             exp_shifted(&mut got, 0.0, isa);
             for (&x, &g) in xs.iter().zip(&got) {
@@ -144,18 +131,25 @@ mod tests {
     }
 
     #[test]
-    fn every_level_matches_f64() {
-        for n in [1, 7, 64, 100, 128] {
-            let a: Vec<f32> = (0..n).map(|i| ((i * 37 % 11) as f32 - 5.0) * 0.3).collect();
-            let b: Vec<f32> = (0..n).map(|i| ((i * 13 % 7) as f32 - 3.0) * 0.7).collect();
-            let exact: f64 = a.iter().zip(&b).map(|(x, y)| *x as f64 * *y as f64).sum();
-            let bound = 1e-6 * a.iter().zip(&b).map(|(x, y)| (x * y).abs() as f64).sum::<f64>();
-            for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
-                assert!((dot(&a, &b, isa) as f64 - exact).abs() <= bound, "{isa:?} n={n}");
-                let mut y: Vec<f32> = b.clone();
-                scale_add(&mut y, 0.5, 2.0, &a, isa);
-                for ((y, &b), &a) in y.iter().zip(&b).zip(&a) {
-                    assert!((y - (0.5 * b + 2.0 * a)).abs() <= 1e-5 * (b.abs() + a.abs() + 1.0));
+    fn dots_and_weighted_rows_match_f64() {
+        for (d, n) in [(1, 3), (7, 2), (64, 5), (100, 4), (128, 9)] {
+            let q: Vec<f32> = (0..d).map(|i| ((i * 37 % 11) as f32 - 5.0) * 0.3).collect();
+            let rows: Vec<f32> = (0..d * n).map(|i| ((i * 13 % 7) as f32 - 3.0) * 0.7).collect();
+            let w: Vec<f32> = (0..n).map(|j| 0.1 + j as f32 * 0.05).collect();
+            for isa in isas() {
+                let mut out = vec![0f32; n];
+                dots(&q, &rows, 0.5, &mut out, isa);
+                let mut acc = vec![1f32; d];
+                weighted_rows(&mut acc, 0.25, &w, &rows, isa);
+                for j in 0..n {
+                    let row = &rows[j * d..(j + 1) * d];
+                    let exact: f64 = q.iter().zip(row).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() * 0.5;
+                    let mag: f64 = q.iter().zip(row).map(|(a, b)| (a * b).abs() as f64).sum();
+                    assert!((out[j] as f64 - exact).abs() <= 1e-6 * mag + 1e-12, "{isa:?} d={d} row {j}");
+                }
+                for i in 0..d {
+                    let exact: f64 = 0.25 + (0..n).map(|j| w[j] as f64 * rows[j * d + i] as f64).sum::<f64>();
+                    assert!((acc[i] as f64 - exact).abs() <= 1e-5, "{isa:?} d={d} elem {i}");
                 }
             }
         }

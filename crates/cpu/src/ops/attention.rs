@@ -99,9 +99,11 @@ pub unsafe fn attention(srcs: &[Tensor], p: &AttentionParams, out: &mut [f32], p
     }
     let blocks = n_tokens.div_ceil(TOKENS);
     let out_ptr = Out(out.as_mut_ptr());
-    pool.for_chunks(blocks * p.n_head_kv, 1, |range| {
+    // Later token blocks see more of the cache: threads take tasks strided,
+    // not in contiguous runs, so each gets a fair share of early and late ones.
+    pool.run(&|thread, n_threads| {
         let mut task = Task::new(p);
-        for i in range {
+        for i in (thread..blocks * p.n_head_kv).step_by(n_threads) {
             let (b, g) = (i / p.n_head_kv, i % p.n_head_kv);
             let tokens = b * TOKENS..((b + 1) * TOKENS).min(n_tokens);
             task.run(p, q, &kc, &vc, g, tokens, &out_ptr, isa);
@@ -174,9 +176,7 @@ impl Task {
                     let qi = ti * group + h;
                     let qv = &q[t * width + (g * group + h) * hd..][..hd];
                     let scores = &mut self.scores[..visible];
-                    for (j, s) in scores.iter_mut().enumerate() {
-                        *s = vec::dot(qv, &self.krows[j * hd..(j + 1) * hd], isa) * p.scale;
-                    }
+                    vec::dots(qv, &self.krows[..visible * hd], p.scale, scores, isa);
                     let block_max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
                     let new_max = self.max[qi].max(block_max);
                     // Rescale what was accumulated under the old max, then add this block.
@@ -184,13 +184,8 @@ impl Task {
                     self.max[qi] = new_max;
                     vec::exp_shifted(scores, new_max, isa);
                     let acc = &mut self.acc[qi * hd..(qi + 1) * hd];
-                    let mut sum = self.sum[qi] * rescale;
-                    vec::scale_add(acc, rescale, 0.0, &self.vrows[..hd], isa);
-                    for (j, &w) in scores.iter().enumerate() {
-                        sum += w;
-                        vec::scale_add(acc, 1.0, w, &self.vrows[j * hd..(j + 1) * hd], isa);
-                    }
-                    self.sum[qi] = sum;
+                    self.sum[qi] = self.sum[qi] * rescale + scores.iter().sum::<f32>();
+                    vec::weighted_rows(acc, rescale, scores, &self.vrows[..visible * hd], isa);
                 }
             }
         }
