@@ -52,6 +52,18 @@ pub unsafe fn quantize(x: &[f32], s_a: f32, q: &mut [i8]) -> i32 {
     total
 }
 
+/// The first byte of weight rows `r0..r0 + RR`.
+#[inline(always)]
+fn row_ptrs<const RR: usize>(w: &PackedTernary, r0: usize) -> [*const u8; RR] {
+    std::array::from_fn(|r| w.row(r0 + r).as_ptr())
+}
+
+/// The first activation of tokens `t0..t0 + TT`.
+#[inline(always)]
+fn act_ptrs<const TT: usize>(acts: &PackedActs, t0: usize) -> [*const i8; TT] {
+    std::array::from_fn(|t| acts.q(t0 + t).as_ptr())
+}
+
 /// Writes the tile's results.
 #[inline(always)]
 unsafe fn store<const RR: usize, const TT: usize>(
@@ -81,14 +93,7 @@ unsafe fn tile_bits2<const RR: usize, const TT: usize>(
 ) {
     let mask = _mm512_set1_epi8(3);
     let mut acc = [[_mm512_setzero_si512(); TT]; RR];
-    let mut wp = [std::ptr::null::<u8>(); RR];
-    for (r, p) in wp.iter_mut().enumerate() {
-        *p = w.row(r0 + r).as_ptr();
-    }
-    let mut ap = [std::ptr::null::<i8>(); TT];
-    for (t, p) in ap.iter_mut().enumerate() {
-        *p = acts.q(t0 + t).as_ptr();
-    }
+    let (wp, ap) = (row_ptrs::<RR>(w, r0), act_ptrs::<TT>(acts, t0));
     for c in 0..w.layout.k_pad / 256 {
         let mut cur = [_mm512_setzero_si512(); RR];
         for r in 0..RR {
@@ -125,14 +130,7 @@ unsafe fn tile_base3<const RR: usize, const TT: usize>(
     // Digit = ((q · 3) >> 8) for the byte q: 0 below 86, 1 below 171, else 2.
     let (t1, t2) = (_mm512_set1_epi8(86u8 as i8), _mm512_set1_epi8(171u8 as i8));
     let mut acc = [[_mm512_setzero_si512(); TT]; RR];
-    let mut wp = [std::ptr::null::<u8>(); RR];
-    for (r, p) in wp.iter_mut().enumerate() {
-        *p = w.row(r0 + r).as_ptr();
-    }
-    let mut ap = [std::ptr::null::<i8>(); TT];
-    for (t, p) in ap.iter_mut().enumerate() {
-        *p = acts.q(t0 + t).as_ptr();
-    }
+    let (wp, ap) = (row_ptrs::<RR>(w, r0), act_ptrs::<TT>(acts, t0));
     for c in 0..w.layout.k_pad / 320 {
         let mut q = [_mm512_setzero_si512(); RR];
         for r in 0..RR {
@@ -205,14 +203,7 @@ unsafe fn tile_base3_lut<const RR: usize, const TT: usize>(
     let (four, fifth) = (Lut::new(&four), Lut::new(&fifth));
     let mask = _mm512_set1_epi8(3);
     let mut acc = [[_mm512_setzero_si512(); TT]; RR];
-    let mut wp = [std::ptr::null::<u8>(); RR];
-    for (r, p) in wp.iter_mut().enumerate() {
-        *p = w.row(r0 + r).as_ptr();
-    }
-    let mut ap = [std::ptr::null::<i8>(); TT];
-    for (t, p) in ap.iter_mut().enumerate() {
-        *p = acts.q(t0 + t).as_ptr();
-    }
+    let (wp, ap) = (row_ptrs::<RR>(w, r0), act_ptrs::<TT>(acts, t0));
     for c in 0..w.layout.k_pad / 320 {
         let mut packed = [_mm512_setzero_si512(); RR];
         let mut last = [_mm512_setzero_si512(); RR];
@@ -288,10 +279,7 @@ unsafe fn tile_codes<const RR: usize, const TT: usize>(
 ) {
     let k_pad = w.layout.k_pad;
     let mut acc = [[_mm512_setzero_si512(); TT]; RR];
-    let mut ap = [std::ptr::null::<i8>(); TT];
-    for (t, p) in ap.iter_mut().enumerate() {
-        *p = acts.q(t0 + t).as_ptr();
-    }
+    let ap = act_ptrs::<TT>(acts, t0);
     for j in (0..k_pad).step_by(64) {
         let mut cw = [_mm512_setzero_si512(); RR];
         for (r, v) in cw.iter_mut().enumerate() {

@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+"""CPU benchmark of tern against ik_llama.cpp and llama.cpp, run alternately.
+
+Each round runs every configuration once (pp512 + tg128, one repetition after
+the tool's own warm-up), so the engines share the machine's state; the table
+gives medians over rounds and ratios to ik_llama.cpp. Peers are built outside
+the repo (see BENCHMARKS.md); nothing here downloads anything.
+
+usage: bench_vs_peers.py --ik IK_BENCH --ml ML_BENCH --tern TERN --models DIR [--rounds 5] [--threads 2]
+DIR holds ik-iq2_bn.gguf ik-iq1_bn.gguf ml-tq2_0.gguf ml-tq1_0.gguf and tern's
+tq2_0.gguf tq1_0.gguf iq2_bn.gguf iq1_bn.gguf i2_s.gguf (all from one F16 file).
+"""
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+
+
+def parse(md):
+    """{test: t/s} from a llama-bench style markdown table."""
+    out = {}
+    for line in md.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 3 and re.fullmatch(r"(pp|tg)\d+", cells[-2]):
+            out[cells[-2]] = float(cells[-1].split("±")[0])
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ik", required=True)
+    ap.add_argument("--ml", required=True)
+    ap.add_argument("--tern", required=True)
+    ap.add_argument("--models", required=True)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--log", default="bench_vs_peers.log")
+    a = ap.parse_args()
+    m = lambda f: os.path.join(a.models, f)
+    common = ["-p", "512", "-n", "128", "-t", str(a.threads), "-r", "1"]
+    configs = [
+        ("ik_llama.cpp", "IQ2_BN -rtr 1", [a.ik, "-m", m("ik-iq2_bn.gguf"), "-rtr", "1"] + common),
+        ("ik_llama.cpp", "IQ1_BN", [a.ik, "-m", m("ik-iq1_bn.gguf")] + common),
+        ("llama.cpp", "TQ2_0", [a.ml, "-m", m("ml-tq2_0.gguf")] + common),
+        ("llama.cpp", "TQ1_0", [a.ml, "-m", m("ml-tq1_0.gguf")] + common),
+    ] + [("tern", t.upper(), [a.tern, "bench", "-m", m(f"{t}.gguf")] + common)
+         for t in ["tq2_0", "iq2_bn", "i2_s", "tq1_0", "iq1_bn"]]
+    samples = {(e, f): {"pp512": [], "tg128": []} for e, f, _ in configs}
+    with open(a.log, "w") as log:
+        for r in range(a.rounds):
+            for engine, fmt, cmd in configs:
+                res = subprocess.run(cmd, capture_output=True, text=True)
+                log.write(f"# round {r} {engine} {fmt}: {' '.join(cmd)}\n{res.stdout}\n{res.stderr[-2000:]}\n")
+                log.flush()
+                got = parse(res.stdout)
+                for test in ("pp512", "tg128"):
+                    if test in got:
+                        samples[(engine, fmt)][test].append(got[test])
+                print(f"round {r} {engine:13} {fmt:14} {got}", file=sys.stderr, flush=True)
+    med = {k: {t: statistics.median(v) if v else float("nan") for t, v in d.items()} for k, d in samples.items()}
+    ik2, ik1 = med[("ik_llama.cpp", "IQ2_BN -rtr 1")], med[("ik_llama.cpp", "IQ1_BN")]
+    print(f"| engine | format | pp512 t/s | tg128 t/s | pp512 / ik IQ2_BN | tg128 / ik IQ2_BN | pp512 / ik IQ1_BN | tg128 / ik IQ1_BN |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for (engine, fmt), d in med.items():
+        print(f"| {engine} | {fmt} | {d['pp512']:.1f} | {d['tg128']:.2f} | {d['pp512'] / ik2['pp512']:.2f} | "
+              f"{d['tg128'] / ik2['tg128']:.2f} | {d['pp512'] / ik1['pp512']:.2f} | {d['tg128'] / ik1['tg128']:.2f} |")
+    print(f"\nmedians of {a.rounds} rounds, {a.threads} threads; raw output in {a.log}")
+
+
+if __name__ == "__main__":
+    main()
