@@ -5,25 +5,18 @@
 
 use crate::isa::Isa;
 
-/// `Σ a·b` in `L` independent lanes, then summed.
+/// `out[j] = scale · Σ_d q[d]·kt[d][j]` for `P` positions, `kt` being `[q.len()][P]`.
+/// The `P` sums stay in registers across the whole loop over `d`.
 #[inline(always)]
-fn dot_lanes<const L: usize>(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; L];
-    let (ca, cb) = (a.chunks_exact(L), b.chunks_exact(L));
-    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
-    for (x, y) in ca.zip(cb) {
-        for i in 0..L {
-            acc[i] = x[i].mul_add(y[i], acc[i]);
+fn scores_transposed_loop<const P: usize>(q: &[f32], kt: &[f32], scale: f32, out: &mut [f32; P]) {
+    let mut acc = [0f32; P];
+    for (&qd, row) in q.iter().zip(kt.chunks_exact(P)) {
+        for j in 0..P {
+            acc[j] = qd.mul_add(row[j], acc[j]);
         }
     }
-    acc.iter().sum::<f32>() + tail
-}
-
-/// `out[j] = scale · (q · rows[j])` for the `out.len()` rows of `q.len()`.
-#[inline(always)]
-fn dots_loop<const L: usize>(q: &[f32], rows: &[f32], scale: f32, out: &mut [f32]) {
-    for (o, row) in out.iter_mut().zip(rows.chunks_exact(q.len())) {
-        *o = dot_lanes::<L>(q, row) * scale;
+    for (o, a) in out.iter_mut().zip(acc) {
+        *o = a * scale;
     }
 }
 
@@ -90,9 +83,10 @@ macro_rules! per_isa {
 }
 
 per_isa! {
-    /// Scaled dot products of `q` with each row of `rows` (attention scores).
-    pub fn dots(q: &[f32], rows: &[f32], scale: f32, out: &mut [f32]) =>
-        dots_loop::<16>(q, rows, scale, out), dots_loop::<8>(q, rows, scale, out), dots_loop::<8>(q, rows, scale, out)
+    /// Attention scores of `q` against 64 keys stored transposed (`[q.len()][64]`).
+    pub fn scores_transposed(q: &[f32], kt: &[f32], scale: f32, out: &mut [f32; 64]) =>
+        scores_transposed_loop(q, kt, scale, out), scores_transposed_loop(q, kt, scale, out),
+        scores_transposed_loop(q, kt, scale, out)
 }
 
 per_isa! {
@@ -131,14 +125,20 @@ mod tests {
     }
 
     #[test]
-    fn dots_and_weighted_rows_match_f64() {
+    fn scores_and_weighted_rows_match_f64() {
         for (d, n) in [(1, 3), (7, 2), (64, 5), (100, 4), (128, 9)] {
             let q: Vec<f32> = (0..d).map(|i| ((i * 37 % 11) as f32 - 5.0) * 0.3).collect();
             let rows: Vec<f32> = (0..d * n).map(|i| ((i * 13 % 7) as f32 - 3.0) * 0.7).collect();
             let w: Vec<f32> = (0..n).map(|j| 0.1 + j as f32 * 0.05).collect();
+            let mut kt = vec![0f32; d * 64];
+            for j in 0..n {
+                for i in 0..d {
+                    kt[i * 64 + j] = rows[j * d + i];
+                }
+            }
             for isa in isas() {
-                let mut out = vec![0f32; n];
-                dots(&q, &rows, 0.5, &mut out, isa);
+                let mut out = [0f32; 64];
+                scores_transposed(&q, &kt, 0.5, &mut out, isa);
                 let mut acc = vec![1f32; d];
                 weighted_rows(&mut acc, 0.25, &w, &rows, isa);
                 for j in 0..n {
@@ -147,6 +147,7 @@ mod tests {
                     let mag: f64 = q.iter().zip(row).map(|(a, b)| (a * b).abs() as f64).sum();
                     assert!((out[j] as f64 - exact).abs() <= 1e-6 * mag + 1e-12, "{isa:?} d={d} row {j}");
                 }
+                assert!(out[n..].iter().all(|&s| s == 0.0), "positions past the keys score 0");
                 for i in 0..d {
                     let exact: f64 = 0.25 + (0..n).map(|j| w[j] as f64 * rows[j * d + i] as f64).sum::<f64>();
                     assert!((acc[i] as f64 - exact).abs() <= 1e-5, "{isa:?} d={d} elem {i}");

@@ -117,6 +117,8 @@ struct Task {
     group: usize,
     hd: usize,
     krows: Vec<f32>,
+    /// The K block transposed, `[head_dim][POSITIONS]`, zero past the block.
+    kt: Vec<f32>,
     vrows: Vec<f32>,
     scores: Vec<f32>,
     max: Vec<f32>,
@@ -132,6 +134,7 @@ impl Task {
             group,
             hd,
             krows: vec![0.0; POSITIONS * hd],
+            kt: vec![0.0; POSITIONS * hd],
             vrows: vec![0.0; POSITIONS * hd],
             scores: vec![0.0; POSITIONS],
             max: vec![f32::NEG_INFINITY; queries],
@@ -166,6 +169,14 @@ impl Task {
                 kc.load(start + j, g * hd, &mut self.krows[j * hd..(j + 1) * hd]);
                 vc.load(start + j, g * hd, &mut self.vrows[j * hd..(j + 1) * hd]);
             }
+            // Scores then run along positions: one broadcast of q[d] feeds a
+            // whole vector of positions, with no horizontal sums.
+            self.kt.fill(0.0);
+            for j in 0..n_pos {
+                for d in 0..hd {
+                    self.kt[d * POSITIONS + j] = self.krows[j * hd + d];
+                }
+            }
             for (ti, t) in tokens.clone().enumerate() {
                 // Causal: token t sees positions up to kv_pos + t.
                 let visible = (p.kv_pos + t + 1).saturating_sub(start).min(n_pos);
@@ -175,8 +186,9 @@ impl Task {
                 for h in 0..group {
                     let qi = ti * group + h;
                     let qv = &q[t * width + (g * group + h) * hd..][..hd];
+                    let all: &mut [f32; POSITIONS] = (&mut self.scores[..]).try_into().expect("POSITIONS scores");
+                    vec::scores_transposed(qv, &self.kt, p.scale, all, isa);
                     let scores = &mut self.scores[..visible];
-                    vec::dots(qv, &self.krows[..visible * hd], p.scale, scores, isa);
                     let block_max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
                     let new_max = self.max[qi].max(block_max);
                     // Rescale what was accumulated under the old max, then add this block.
