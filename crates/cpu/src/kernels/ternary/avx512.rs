@@ -10,6 +10,9 @@ use std::ops::Range;
 
 use super::{finish, Decoded, Out, PackedActs, PackedTernary, Tiles};
 
+/// Bytes ahead of the current chunk that the streaming kernels prefetch.
+const PREFETCH: usize = 512;
+
 /// Rows and tokens per tile.
 const R: usize = 4;
 const T: usize = 4;
@@ -97,6 +100,8 @@ unsafe fn tile_bits2<const RR: usize, const TT: usize>(
     for c in 0..w.layout.k_pad / 256 {
         let mut cur = [_mm512_setzero_si512(); RR];
         for r in 0..RR {
+            // Weights stream from memory once per token: ask for them early.
+            _mm_prefetch::<_MM_HINT_T0>(wp[r].add(64 * c + PREFETCH) as *const i8);
             cur[r] = _mm512_loadu_si512(wp[r].add(64 * c) as *const _);
         }
         for i in 0..4 {
