@@ -70,7 +70,22 @@ fn args() -> Vec<String> {
         .collect()
 }
 
+/// Restores the default SIGPIPE action, so `tern info | head` ends quietly like
+/// any Unix tool instead of failing a write (Rust ignores SIGPIPE by default).
+#[cfg(unix)]
+fn default_sigpipe() {
+    extern "C" {
+        fn signal(signum: i32, handler: usize) -> usize;
+    }
+    const SIGPIPE: i32 = 13;
+    const SIG_DFL: usize = 0;
+    // SAFETY: called first thing in main, before any thread exists.
+    unsafe { signal(SIGPIPE, SIG_DFL) };
+}
+
 fn main() -> ExitCode {
+    #[cfg(unix)]
+    default_sigpipe();
     let cli = Cli::parse_from(args());
     let result = match cli.command {
         Command::Run(a) => run::main(a),
