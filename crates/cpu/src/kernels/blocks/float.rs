@@ -158,20 +158,6 @@ unsafe fn dot_avx512<W: Float>(n: usize, w: &[u8], act: &[u8]) -> f32 {
     _mm512_reduce_add_ps(acc)
 }
 
-macro_rules! kernels {
-    ($($avx2:ident, $avx512:ident, $fmt:ty;)*) => {$(
-        #[target_feature(enable = "avx2,fma,f16c")]
-        pub(super) unsafe fn $avx2(n: usize, w: &[u8], act: &[u8]) -> f32 {
-            dot_avx2::<$fmt>(n, w, act)
-        }
-
-        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-        pub(super) unsafe fn $avx512(n: usize, w: &[u8], act: &[u8]) -> f32 {
-            dot_avx512::<$fmt>(n, w, act)
-        }
-    )*};
-}
-
 kernels! {
     f32_avx2, f32_avx512, F32;
     f16_avx2, f16_avx512, F16;

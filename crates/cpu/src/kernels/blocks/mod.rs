@@ -31,6 +31,23 @@ use tern_quant::GgmlType;
 
 use crate::isa::Isa;
 
+/// One `#[target_feature]` entry point per ISA level for each generic kernel
+/// `dot_avx2::<Fmt>` / `dot_avx512::<Fmt>` of the including module.
+#[cfg(target_arch = "x86_64")]
+macro_rules! kernels {
+    ($($avx2:ident, $avx512:ident, $fmt:ty;)*) => {$(
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub(super) unsafe fn $avx2(n: usize, w: &[u8], act: &[u8]) -> f32 {
+            dot_avx2::<$fmt>(n, w, act)
+        }
+
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+        pub(super) unsafe fn $avx512(n: usize, w: &[u8], act: &[u8]) -> f32 {
+            dot_avx512::<$fmt>(n, w, act)
+        }
+    )*};
+}
+
 #[cfg(target_arch = "x86_64")]
 mod float;
 #[cfg(target_arch = "x86_64")]

@@ -268,20 +268,6 @@ unsafe fn dot_avx512<W: Q32>(n: usize, w: &[u8], act: &[u8]) -> f32 {
     sum
 }
 
-macro_rules! kernels {
-    ($($avx2:ident, $avx512:ident, $fmt:ty;)*) => {$(
-        #[target_feature(enable = "avx2,fma,f16c")]
-        pub(super) unsafe fn $avx2(n: usize, w: &[u8], act: &[u8]) -> f32 {
-            dot_avx2::<$fmt>(n, w, act)
-        }
-
-        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-        pub(super) unsafe fn $avx512(n: usize, w: &[u8], act: &[u8]) -> f32 {
-            dot_avx512::<$fmt>(n, w, act)
-        }
-    )*};
-}
-
 kernels! {
     q8_0_avx2, q8_0_avx512, Q8_0;
     q4_0_avx2, q4_0_avx512, Q4_0;
