@@ -300,7 +300,22 @@ unsafe fn tile_codes<const RR: usize, const TT: usize>(
     store(&acc, w, r0, acts, t0, out);
 }
 
+/// Rows per tile when there is one token (decoding): more rows stream from
+/// memory at once.
+const GEMV_ROWS: usize = 8;
+
 pub unsafe fn gemm_bits2(w: &PackedTernary, rows: Range<usize>, acts: &PackedActs, out: Out) {
+    if acts.n == 1 {
+        let mut r = rows.start;
+        while r + GEMV_ROWS <= rows.end {
+            tile_bits2::<GEMV_ROWS, 1>(w, r, acts, 0, out);
+            r += GEMV_ROWS;
+        }
+        for r in r..rows.end {
+            tile_bits2::<1, 1>(w, r, acts, 0, out);
+        }
+        return;
+    }
     let tiles = Tiles {
         rows: R,
         tokens: T,
