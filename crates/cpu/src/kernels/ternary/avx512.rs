@@ -234,11 +234,15 @@ unsafe fn tile_base3_lut<const RR: usize, const TT: usize>(
     store(&acc, w, r0, acts, t0, out);
 }
 
-/// Rows `r0..r0 + R` of a Bits2 matrix as code bytes, `k_pad` per row.
+/// Rows per decoded tile: 6 × 4 accumulators + 6 code vectors + 1 activation
+/// fill 31 of the 32 registers.
+const DR: usize = 6;
+
+/// Rows `r0..r0 + DR` of a Bits2 matrix as code bytes, `k_pad` per row.
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn decode_bits2(w: &PackedTernary, r0: usize, codes: &mut [u8]) {
     let (mask, k_pad) = (_mm512_set1_epi8(3), w.layout.k_pad);
-    for r in 0..R {
+    for r in 0..DR {
         let (src, dst) = (w.row(r0 + r).as_ptr(), codes.as_mut_ptr().add(r * k_pad));
         for c in 0..k_pad / 256 {
             let mut cur = _mm512_loadu_si512(src.add(64 * c) as *const _);
@@ -250,13 +254,13 @@ unsafe fn decode_bits2(w: &PackedTernary, r0: usize, codes: &mut [u8]) {
     }
 }
 
-/// Rows `r0..r0 + R` of a Base3 matrix as code bytes, `k_pad` per row.
+/// Rows `r0..r0 + DR` of a Base3 matrix as code bytes, `k_pad` per row.
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn decode_base3(w: &PackedTernary, r0: usize, codes: &mut [u8]) {
     let one = _mm512_set1_epi8(1);
     let (t1, t2) = (_mm512_set1_epi8(86u8 as i8), _mm512_set1_epi8(171u8 as i8));
     let k_pad = w.layout.k_pad;
-    for r in 0..R {
+    for r in 0..DR {
         let (src, dst) = (w.row(r0 + r).as_ptr(), codes.as_mut_ptr().add(r * k_pad));
         for c in 0..k_pad / 320 {
             let mut q = _mm512_loadu_si512(src.add(64 * c) as *const _);
@@ -272,7 +276,7 @@ unsafe fn decode_base3(w: &PackedTernary, r0: usize, codes: &mut [u8]) {
     }
 }
 
-/// A tile over decoded code bytes (`R × k_pad`): loads and `vpdpbusd` only.
+/// A tile over decoded code bytes (`RR × k_pad`): loads and `vpdpbusd` only.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 unsafe fn tile_codes<const RR: usize, const TT: usize>(
     w: &PackedTernary,
@@ -324,9 +328,10 @@ pub unsafe fn gemm_bits2(w: &PackedTernary, rows: Range<usize>, acts: &PackedAct
         token_edge: &[tile_bits2::<R, 1>, tile_bits2::<R, 2>, tile_bits2::<R, 3>],
         single: tile_bits2::<1, 1>,
         decoded: Some(Decoded {
+            rows: DR,
             decode: decode_bits2,
-            full: tile_codes::<R, T>,
-            token_edge: &[tile_codes::<R, 1>, tile_codes::<R, 2>, tile_codes::<R, 3>],
+            full: tile_codes::<DR, T>,
+            token_edge: &[tile_codes::<DR, 1>, tile_codes::<DR, 2>, tile_codes::<DR, 3>],
         }),
     };
     tiles.drive(w, rows, acts, out)
@@ -344,9 +349,10 @@ pub unsafe fn gemm_base3(w: &PackedTernary, rows: Range<usize>, acts: &PackedAct
         token_edge: &[tile_base3::<R, 1>, tile_base3::<R, 2>, tile_base3::<R, 3>],
         single: tile_base3::<1, 1>,
         decoded: Some(Decoded {
+            rows: DR,
             decode: decode_base3,
-            full: tile_codes::<R, T>,
-            token_edge: &[tile_codes::<R, 1>, tile_codes::<R, 2>, tile_codes::<R, 3>],
+            full: tile_codes::<DR, T>,
+            token_edge: &[tile_codes::<DR, 1>, tile_codes::<DR, 2>, tile_codes::<DR, 3>],
         }),
     };
     tiles.drive(w, rows, acts, out)
@@ -361,9 +367,10 @@ unsafe fn gemm_base3_lut(w: &PackedTernary, rows: Range<usize>, acts: &PackedAct
         token_edge: &[tile_base3_lut::<R, 1>, tile_base3_lut::<R, 2>, tile_base3_lut::<R, 3>],
         single: tile_base3_lut::<1, 1>,
         decoded: Some(Decoded {
+            rows: DR,
             decode: decode_base3,
-            full: tile_codes::<R, T>,
-            token_edge: &[tile_codes::<R, 1>, tile_codes::<R, 2>, tile_codes::<R, 3>],
+            full: tile_codes::<DR, T>,
+            token_edge: &[tile_codes::<DR, 1>, tile_codes::<DR, 2>, tile_codes::<DR, 3>],
         }),
     };
     tiles.drive(w, rows, acts, out)

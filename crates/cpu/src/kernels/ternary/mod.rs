@@ -200,7 +200,10 @@ type CodesTile = unsafe fn(&PackedTernary, usize, &[u8], &PackedActs, usize, Out
 /// scratch of codes, then every token tile reads plain bytes: the unpacking
 /// is paid once per block instead of once per token tile.
 struct Decoded {
-    /// Decodes rows `r0..r0 + R` into `R × k_pad` code bytes.
+    /// Rows per decoded tile (its accumulators need fewer registers than a
+    /// direct tile's, so it can be taller).
+    rows: usize,
+    /// Decodes rows `r0..r0 + rows` into `rows × k_pad` code bytes.
     decode: unsafe fn(&PackedTernary, usize, &mut [u8]),
     full: CodesTile,
     /// R rows × 1..T-1 tokens (index = tokens − 1).
@@ -233,28 +236,26 @@ impl Tiles {
         for block in (0..acts.n).step_by(TOKEN_BLOCK) {
             let block_end = (block + TOKEN_BLOCK).min(acts.n);
             let full_end = block + (block_end - block) / tt * tt;
-            let decoded = self.decoded.as_ref().filter(|_| full_end - block >= 2 * tt);
-            let mut scratch = vec![0u8; if decoded.is_some() { rr * w.layout.k_pad } else { 0 }];
             let mut r = rows.start;
+            if let Some(d) = self.decoded.as_ref().filter(|_| full_end - block >= 2 * tt) {
+                let mut scratch = vec![0u8; d.rows * w.layout.k_pad];
+                while r + d.rows <= rows.end {
+                    (d.decode)(w, r, &mut scratch);
+                    for t0 in (block..full_end).step_by(tt) {
+                        (d.full)(w, r, &scratch, acts, t0, out);
+                    }
+                    if full_end < block_end {
+                        (d.token_edge[block_end - full_end - 1])(w, r, &scratch, acts, full_end, out);
+                    }
+                    r += d.rows;
+                }
+            }
             while r + rr <= rows.end {
-                match decoded {
-                    Some(d) => {
-                        (d.decode)(w, r, &mut scratch);
-                        for t0 in (block..full_end).step_by(tt) {
-                            (d.full)(w, r, &scratch, acts, t0, out);
-                        }
-                        if full_end < block_end {
-                            (d.token_edge[block_end - full_end - 1])(w, r, &scratch, acts, full_end, out);
-                        }
-                    }
-                    None => {
-                        for t0 in (block..full_end).step_by(tt) {
-                            (self.full)(w, r, acts, t0, out);
-                        }
-                        if full_end < block_end {
-                            (self.token_edge[block_end - full_end - 1])(w, r, acts, full_end, out);
-                        }
-                    }
+                for t0 in (block..full_end).step_by(tt) {
+                    (self.full)(w, r, acts, t0, out);
+                }
+                if full_end < block_end {
+                    (self.token_edge[block_end - full_end - 1])(w, r, acts, full_end, out);
                 }
                 r += rr;
             }
