@@ -304,6 +304,27 @@ unsafe fn tile_codes<const RR: usize, const TT: usize>(
     store(&acc, w, r0, acts, t0, out);
 }
 
+/// The AVX-512 tile set of a direct tile kernel and a decoder: full R×T tiles,
+/// their edges, and the decoded path for prompt-sized batches.
+macro_rules! tiles {
+    ($tile:ident, $decode:ident) => {
+        Tiles {
+            rows: R,
+            tokens: T,
+            full: $tile::<R, T>,
+            row_edge: $tile::<1, T>,
+            token_edge: &[$tile::<R, 1>, $tile::<R, 2>, $tile::<R, 3>],
+            single: $tile::<1, 1>,
+            decoded: Some(Decoded {
+                rows: DR,
+                decode: $decode,
+                full: tile_codes::<DR, T>,
+                token_edge: &[tile_codes::<DR, 1>, tile_codes::<DR, 2>, tile_codes::<DR, 3>],
+            }),
+        }
+    };
+}
+
 /// Rows per tile when there is one token (decoding): more rows stream from
 /// memory at once.
 const GEMV_ROWS: usize = 8;
@@ -320,58 +341,16 @@ pub unsafe fn gemm_bits2(w: &PackedTernary, rows: Range<usize>, acts: &PackedAct
         }
         return;
     }
-    let tiles = Tiles {
-        rows: R,
-        tokens: T,
-        full: tile_bits2::<R, T>,
-        row_edge: tile_bits2::<1, T>,
-        token_edge: &[tile_bits2::<R, 1>, tile_bits2::<R, 2>, tile_bits2::<R, 3>],
-        single: tile_bits2::<1, 1>,
-        decoded: Some(Decoded {
-            rows: DR,
-            decode: decode_bits2,
-            full: tile_codes::<DR, T>,
-            token_edge: &[tile_codes::<DR, 1>, tile_codes::<DR, 2>, tile_codes::<DR, 3>],
-        }),
-    };
-    tiles.drive(w, rows, acts, out)
+    tiles!(tile_bits2, decode_bits2).drive(w, rows, acts, out)
 }
 
 pub unsafe fn gemm_base3(w: &PackedTernary, rows: Range<usize>, acts: &PackedActs, out: Out, lut: bool) {
     if lut {
         return gemm_base3_lut(w, rows, acts, out);
     }
-    let tiles = Tiles {
-        rows: R,
-        tokens: T,
-        full: tile_base3::<R, T>,
-        row_edge: tile_base3::<1, T>,
-        token_edge: &[tile_base3::<R, 1>, tile_base3::<R, 2>, tile_base3::<R, 3>],
-        single: tile_base3::<1, 1>,
-        decoded: Some(Decoded {
-            rows: DR,
-            decode: decode_base3,
-            full: tile_codes::<DR, T>,
-            token_edge: &[tile_codes::<DR, 1>, tile_codes::<DR, 2>, tile_codes::<DR, 3>],
-        }),
-    };
-    tiles.drive(w, rows, acts, out)
+    tiles!(tile_base3, decode_base3).drive(w, rows, acts, out)
 }
 
 unsafe fn gemm_base3_lut(w: &PackedTernary, rows: Range<usize>, acts: &PackedActs, out: Out) {
-    let tiles = Tiles {
-        rows: R,
-        tokens: T,
-        full: tile_base3_lut::<R, T>,
-        row_edge: tile_base3_lut::<1, T>,
-        token_edge: &[tile_base3_lut::<R, 1>, tile_base3_lut::<R, 2>, tile_base3_lut::<R, 3>],
-        single: tile_base3_lut::<1, 1>,
-        decoded: Some(Decoded {
-            rows: DR,
-            decode: decode_base3,
-            full: tile_codes::<DR, T>,
-            token_edge: &[tile_codes::<DR, 1>, tile_codes::<DR, 2>, tile_codes::<DR, 3>],
-        }),
-    };
-    tiles.drive(w, rows, acts, out)
+    tiles!(tile_base3_lut, decode_base3).drive(w, rows, acts, out)
 }
