@@ -54,6 +54,13 @@ pub struct Args {
     /// V cache types: f16, f32, q8_0 (`-ctv`; comma list) [default: f16].
     #[arg(long = "cache-type-v", value_name = "TYPE,...")]
     pub cache_type_v: Vec<String>,
+    /// Layers offloaded to the GPU (`-ngl`; comma list) [default: 0].
+    #[arg(long = "n-gpu-layers", value_name = "N,...")]
+    pub n_gpu_layers: Vec<String>,
+    /// Flash attention (`-fa`): accepted for llama-bench compatibility; tern's
+    /// attention is always the fused flash-style kernel.
+    #[arg(long = "flash-attn", value_name = "0|1")]
+    pub flash_attn: Vec<String>,
     /// Output format: md, csv or json [default: md].
     #[arg(short = 'o', long = "output", value_name = "FORMAT")]
     pub output: Option<String>,
@@ -203,6 +210,7 @@ pub struct Instance {
     pub type_k: String,
     pub type_v: String,
     pub threads: usize,
+    pub ngl: usize,
 }
 
 impl Instance {
@@ -216,6 +224,7 @@ impl Instance {
             k_type,
             v_type,
             n_batch: self.n_ubatch,
+            n_gpu_layers: self.ngl,
             ..LoadOptions::default()
         };
         let path = &models[self.model].path;
@@ -240,6 +249,12 @@ fn plan(a: &Args) -> Result<Plan, CliError> {
         o => return Err(CliError(format!("unknown output format {o:?} for -o (use md, csv or json)"))),
     };
     let threads = counts(&a.threads, "-t", &[n_cores()], 1)?;
+    let ngls = counts(&a.n_gpu_layers, "-ngl", &[0], 0)?;
+    for fa in counts(&a.flash_attn, "-fa", &[1], 0)? {
+        if fa > 1 {
+            return Err(CliError(format!("bad value {fa} for -fa (use 0 or 1)")));
+        }
+    }
     let batches = counts(&a.batch_size, "-b", &[2048], 1)?;
     let ubatches = counts(&a.ubatch_size, "-ub", &[512], 1)?;
     let (types_k, types_v) = (cache_types(&a.cache_type_k, "-ctk")?, cache_types(&a.cache_type_v, "-ctv")?);
@@ -265,11 +280,11 @@ fn plan(a: &Args) -> Result<Plan, CliError> {
         for &n_batch in &batches {
             for &ub in &ubatches {
                 for (type_k, type_v) in types_k.iter().flat_map(|k| types_v.iter().map(move |v| (k, v))) {
-                    for &t in &threads {
+                    for (&t, &ngl) in threads.iter().flat_map(|t| ngls.iter().map(move |n| (t, n))) {
                         // As in llama.cpp, a micro-batch never exceeds the batch.
                         let n_ubatch = ub.min(n_batch);
                         let (type_k, type_v) = (type_k.clone(), type_v.clone());
-                        let inst = Instance { model, n_batch, n_ubatch, type_k, type_v, threads: t };
+                        let inst = Instance { model, n_batch, n_ubatch, type_k, type_v, threads: t, ngl };
                         if !instances.contains(&inst) {
                             instances.push(inst);
                         }
@@ -376,6 +391,7 @@ fn run_tests(plan: &Plan, tests: &[Test], reps: usize) -> Result<(), CliError> {
     let varies = |f: &dyn Fn(&Instance) -> bool| plan.instances.iter().any(f);
     let (show_b, show_ub) = (varies(&|i| i.n_batch != 2048), varies(&|i| i.n_ubatch != 512));
     let (show_k, show_v) = (varies(&|i| i.type_k != "f16"), varies(&|i| i.type_v != "f16"));
+    let show_ngl = varies(&|i| i.ngl != 0);
     let model_w = plan.models.iter().map(|m| m.desc.chars().count()).max().unwrap_or(0).max(30);
     let mut cols = vec![
         Col::new("model", model_w, true),
@@ -384,6 +400,9 @@ fn run_tests(plan: &Plan, tests: &[Test], reps: usize) -> Result<(), CliError> {
         Col::new("backend", 10, true),
         Col::new("threads", 7, false),
     ];
+    if show_ngl {
+        cols.push(Col::new("ngl", 5, false));
+    }
     let extra =
         [(show_b, "n_batch", false), (show_ub, "n_ubatch", false), (show_k, "type_k", true), (show_v, "type_v", true)];
     for (show, name, left) in extra {
@@ -406,6 +425,10 @@ fn run_tests(plan: &Plan, tests: &[Test], reps: usize) -> Result<(), CliError> {
     for inst in &plan.instances {
         let m = &plan.models[inst.model];
         let mut session = inst.load(&plan.models, n_ctx)?;
+        for n in &session.notices {
+            eprintln!("warning: {n}");
+        }
+        let backend = session.backend_names();
         let tok = gen_token(&session);
         let prompt = random_tokens(n_ctx_need, session.n_vocab(), 0x7e4e_be4c);
         for test in tests {
@@ -424,7 +447,7 @@ fn run_tests(plan: &Plan, tests: &[Test], reps: usize) -> Result<(), CliError> {
             // (field, value, is it a string)
             let common: Vec<(&str, String, bool)> = vec![
                 ("cpu_info", cpu.clone(), true),
-                ("backends", "CPU".to_string(), true),
+                ("backends", backend.clone(), true),
                 ("model_filename", m.path.display().to_string(), true),
                 ("model_type", m.desc.clone(), true),
                 ("model_size", m.size.to_string(), false),
@@ -432,6 +455,7 @@ fn run_tests(plan: &Plan, tests: &[Test], reps: usize) -> Result<(), CliError> {
                 ("n_batch", inst.n_batch.to_string(), false),
                 ("n_ubatch", inst.n_ubatch.to_string(), false),
                 ("n_threads", inst.threads.to_string(), false),
+                ("n_gpu_layers", inst.ngl.to_string(), false),
                 ("type_k", inst.type_k.clone(), true),
                 ("type_v", inst.type_v.clone(), true),
                 ("n_prompt", test.n_prompt.to_string(), false),
@@ -449,9 +473,12 @@ fn run_tests(plan: &Plan, tests: &[Test], reps: usize) -> Result<(), CliError> {
                         m.desc.clone(),
                         fmt_size(m.size),
                         fmt_params(m.n_params),
-                        "CPU".to_string(),
+                        backend.clone(),
                         inst.threads.to_string(),
                     ];
+                    if show_ngl {
+                        cells.push(inst.ngl.to_string());
+                    }
                     for (show, v) in [
                         (show_b, inst.n_batch.to_string()),
                         (show_ub, inst.n_ubatch.to_string()),

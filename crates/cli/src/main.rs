@@ -53,8 +53,10 @@ impl<E: std::fmt::Display> From<E> for CliError {
 
 /// llama.cpp spells some long options with one dash (`-ot`, `-ctk`); clap's
 /// short flags are one letter, so those spellings are rewritten first.
-const SINGLE_DASH_LONG: [(&str, &str); 5] = [
+const SINGLE_DASH_LONG: [(&str, &str); 7] = [
     ("-ot", "--override-tensor"),
+    ("-ngl", "--n-gpu-layers"),
+    ("-fa", "--flash-attn"),
     ("-ctk", "--cache-type-k"),
     ("-ctv", "--cache-type-v"),
     ("-pg", "--pg"),

@@ -38,6 +38,9 @@ pub struct ModelArgs {
     /// Pin tensors to a backend: REGEX=BACKEND (repeatable, comma lists allowed).
     #[arg(long = "override-tensor")]
     pub override_tensor: Vec<String>,
+    /// Layers to offload to the GPU (`-ngl`); past the layer count the output layer too.
+    #[arg(long = "n-gpu-layers", default_value_t = 0)]
+    pub n_gpu_layers: usize,
 }
 
 impl ModelArgs {
@@ -75,7 +78,11 @@ impl ModelArgs {
         opts.k_type = kv(&self.cache_type_k)?;
         opts.v_type = kv(&self.cache_type_v)?;
         opts.overrides = self.override_tensor.clone();
+        opts.n_gpu_layers = self.n_gpu_layers;
         let session = Session::load(&path, &opts).map_err(|e| CliError(format!("{}: {e}", path.display())))?;
+        for n in &session.notices {
+            eprintln!("warning: {n}");
+        }
         Ok(session)
     }
 }

@@ -59,7 +59,7 @@ impl Backend for CpuBackend {
             Op::Rope(_) => f32_only(&srcs[..1]),
             Op::Attention(_) => {
                 let cache = |n: &Node| matches!(n.dtype, DType::Ggml(GgmlType::F32 | GgmlType::F16 | GgmlType::Q8_0));
-                f32_only(&srcs[..3]) && srcs[3..].iter().all(|n| cache(n))
+                f32_only(&srcs[..3]) && srcs[3..5].iter().all(|n| cache(n))
             }
             Op::RmsNorm { .. } | Op::Mul | Op::Add | Op::Scale { .. } | Op::GatedAct(_) => f32_only(srcs),
         }

@@ -24,6 +24,8 @@ pub enum Error {
     KvType(String),
     #[error("perplexity: {0}")]
     Perplexity(String),
+    #[error("{0}")]
+    Device(String),
     #[error("nothing to evaluate: the token list is empty")]
     Empty,
 }

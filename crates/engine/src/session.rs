@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use tern_backend::{Backend, BackendId, HostBytes, TensorLoc, WeightDesc};
 use tern_cpu::CpuBackend;
+use tern_cuda::CudaBackend;
 use tern_gguf::{File, GgmlType};
 use tern_graph::Op;
 use tern_models::{Batch, Built, KvSpec, Model};
@@ -30,6 +31,10 @@ pub struct LoadOptions {
     /// Number of CPU backend instances (`CPU`, `CPU1`, ...). More than one is
     /// how graph splits and copies are exercised without a GPU.
     pub cpu_instances: u8,
+    /// `-ngl`: layers offloaded to the first GPU (past the layer count, the
+    /// output layer too). Without a usable GPU the model stays on the CPU
+    /// and the session says why in `notices`.
+    pub n_gpu_layers: usize,
 }
 
 impl Default for LoadOptions {
@@ -43,6 +48,7 @@ impl Default for LoadOptions {
             n_batch: 512,
             overrides: Vec::new(),
             cpu_instances: 1,
+            n_gpu_layers: 0,
         }
     }
 }
@@ -75,6 +81,8 @@ pub struct Session {
     pos: usize,
     n_batch: usize,
     tokenizer: std::result::Result<Arc<Tokenizer>, String>,
+    /// Things the user should know about the load (no GPU found, ...).
+    pub notices: Vec<String>,
 }
 
 impl Session {
@@ -82,11 +90,35 @@ impl Session {
         let file = File::open(path)?;
         let model = Model::load(&file)?;
         let c = &model.config;
-        let ids: Vec<BackendId> = (0..opts.cpu_instances.max(1)).map(BackendId::cpu).collect();
-        let rules = PlacementRules::parse_overrides(&opts.overrides, &ids)?;
+        let mut ids: Vec<BackendId> = (0..opts.cpu_instances.max(1)).map(BackendId::cpu).collect();
+        let mut notices = Vec::new();
+        let wants_gpu = opts.n_gpu_layers > 0 || opts.overrides.iter().any(|o| o.to_ascii_uppercase().contains("=CUDA"));
+        let gpus: Vec<BackendId> = match wants_gpu.then(tern_cuda::devices) {
+            Some(Ok(list)) => list.iter().map(|d| BackendId::cuda(d.index as u8)).collect(),
+            Some(Err(why)) => {
+                notices.push(format!("{why}; running on the CPU"));
+                Vec::new()
+            }
+            None => Vec::new(),
+        };
+        ids.extend(&gpus);
+        let mut rules = PlacementRules::parse_overrides(&opts.overrides, &ids)?;
+        if let (n @ 1.., Some(&gpu)) = (opts.n_gpu_layers, gpus.first()) {
+            rules = rules.with_gpu_layers(n, gpu);
+        }
         let placement = Placement::new(model.weights.table.names(), c.n_layer, &rules);
-        let list: Vec<Box<dyn Backend>> =
-            ids.iter().map(|&id| Box::new(CpuBackend::new(id, opts.n_threads)) as Box<dyn Backend>).collect();
+        let on_gpu = placement.kv_homes.iter().any(|b| !b.is_host());
+        if on_gpu && [opts.k_type, opts.v_type].iter().any(|t| !matches!(t, GgmlType::F32 | GgmlType::F16)) {
+            return Err(Error::KvType("the CUDA backend keeps f16 or f32 caches (use -ctk f16 -ctv f16)".into()));
+        }
+        let mut list: Vec<Box<dyn Backend>> = Vec::new();
+        for id in ids.iter().filter(|id| id.is_host() || placement.backends().contains(id)) {
+            list.push(if id.is_host() {
+                Box::new(CpuBackend::new(*id, opts.n_threads))
+            } else {
+                Box::new(CudaBackend::new(id.index).map_err(|e| Error::Device(format!("{id}: {e}")))?)
+            });
+        }
         let mut backends = Backends::new(list);
 
         let owner: Arc<dyn AsRef<[u8]> + Send + Sync> = Arc::new(FileBytes(file.clone()));
@@ -124,6 +156,7 @@ impl Session {
             pos: 0,
             n_batch: opts.n_batch.max(1),
             tokenizer,
+            notices,
         })
     }
 
@@ -152,6 +185,23 @@ impl Session {
     /// Keeps only the first `n` cached tokens, so a new suffix can follow a shared prefix.
     pub fn truncate(&mut self, n: usize) {
         self.pos = self.pos.min(n);
+    }
+
+    /// The backends that hold weights, as llama-bench prints them (`CPU`, `CUDA`, `CUDA,CPU`).
+    pub fn backend_names(&self) -> String {
+        let kinds: Vec<&str> = self
+            .placement
+            .weights
+            .iter()
+            .map(|w| if w.backend.is_host() { "CPU" } else { "CUDA" })
+            .rev()
+            .fold(Vec::new(), |mut v, k| {
+                if !v.contains(&k) {
+                    v.push(k);
+                }
+                v
+            });
+        kinds.join(",")
     }
 
     pub fn kv_bytes(&self) -> usize {

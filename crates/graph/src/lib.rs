@@ -195,6 +195,7 @@ impl Graph {
         v: NodeId,
         k_cache: NodeId,
         v_cache: NodeId,
+        positions: NodeId,
         p: AttentionParams,
     ) -> NodeId {
         let n_tokens = self.ne(q)[1];
@@ -204,7 +205,7 @@ impl Graph {
         assert!(p.kv_pos + n_tokens <= self.ne(k_cache)[1], "attention: cache too small");
         self.push(
             Op::Attention(p),
-            vec![q, k, v, k_cache, v_cache],
+            vec![q, k, v, k_cache, v_cache, positions],
             [p.head_dim * p.n_head, n_tokens, 1, 1],
             DType::F32,
             None,

@@ -98,7 +98,9 @@ pub enum Op {
     Rope(RopeParams),
     /// `srcs = [gate, up]` → `act(gate) * up`.
     GatedAct(Activation),
-    /// `srcs = [q, k, v, k_cache, v_cache]` → `[head_dim * n_head, n_tokens]`.
+    /// `srcs = [q, k, v, k_cache, v_cache, positions]` → `[head_dim * n_head,
+    /// n_tokens]`. Positions repeat `kv_pos..`; devices that replay captured
+    /// work read them instead of the parameter.
     Attention(AttentionParams),
 }
 

@@ -106,7 +106,7 @@ impl<'a> Ctx<'a> {
             scale: 1.0 / (c.head_dim as f32).sqrt(),
             kv_pos: self.batch.kv_pos,
         };
-        self.g.attention(q, k, v, kc, vc, p)
+        self.g.attention(q, k, v, kc, vc, self.inputs.positions, p)
     }
 
     /// `down(act(gate·h) * up·h)`, with BitNet's sub-norm before `down`.

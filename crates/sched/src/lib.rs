@@ -11,4 +11,4 @@ mod placement;
 pub use assign::{assign, split, Assigned, Copy, NodeReason, Split};
 pub use exec::{Backends, Error, Schedule};
 pub use memory::{plan_memory, MemoryPlan, ARENA_ALIGN};
-pub use placement::{Override, Placement, PlacementRules, RuleError, WeightPlace, WeightReason};
+pub use placement::{layer_of, Override, Placement, PlacementRules, RuleError, WeightPlace, WeightReason};

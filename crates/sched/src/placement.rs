@@ -13,6 +13,10 @@ pub enum WeightReason {
     Default,
     /// A `-ot PATTERN=BACKEND` rule matched (the first matching rule wins).
     Override { pattern: String },
+    /// The weight's layer is among the last `-ngl` layers.
+    GpuLayers { n_gpu_layers: usize },
+    /// `-ngl` exceeds the layer count, so the output layer is offloaded too.
+    OutputLayer,
 }
 
 impl fmt::Display for WeightReason {
@@ -20,6 +24,8 @@ impl fmt::Display for WeightReason {
         match self {
             WeightReason::Default => f.write_str("default"),
             WeightReason::Override { pattern } => write!(f, "override {pattern:?}"),
+            WeightReason::GpuLayers { n_gpu_layers } => write!(f, "-ngl {n_gpu_layers}"),
+            WeightReason::OutputLayer => f.write_str("output layer offloaded"),
         }
     }
 }
@@ -45,6 +51,10 @@ pub enum RuleError {
 #[derive(Clone, Debug, Default)]
 pub struct PlacementRules {
     pub overrides: Vec<Override>,
+    /// `-ngl N`: the last N layers (and, past the layer count, the output)
+    /// go to `gpu`.
+    pub n_gpu_layers: usize,
+    pub gpu: Option<BackendId>,
 }
 
 impl PlacementRules {
@@ -64,8 +74,34 @@ impl PlacementRules {
                 overrides.push(Override { pattern, backend });
             }
         }
-        Ok(PlacementRules { overrides })
+        Ok(PlacementRules { overrides, n_gpu_layers: 0, gpu: None })
     }
+
+    /// Adds `-ngl n` offloading to `gpu`.
+    pub fn with_gpu_layers(mut self, n: usize, gpu: BackendId) -> PlacementRules {
+        self.n_gpu_layers = n;
+        self.gpu = Some(gpu);
+        self
+    }
+
+    /// The first layer that `-ngl` offloads (`n_layer` when none).
+    pub fn first_gpu_layer(&self, n_layer: usize) -> usize {
+        match self.gpu {
+            Some(_) => n_layer.saturating_sub(self.n_gpu_layers),
+            None => n_layer,
+        }
+    }
+}
+
+/// The layer a tensor name belongs to (`blk.N.`), if any.
+pub fn layer_of(name: &str) -> Option<usize> {
+    let rest = name.strip_prefix("blk.")?;
+    rest[..rest.find('.')?].parse().ok()
+}
+
+/// Tensors of the output layer (the head and its norm).
+fn is_output(name: &str) -> bool {
+    name.starts_with("output.") || name.starts_with("output_norm.")
 }
 
 /// The regex crate's message draws a caret under the pattern over several
@@ -94,20 +130,41 @@ pub struct Placement {
 }
 
 impl Placement {
-    /// Places weights by name under `rules`; `n_layer` caches stay on the host.
+    /// Places weights by name under `rules`: `-ot` rules first, then `-ngl`,
+    /// else the host. Each offloaded layer keeps its KV cache on the GPU.
+    /// With a tied head (no `output.weight`), offloading the output layer
+    /// offloads `token_embd` too, so the head's matmul runs on the GPU.
     pub fn new<'a>(names: impl IntoIterator<Item = &'a str>, n_layer: usize, rules: &PlacementRules) -> Placement {
+        let names: Vec<&str> = names.into_iter().collect();
+        let first_gpu = rules.first_gpu_layer(n_layer);
+        let output_on_gpu = rules.gpu.is_some() && rules.n_gpu_layers > n_layer;
+        let tied = !names.iter().any(|n| n.starts_with("output."));
         let weights = names
-            .into_iter()
-            .map(|name| {
+            .iter()
+            .map(|&name| {
                 let hit = rules.overrides.iter().find(|o| o.pattern.is_match(name));
-                let (backend, reason) = match hit {
-                    Some(o) => (o.backend, WeightReason::Override { pattern: o.pattern.as_str().to_string() }),
-                    None => (BackendId::CPU, WeightReason::Default),
+                let by_layers = |gpu| match layer_of(name) {
+                    Some(l) if l >= first_gpu => Some((gpu, WeightReason::GpuLayers { n_gpu_layers: rules.n_gpu_layers })),
+                    None if output_on_gpu && (is_output(name) || (tied && name.starts_with("token_embd."))) => {
+                        Some((gpu, WeightReason::OutputLayer))
+                    }
+                    _ => None,
+                };
+                let (backend, reason) = match (hit, rules.gpu.and_then(by_layers)) {
+                    (Some(o), _) => (o.backend, WeightReason::Override { pattern: o.pattern.as_str().to_string() }),
+                    (None, Some(p)) => p,
+                    (None, None) => (BackendId::CPU, WeightReason::Default),
                 };
                 WeightPlace { name: name.to_string(), backend, reason }
             })
             .collect();
-        Placement { weights, kv_homes: vec![BackendId::CPU; n_layer] }
+        let kv_homes = (0..n_layer)
+            .map(|l| match rules.gpu {
+                Some(gpu) if l >= first_gpu => gpu,
+                _ => BackendId::CPU,
+            })
+            .collect();
+        Placement { weights, kv_homes }
     }
 
     /// All backends that hold something.
@@ -142,6 +199,27 @@ mod tests {
         assert_eq!(got, ["CPU1", "CPU1", "CPU", "CPU"]);
         assert_eq!(p.weights[2].reason, WeightReason::Override { pattern: "blk\\.1\\.".into() });
         assert_eq!(p.weights[3].reason, WeightReason::Default);
+    }
+
+    #[test]
+    fn gpu_layers_offload_the_last_layers_then_the_output() {
+        let names = ["token_embd.weight", "blk.0.ffn_up.weight", "blk.1.ffn_up.weight", "output_norm.weight"];
+        let gpu = BackendId::cuda(0);
+        let place = |n| Placement::new(names, 2, &PlacementRules::default().with_gpu_layers(n, gpu));
+        let on = |p: &Placement| p.weights.iter().map(|w| w.backend.to_string()).collect::<Vec<_>>();
+        assert_eq!(on(&place(1)), ["CPU", "CPU", "CUDA0", "CPU"]);
+        assert_eq!(place(1).kv_homes, [BackendId::CPU, gpu]);
+        assert_eq!(on(&place(2)), ["CPU", "CUDA0", "CUDA0", "CPU"]);
+        // Past the layer count the output layer follows; the head is tied, so token_embd too.
+        assert_eq!(on(&place(3)), ["CUDA0", "CUDA0", "CUDA0", "CUDA0"]);
+        assert_eq!(place(3).weights[0].reason, WeightReason::OutputLayer);
+        // -ot wins over -ngl.
+        let mut r = rules(&["ffn_up=CPU"]).unwrap().with_gpu_layers(99, gpu);
+        r.gpu = Some(gpu);
+        let p = Placement::new(names, 2, &r);
+        assert_eq!(on(&p), ["CUDA0", "CPU", "CPU", "CUDA0"]);
+        assert_eq!(layer_of("blk.12.attn_q.weight"), Some(12));
+        assert_eq!(layer_of("token_embd.weight"), None);
     }
 
     #[test]

@@ -1,0 +1,98 @@
+// Row lookups, norms and pointwise ops on f32 activations `[ne0, rows]`.
+
+// out[r, :] = dequant(table[ids[r], :]). grid: rows, block: 256.
+extern "C" __global__ void get_rows(const u8* table, u64 row_bytes, int type, const int* ids, float* out, int ne0) {
+    pdl_wait();
+    pdl_launch();
+    const u8* row = table + (u64)ids[blockIdx.x] * row_bytes;
+    float* o = out + (u64)blockIdx.x * ne0;
+    for (int e = threadIdx.x; e < ne0; e += blockDim.x) o[e] = dq(row, e, type);
+}
+
+// y = x / sqrt(mean(x²) + eps) [* w]. grid: rows, block: 256.
+extern "C" __global__ void rms_norm(const float* x, const float* w, float* y, int ne0, float eps) {
+    __shared__ float scratch[32];
+    pdl_wait();
+    pdl_launch();
+    const float* xr = x + (u64)blockIdx.x * ne0;
+    float* yr = y + (u64)blockIdx.x * ne0;
+    float ss = 0.0f;
+    for (int e = threadIdx.x; e < ne0; e += blockDim.x) ss += xr[e] * xr[e];
+    ss = block_sum(ss, scratch);
+    float inv = (float)(1.0 / sqrt((double)ss / ne0 + (double)eps));
+    for (int e = threadIdx.x; e < ne0; e += blockDim.x) {
+        float v = xr[e] * inv;
+        yr[e] = w ? v * w[e] : v;
+    }
+}
+
+// out[i] = a[i] op b[i % nb]: op 0 = add, 1 = mul. grid-stride.
+extern "C" __global__ void binary(const float* a, const float* b, float* out, u64 n, u64 nb, int op) {
+    pdl_wait();
+    pdl_launch();
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        float y = b[i % nb];
+        out[i] = op == 0 ? a[i] + y : a[i] * y;
+    }
+}
+
+extern "C" __global__ void scale(const float* x, float* out, u64 n, float f) {
+    pdl_wait();
+    pdl_launch();
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) out[i] = x[i] * f;
+}
+
+// out = act(gate) * up; act 0 = silu, 1 = relu².
+extern "C" __global__ void gated_act(const float* gate, const float* up, float* out, u64 n, int act) {
+    pdl_wait();
+    pdl_launch();
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        float g = gate[i], a;
+        if (act == 0) {
+            a = g / (1.0f + expf(-g));
+        } else {
+            float r = fmaxf(g, 0.0f);
+            a = r * r;
+        }
+        out[i] = a * up[i];
+    }
+}
+
+// The rotation of one pair (i of n_rot/2) at position pos, in double like the
+// CPU reference so long positions keep their precision.
+__device__ __forceinline__ void rope_angle(int pos, int i, int n_rot, float base, float fscale, const float* factors,
+                                           double* c, double* s) {
+    double f = pow((double)base, -2.0 * i / n_rot) * (double)fscale;
+    if (factors) f /= (double)factors[i];
+    sincos((double)pos * f, s, c);
+}
+
+// x: [head_dim * n_head, n_tok]. One thread per (token, head, pair).
+// mode 0 = adjacent pairs, 1 = NeoX (i, i + n_rot/2).
+extern "C" __global__ void rope(const float* x, float* out, const int* pos, const float* factors, int head_dim,
+                                int n_head, int n_tok, int n_rot, int mode, float base, float fscale) {
+    pdl_wait();
+    pdl_launch();
+    int half = n_rot / 2;
+    u64 total = (u64)n_tok * n_head * (head_dim / 2);
+    for (u64 idx = blockIdx.x * (u64)blockDim.x + threadIdx.x; idx < total; idx += (u64)gridDim.x * blockDim.x) {
+        int i = idx % (head_dim / 2);
+        u64 th = idx / (head_dim / 2);
+        int t = th / n_head;
+        const float* xh = x + th * head_dim;
+        float* oh = out + th * head_dim;
+        if (i >= half) {
+            // Dimensions past n_rot pass through; each thread copies two.
+            int d = n_rot + 2 * (i - half);
+            oh[d] = xh[d];
+            oh[d + 1] = xh[d + 1];
+            continue;
+        }
+        int a = mode == 0 ? 2 * i : i, b = mode == 0 ? 2 * i + 1 : i + half;
+        double c, s;
+        rope_angle(pos[t], i, n_rot, base, fscale, factors, &c, &s);
+        double x0 = xh[a], x1 = xh[b];
+        oh[a] = (float)(x0 * c - x1 * s);
+        oh[b] = (float)(x0 * s + x1 * c);
+    }
+}

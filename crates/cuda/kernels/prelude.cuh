@@ -1,0 +1,124 @@
+// Shared by every kernel file: fixed-width types, half conversions without
+// headers (NVRTC has none by default), warp reductions, and the programmatic
+// dependent launch hooks.
+typedef unsigned char u8;
+typedef signed char i8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef int i32;
+typedef unsigned long long u64;
+typedef long long i64;
+
+// ggml type ids the kernels understand.
+#define T_F32 0
+#define T_F16 1
+#define T_Q4_0 2
+#define T_Q8_0 8
+#define T_Q6_K 14
+#define T_BF16 30
+
+#define INFINITY __int_as_float(0x7f800000)
+
+__device__ __forceinline__ float h2f(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+__device__ __forceinline__ u16 f2h(float f) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+__device__ __forceinline__ float bf2f(u16 h) {
+    return __uint_as_float(((u32)h) << 16);
+}
+
+__device__ __forceinline__ u16 ld_u16(const u8* p) {
+    return (u16)p[0] | ((u16)p[1] << 8);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ int warp_sum_i(int v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Block-wide sum for blockDim.x a multiple of 32 (≤ 1024); every thread gets it.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < nw ? scratch[lane] : 0.0f;
+    return warp_sum(v);
+}
+
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < nw ? scratch[lane] : 0.0f;
+    return warp_max(v);
+}
+
+// Programmatic dependent launch (sm_90+): wait for the previous kernel's
+// results, and let the next kernel be scheduled early. Both are no-ops when a
+// kernel was launched without the attribute.
+__device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_launch() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+
+// One element of a weight row in any of the float or block formats.
+__device__ __forceinline__ float dq(const u8* row, int e, int type) {
+    switch (type) {
+    case T_F32: return ((const float*)row)[e];
+    case T_F16: return h2f(((const u16*)row)[e]);
+    case T_BF16: return bf2f(((const u16*)row)[e]);
+    case T_Q8_0: {
+        const u8* b = row + (e >> 5) * 34;
+        return h2f(ld_u16(b)) * (float)(i8)b[2 + (e & 31)];
+    }
+    case T_Q4_0: {
+        const u8* b = row + (e >> 5) * 18;
+        int j = e & 31;
+        int q = j < 16 ? (b[2 + j] & 15) : (b[2 + j - 16] >> 4);
+        return h2f(ld_u16(b)) * (float)(q - 8);
+    }
+    case T_Q6_K: {
+        // 256 elements: ql[128], qh[64], scales[16] (i8), d (f16).
+        const u8* b = row + (e >> 8) * 210;
+        int i = e & 255, h = i >> 7, j = i & 127, l = j & 31, g = j >> 5;
+        int lo = b[h * 64 + l + (g & 1) * 32];
+        lo = (g >= 2) ? (lo >> 4) : (lo & 15);
+        int hi = (b[128 + h * 32 + l] >> (2 * g)) & 3;
+        int sc = (i8)b[192 + h * 8 + (l >> 4) + 2 * g];
+        return h2f(ld_u16(b + 208)) * (float)sc * (float)((lo | (hi << 4)) - 32);
+    }
+    }
+    return 0.0f;
+}

@@ -1,0 +1,270 @@
+// Ternary × int8 matrix products: the W2A8 GEMV for decoding (dp4a) and the
+// m16n8k32 tensor-core GEMM for prompts, both on one weight layout.
+//
+// Weight layout (tern_cuda::layout): each row is k_pad / 4 bytes of 2-bit
+// codes c = t + 1. Chunk c (256 weights) is 64 bytes: four 16-byte lane
+// blocks tig = 0..3; in word w of block tig, byte b bits 2j..2j+1 hold weight
+// c*256 + 32*(2w + j/2) + 16*(j%2) + 4*tig + b. So `(word >> 2j) & 0x03030303`
+// is four consecutive weights, matching activation word (w*4 + j) of the same
+// lane block (quantize.cu), and also exactly one m16n8k32 A-fragment register
+// of thread tig. Rows are padded to a multiple of 128 with zero codes.
+//
+// Codes are unsigned, so Σ c·q = Σ t·q + Σ q; the activation lane sums remove
+// the second term. Rows with one scale sum exactly in i32 and scale once;
+// rows with a scale per 256-chunk (rare TQ files) fold per chunk.
+
+#define M2 0x03030303u
+
+__device__ __forceinline__ int dp4a_us(u32 a, int b, int c) {
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+// One ternary matrix of a batched launch. `res` (optional) is added to the
+// output (a fused residual connection).
+struct TernaryMat {
+    const u8* w;
+    const float* scales;
+    float* out;
+    const float* res;
+    int rows;
+    int groups;
+};
+
+// Up to three matrices that share one input (q/k/v, gate/up) in one launch.
+struct TernaryBatch {
+    TernaryMat m[3];
+    int n;
+    int block_start[4];
+};
+
+__device__ __forceinline__ int pick(const TernaryBatch& b, int blk) {
+    int i = 0;
+    while (i + 1 < b.n && blk >= b.block_start[i + 1]) ++i;
+    return i;
+}
+
+#define GEMV_MAXT 8
+#define GEMV_UNROLL 4
+
+__device__ __forceinline__ int chunk_dot(uint4 wv, const i8* a) {
+    const int4* av = (const int4*)a;
+    int4 a0 = av[0], a1 = av[1], a2 = av[2], a3 = av[3];
+    int s = 0;
+    s = dp4a_us(wv.x & M2, a0.x, s);
+    s = dp4a_us((wv.x >> 2) & M2, a0.y, s);
+    s = dp4a_us((wv.x >> 4) & M2, a0.z, s);
+    s = dp4a_us((wv.x >> 6) & M2, a0.w, s);
+    s = dp4a_us(wv.y & M2, a1.x, s);
+    s = dp4a_us((wv.y >> 2) & M2, a1.y, s);
+    s = dp4a_us((wv.y >> 4) & M2, a1.z, s);
+    s = dp4a_us((wv.y >> 6) & M2, a1.w, s);
+    s = dp4a_us(wv.z & M2, a2.x, s);
+    s = dp4a_us((wv.z >> 2) & M2, a2.y, s);
+    s = dp4a_us((wv.z >> 4) & M2, a2.z, s);
+    s = dp4a_us((wv.z >> 6) & M2, a2.w, s);
+    s = dp4a_us(wv.w & M2, a3.x, s);
+    s = dp4a_us((wv.w >> 2) & M2, a3.y, s);
+    s = dp4a_us((wv.w >> 4) & M2, a3.z, s);
+    s = dp4a_us((wv.w >> 6) & M2, a3.w, s);
+    return s;
+}
+
+// One warp per row, 8 rows per 256-thread block. Lane (cs = lane/4, tig =
+// lane%4) reads lane block tig of chunks cs, cs+8, ...: a warp reads 512
+// contiguous bytes per step. n_tok ≤ GEMV_MAXT tokens share each weight load.
+extern "C" __global__ void __launch_bounds__(256) ternary_gemv(TernaryBatch b, int k_pad, const i8* q, const float* d,
+                                                              const int* lsum, int n_tok) {
+    pdl_wait();
+    pdl_launch();
+    int mi = pick(b, blockIdx.x);
+    const TernaryMat& m = b.m[mi];
+    int row = (blockIdx.x - b.block_start[mi]) * 8 + (threadIdx.x >> 5);
+    if (row >= m.rows) return;
+    int lane = threadIdx.x & 31, tig = lane & 3, cs = lane >> 2;
+    int n_chunks = k_pad >> 8, nls = k_pad >> 6;
+    const uint4* wr = (const uint4*)(m.w + (u64)row * (k_pad >> 2));
+    int acc[GEMV_MAXT];
+    float facc[GEMV_MAXT];
+#pragma unroll
+    for (int t = 0; t < GEMV_MAXT; ++t) {
+        acc[t] = 0;
+        facc[t] = 0.0f;
+    }
+    for (int c0 = cs; c0 < n_chunks; c0 += 8 * GEMV_UNROLL) {
+        uint4 wv[GEMV_UNROLL];
+#pragma unroll
+        for (int u = 0; u < GEMV_UNROLL; ++u) {
+            int c = c0 + 8 * u;
+            wv[u] = c < n_chunks ? ld_stream(wr + c * 4 + tig) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < GEMV_UNROLL; ++u) {
+            int c = c0 + 8 * u;
+            if (c >= n_chunks) break;
+#pragma unroll
+            for (int t = 0; t < GEMV_MAXT; ++t) {
+                if (t >= n_tok) break;
+                int s = chunk_dot(wv[u], q + (u64)t * k_pad + c * 256 + tig * 64) - lsum[t * nls + c * 4 + tig];
+                if (m.groups == 1) {
+                    acc[t] += s;
+                } else {
+                    facc[t] += (float)s * m.scales[(u64)row * m.groups + c];
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < GEMV_MAXT; ++t) {
+        if (t >= n_tok) break;
+        float y;
+        if (m.groups == 1) {
+            y = (float)warp_sum_i(acc[t]) * m.scales[row] * d[t];
+        } else {
+            y = warp_sum(facc[t]) * d[t];
+        }
+        if (lane == 0) {
+            u64 o = (u64)t * m.rows + row;
+            m.out[o] = m.res ? y + m.res[o] : y;
+        }
+    }
+}
+
+#define MMA_MT 2
+#define MMA_NT 4
+#define B_TOK (8 * MMA_NT)
+#define B_LANE 72
+#define B_ROW (4 * B_LANE)
+
+__device__ __forceinline__ void mma_u8s8(int* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ u32 word_of(uint4 v, int w) {
+    return w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w;
+}
+
+// Block: 4 warps stacked in rows, 128 rows × 32 tokens; each warp 32 rows
+// (MMA_MT m-tiles of 16) × 32 tokens (MMA_NT n-tiles of 8). The activation
+// tile of a chunk (32 tokens × 256 bytes) is staged in shared memory with lane
+// blocks padded to 72 bytes, which keeps the 8-byte fragment loads of a
+// half-warp on distinct banks. grid: (rows_pad / 128, ceil(n_tok / 32)).
+extern "C" __global__ void __launch_bounds__(128) ternary_gemm(TernaryMat m, int k_pad, const i8* q, const float* d,
+                                                              const int* lsum, int n_tok) {
+    __shared__ __align__(16) u8 sb[B_TOK * B_ROW];
+    __shared__ int tsum[B_TOK];
+    __shared__ int csum[B_TOK];
+    pdl_wait();
+    pdl_launch();
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
+    int row0 = blockIdx.x * 128 + warp * 32;
+    int tok0 = blockIdx.y * B_TOK;
+    int n_chunks = k_pad >> 8, nls = k_pad >> 6;
+    u64 row_bytes = k_pad >> 2;
+    bool grouped = m.groups != 1;
+
+    if (threadIdx.x < B_TOK) {
+        int t = tok0 + threadIdx.x, s = 0;
+        if (t < n_tok)
+            for (int i = 0; i < nls; ++i) s += lsum[(u64)t * nls + i];
+        tsum[threadIdx.x] = s;
+    }
+
+    int acc[MMA_MT][MMA_NT][4];
+    float facc[MMA_MT][MMA_NT][4];
+#pragma unroll
+    for (int i = 0; i < MMA_MT; ++i)
+#pragma unroll
+        for (int j = 0; j < MMA_NT; ++j)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                acc[i][j][r] = 0;
+                facc[i][j][r] = 0.0f;
+            }
+
+    for (int c = 0; c < n_chunks; ++c) {
+        // Stage the activation tile: 32 tokens × 16 pieces of 16 bytes.
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            int idx = threadIdx.x + 128 * i, tok = idx >> 4, piece = idx & 15;
+            int t = tok0 + tok;
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (t < n_tok) v = *(const uint4*)(q + (u64)t * k_pad + c * 256 + piece * 16);
+            u64* dst = (u64*)(sb + tok * B_ROW + (piece >> 2) * B_LANE + (piece & 3) * 16);
+            dst[0] = ((u64)v.y << 32) | v.x;
+            dst[1] = ((u64)v.w << 32) | v.z;
+        }
+        if (grouped && threadIdx.x < B_TOK) {
+            int t = tok0 + threadIdx.x, s = 0;
+            if (t < n_tok)
+                for (int i = 0; i < 4; ++i) s += lsum[(u64)t * nls + c * 4 + i];
+            csum[threadIdx.x] = s;
+        }
+        uint4 a[MMA_MT][2];
+#pragma unroll
+        for (int i = 0; i < MMA_MT; ++i)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                a[i][h] = ld_stream((const uint4*)(m.w + (u64)(row0 + i * 16 + g + 8 * h) * row_bytes + c * 64 + tig * 16));
+        __syncthreads();
+#pragma unroll
+        for (int s = 0; s < 8; ++s) {
+            int w = s >> 1, sh = (s & 1) * 4;
+            u32 bf[MMA_NT][2];
+#pragma unroll
+            for (int j = 0; j < MMA_NT; ++j) {
+                const u32* p = (const u32*)(sb + (j * 8 + g) * B_ROW + tig * B_LANE + s * 8);
+                bf[j][0] = p[0];
+                bf[j][1] = p[1];
+            }
+#pragma unroll
+            for (int i = 0; i < MMA_MT; ++i) {
+                u32 lo = word_of(a[i][0], w), hi = word_of(a[i][1], w);
+                u32 a0 = (lo >> sh) & M2, a2 = (lo >> (sh + 2)) & M2;
+                u32 a1 = (hi >> sh) & M2, a3 = (hi >> (sh + 2)) & M2;
+#pragma unroll
+                for (int j = 0; j < MMA_NT; ++j) mma_u8s8(acc[i][j], a0, a1, a2, a3, bf[j][0], bf[j][1]);
+            }
+        }
+        if (grouped) {
+#pragma unroll
+            for (int i = 0; i < MMA_MT; ++i)
+#pragma unroll
+                for (int j = 0; j < MMA_NT; ++j)
+#pragma unroll
+                    for (int r = 0; r < 4; ++r) {
+                        int row = row0 + i * 16 + g + 8 * (r >> 1), tok = j * 8 + tig * 2 + (r & 1);
+                        float sc = row < m.rows ? m.scales[(u64)row * m.groups + c] : 0.0f;
+                        facc[i][j][r] += (float)(acc[i][j][r] - csum[tok]) * sc;
+                        acc[i][j][r] = 0;
+                    }
+        }
+    }
+
+#pragma unroll
+    for (int i = 0; i < MMA_MT; ++i)
+#pragma unroll
+        for (int j = 0; j < MMA_NT; ++j)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                int row = row0 + i * 16 + g + 8 * (r >> 1), tl = j * 8 + tig * 2 + (r & 1), t = tok0 + tl;
+                if (row >= m.rows || t >= n_tok) continue;
+                float y = grouped ? facc[i][j][r] * d[t] : (float)(acc[i][j][r] - tsum[tl]) * m.scales[row] * d[t];
+                u64 o = (u64)t * m.rows + row;
+                m.out[o] = m.res ? y + m.res[o] : y;
+            }
+}

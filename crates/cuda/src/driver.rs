@@ -1,0 +1,265 @@
+//! The thin layer over the CUDA driver API (through cudarc's dynamically
+//! loaded bindings): one device context, one stream, raw device memory,
+//! kernel launches and graph capture. Everything above works in device
+//! pointers and never touches cudarc directly.
+
+use std::ffi::c_void;
+
+use cudarc::driver::{result, sys};
+
+/// Why no GPU can be used. Shown to the user as is.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Unavailable {
+    #[error("no CUDA driver: libcuda.so could not be loaded (is an NVIDIA driver installed?)")]
+    NoDriver,
+    #[error("the CUDA driver failed to start: {0}")]
+    Init(String),
+    #[error("no CUDA device found")]
+    NoDevice,
+    #[error("CUDA device {index} does not exist ({count} found)")]
+    BadIndex { index: usize, count: usize },
+}
+
+/// A description of one device, for `tern info` and plans.
+#[derive(Clone, Debug)]
+pub struct DeviceInfo {
+    pub index: usize,
+    pub name: String,
+    pub total_mem: usize,
+    pub arch: (i32, i32),
+    pub sm_count: i32,
+}
+
+pub(crate) fn err(e: result::DriverError) -> String {
+    let name = e.error_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|_| format!("{:?}", e.0));
+    let text = e.error_string().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    format!("{name}: {text}")
+}
+
+fn init() -> Result<i32, Unavailable> {
+    // SAFETY: only probes whether the shared library loads.
+    if !unsafe { sys::is_culib_present() } {
+        return Err(Unavailable::NoDriver);
+    }
+    result::init().map_err(|e| Unavailable::Init(err(e)))?;
+    result::device::get_count().map_err(|e| Unavailable::Init(err(e)))
+}
+
+/// All CUDA devices, or why there are none.
+pub fn devices() -> Result<Vec<DeviceInfo>, Unavailable> {
+    let count = init()?;
+    if count == 0 {
+        return Err(Unavailable::NoDevice);
+    }
+    (0..count as usize).map(info).collect()
+}
+
+fn info(index: usize) -> Result<DeviceInfo, Unavailable> {
+    let fail = |e| Unavailable::Init(err(e));
+    let dev = result::device::get(index as i32).map_err(fail)?;
+    let attr = |a| unsafe { result::device::get_attribute(dev, a) }.map_err(fail);
+    use sys::CUdevice_attribute::*;
+    Ok(DeviceInfo {
+        index,
+        name: result::device::get_name(dev).map_err(fail)?,
+        total_mem: unsafe { result::device::total_mem(dev) }.map_err(fail)?,
+        arch: (attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?, attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?),
+        sm_count: attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
+    })
+}
+
+/// A device's primary context and the one stream all work goes through.
+pub struct Gpu {
+    pub info: DeviceInfo,
+    dev: sys::CUdevice,
+    ctx: sys::CUcontext,
+    pub stream: sys::CUstream,
+}
+
+// SAFETY: the context is made current on whichever thread uses it (`bind`),
+// and the backend is used by one thread at a time (`&mut self`).
+unsafe impl Send for Gpu {}
+
+pub type DResult<T> = Result<T, String>;
+
+impl Gpu {
+    pub fn open(index: usize) -> Result<Gpu, Unavailable> {
+        let count = init()? as usize;
+        if index >= count {
+            return Err(if count == 0 { Unavailable::NoDevice } else { Unavailable::BadIndex { index, count } });
+        }
+        let info = info(index)?;
+        let fail = |e| Unavailable::Init(err(e));
+        let dev = result::device::get(index as i32).map_err(fail)?;
+        // SAFETY: the primary context is retained for the life of `Gpu` and released in Drop.
+        let ctx = unsafe { result::primary_ctx::retain(dev) }.map_err(fail)?;
+        unsafe { result::ctx::set_current(ctx) }.map_err(fail)?;
+        let stream = result::stream::create(result::stream::StreamKind::NonBlocking).map_err(fail)?;
+        Ok(Gpu { info, dev, ctx, stream })
+    }
+
+    /// Makes this device's context current on the calling thread.
+    pub fn bind(&self) -> DResult<()> {
+        unsafe { result::ctx::set_current(self.ctx) }.map_err(err)
+    }
+
+    pub fn alloc(&self, bytes: usize) -> DResult<u64> {
+        self.bind()?;
+        let ptr = unsafe { result::malloc_sync(bytes.max(1)) }.map_err(err)?;
+        unsafe { result::memset_d8_async(ptr, 0, bytes.max(1), self.stream) }.map_err(err)?;
+        Ok(ptr)
+    }
+
+    pub fn free(&self, ptr: u64) {
+        if self.bind().is_ok() {
+            // A failed free leaves nothing to recover; the context outlives it.
+            let _ = unsafe { result::stream::synchronize(self.stream) };
+            let _ = unsafe { result::free_sync(ptr) };
+        }
+    }
+
+    pub fn mem_info(&self) -> DResult<(usize, usize)> {
+        self.bind()?;
+        result::mem_get_info().map_err(err)
+    }
+
+    /// Host to device, ordered on the stream. `data` may be reused on return.
+    pub fn upload(&self, dst: u64, data: &[u8]) -> DResult<()> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        unsafe { result::memcpy_htod_async(dst, data, self.stream) }.map_err(err)?;
+        // Pageable sources are staged before the call returns, but make it explicit.
+        self.sync()
+    }
+
+    pub fn download(&self, src: u64, out: &mut [u8]) -> DResult<()> {
+        if out.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        unsafe { result::memcpy_dtoh_async(out, src, self.stream) }.map_err(err)?;
+        self.sync()
+    }
+
+    pub fn sync(&self) -> DResult<()> {
+        unsafe { result::stream::synchronize(self.stream) }.map_err(err)
+    }
+
+    pub fn load_module(&self, image: &[u8]) -> DResult<sys::CUmodule> {
+        self.bind()?;
+        let mut owned = image.to_vec();
+        owned.push(0);
+        unsafe { result::module::load_data(owned.as_ptr() as *const c_void) }.map_err(err)
+    }
+
+    pub fn function(&self, module: sys::CUmodule, name: &str) -> DResult<sys::CUfunction> {
+        let cname = std::ffi::CString::new(name).map_err(|e| e.to_string())?;
+        unsafe { result::module::get_function(module, cname) }.map_err(err)
+    }
+
+    /// Launches `f`. `params` point at the kernel's arguments in order. With
+    /// `pdl`, the kernel may start while the previous one drains (it waits in
+    /// `pdl_wait` for its inputs).
+    pub fn launch(
+        &self,
+        f: sys::CUfunction,
+        grid: (u32, u32, u32),
+        block: u32,
+        params: &mut [*mut c_void],
+        pdl: bool,
+    ) -> DResult<()> {
+        let mut attr = sys::CUlaunchAttribute {
+            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            pad: Default::default(),
+            value: sys::CUlaunchAttributeValue { programmaticStreamSerializationAllowed: 1 },
+        };
+        let config = sys::CUlaunchConfig {
+            gridDimX: grid.0,
+            gridDimY: grid.1,
+            gridDimZ: grid.2,
+            blockDimX: block,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: 0,
+            hStream: self.stream,
+            attrs: &mut attr,
+            numAttrs: pdl as u32,
+        };
+        unsafe { sys::cuLaunchKernelEx(&config, f, params.as_mut_ptr(), std::ptr::null_mut()) }.result().map_err(err)
+    }
+
+    pub fn begin_capture(&self) -> DResult<()> {
+        unsafe { result::stream::begin_capture(self.stream, sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL) }
+            .map_err(err)
+    }
+
+    /// Ends a capture and instantiates it.
+    pub fn end_capture(&self) -> DResult<Graph> {
+        let graph = unsafe { result::stream::end_capture(self.stream) }.map_err(err)?;
+        let exec = unsafe { result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)) };
+        unsafe { result::graph::destroy(graph) }.map_err(err)?;
+        Ok(Graph { exec: exec.map_err(err)? })
+    }
+
+    pub fn replay(&self, g: &Graph) -> DResult<()> {
+        unsafe { result::graph::launch(g.exec, self.stream) }.map_err(err)
+    }
+
+    pub fn event(&self) -> DResult<Event> {
+        self.bind()?;
+        let e = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).map_err(err)?;
+        Ok(Event(e))
+    }
+
+    pub fn record(&self, e: &Event) -> DResult<()> {
+        unsafe { result::event::record(e.0, self.stream) }.map_err(err)
+    }
+
+    pub fn device_ordinal(&self) -> sys::CUdevice {
+        self.dev
+    }
+}
+
+impl Drop for Gpu {
+    fn drop(&mut self) {
+        if self.bind().is_ok() {
+            let _ = unsafe { result::stream::synchronize(self.stream) };
+            let _ = unsafe { result::stream::destroy(self.stream) };
+            let _ = unsafe { result::primary_ctx::release(self.dev) };
+        }
+    }
+}
+
+/// An instantiated CUDA graph.
+pub struct Graph {
+    exec: sys::CUgraphExec,
+}
+
+unsafe impl Send for Graph {}
+
+impl Drop for Graph {
+    fn drop(&mut self) {
+        let _ = unsafe { result::graph::exec_destroy(self.exec) };
+    }
+}
+
+/// A timing event.
+pub struct Event(sys::CUevent);
+
+unsafe impl Send for Event {}
+
+impl Event {
+    /// Milliseconds from `self` to `end` (both recorded and complete).
+    pub fn elapsed_ms(&self, end: &Event) -> DResult<f32> {
+        unsafe { result::event::synchronize(end.0) }.map_err(err)?;
+        unsafe { result::event::elapsed(self.0, end.0) }.map_err(err)
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        let _ = unsafe { result::event::destroy(self.0) };
+    }
+}

@@ -1,0 +1,114 @@
+//! The kernel sources embedded in the binary, and the typed table of every
+//! kernel function once its module is compiled and loaded.
+
+use std::path::Path;
+
+use cudarc::driver::sys;
+
+use crate::driver::Gpu;
+use crate::nvrtc;
+
+const PRELUDE: &str = include_str!("../kernels/prelude.cuh");
+
+/// Kernel source files (`kernels/*.cu`), each compiled to one module.
+pub const SOURCES: &[(&str, &str)] = &[
+    ("elementwise", include_str!("../kernels/elementwise.cu")),
+    ("quantize", include_str!("../kernels/quantize.cu")),
+    ("ternary", include_str!("../kernels/ternary.cu")),
+    ("fmat", include_str!("../kernels/fmat.cu")),
+    ("attention", include_str!("../kernels/attention.cu")),
+];
+
+/// The full text NVRTC compiles for source `name`: the prelude, then the file.
+pub fn full_source(body: &str) -> String {
+    format!("{PRELUDE}\n{body}")
+}
+
+/// Every kernel entry point, by module.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kernel {
+    GetRows,
+    RmsNorm,
+    Binary,
+    Scale,
+    GatedAct,
+    Rope,
+    NormQuant,
+    TernaryGemv,
+    TernaryGemm,
+    FmatGemv,
+    KvStore,
+    Attention,
+}
+
+impl Kernel {
+    pub const ALL: [Kernel; 12] = [
+        Kernel::GetRows,
+        Kernel::RmsNorm,
+        Kernel::Binary,
+        Kernel::Scale,
+        Kernel::GatedAct,
+        Kernel::Rope,
+        Kernel::NormQuant,
+        Kernel::TernaryGemv,
+        Kernel::TernaryGemm,
+        Kernel::FmatGemv,
+        Kernel::KvStore,
+        Kernel::Attention,
+    ];
+
+    /// (source module, entry point).
+    pub fn symbol(self) -> (&'static str, &'static str) {
+        match self {
+            Kernel::GetRows => ("elementwise", "get_rows"),
+            Kernel::RmsNorm => ("elementwise", "rms_norm"),
+            Kernel::Binary => ("elementwise", "binary"),
+            Kernel::Scale => ("elementwise", "scale"),
+            Kernel::GatedAct => ("elementwise", "gated_act"),
+            Kernel::Rope => ("elementwise", "rope"),
+            Kernel::NormQuant => ("quantize", "norm_quant"),
+            Kernel::TernaryGemv => ("ternary", "ternary_gemv"),
+            Kernel::TernaryGemm => ("ternary", "ternary_gemm"),
+            Kernel::FmatGemv => ("fmat", "fmat_gemv"),
+            Kernel::KvStore => ("attention", "kv_store"),
+            Kernel::Attention => ("attention", "attention"),
+        }
+    }
+}
+
+/// Loaded modules and the function handle of every [`Kernel`].
+pub struct Kernels {
+    funcs: Vec<sys::CUfunction>,
+    /// Modules compiled now rather than read from the cache.
+    pub compiled: usize,
+}
+
+unsafe impl Send for Kernels {}
+
+impl Kernels {
+    pub fn load(gpu: &Gpu, cache: Option<&Path>) -> Result<Kernels, String> {
+        let (major, minor) = gpu.info.arch;
+        let arch = format!("sm_{major}{minor}");
+        let mut modules = Vec::new();
+        let mut compiled = 0;
+        for (name, body) in SOURCES {
+            let c = nvrtc::compile(name, &full_source(body), &arch, cache)?;
+            compiled += !c.cached as usize;
+            modules.push((*name, gpu.load_module(&c.image)?));
+        }
+        let funcs = Kernel::ALL
+            .iter()
+            .map(|k| {
+                let (module, entry) = k.symbol();
+                let m = modules.iter().find(|(n, _)| *n == module).expect("every kernel's module is in SOURCES").1;
+                gpu.function(m, entry)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Kernels { funcs, compiled })
+    }
+
+    pub fn get(&self, k: Kernel) -> sys::CUfunction {
+        // ALL lists the variants in declaration order.
+        self.funcs[k as usize]
+    }
+}

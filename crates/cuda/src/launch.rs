@@ -1,0 +1,97 @@
+//! A kernel launch as plain data: the kernel, its grid and its arguments by
+//! value. Lowering produces a list of these; the list's hash identifies a
+//! captured CUDA graph that replays it.
+
+use std::ffi::c_void;
+
+use crate::driver::{DResult, Gpu};
+use crate::kernels::{Kernel, Kernels};
+
+/// One ternary matrix of a batched launch (`struct TernaryMat` in ternary.cu).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Hash, PartialEq, Eq)]
+pub struct TernaryMat {
+    pub w: u64,
+    pub scales: u64,
+    pub out: u64,
+    pub res: u64,
+    pub rows: i32,
+    pub groups: i32,
+}
+const _: () = assert!(std::mem::size_of::<TernaryMat>() == 40);
+
+/// Up to three matrices sharing one input (`struct TernaryBatch`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Hash, PartialEq, Eq)]
+pub struct TernaryBatch {
+    pub m: [TernaryMat; 3],
+    pub n: i32,
+    pub block_start: [i32; 4],
+}
+const _: () = assert!(std::mem::size_of::<TernaryBatch>() == 144);
+
+/// A kernel argument, by value. Floats are kept as bits so launches hash.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum Arg {
+    Ptr(u64),
+    U64(u64),
+    I32(i32),
+    F32(u32),
+    Mat(TernaryMat),
+    Batch(TernaryBatch),
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+pub struct Launch {
+    pub kernel: Kernel,
+    pub grid: (u32, u32, u32),
+    pub block: u32,
+    pub args: Vec<Arg>,
+}
+
+impl Launch {
+    pub fn new(kernel: Kernel, grid: (u32, u32, u32), block: u32) -> Launch {
+        Launch { kernel, grid, block, args: Vec::with_capacity(12) }
+    }
+
+    pub fn ptr(mut self, p: u64) -> Launch {
+        self.args.push(Arg::Ptr(p));
+        self
+    }
+
+    pub fn u64(mut self, v: u64) -> Launch {
+        self.args.push(Arg::U64(v));
+        self
+    }
+
+    pub fn i32(mut self, v: i32) -> Launch {
+        self.args.push(Arg::I32(v));
+        self
+    }
+
+    pub fn f32(mut self, v: f32) -> Launch {
+        self.args.push(Arg::F32(v.to_bits()));
+        self
+    }
+
+    pub fn arg(mut self, a: Arg) -> Launch {
+        self.args.push(a);
+        self
+    }
+
+    pub fn run(&self, gpu: &Gpu, kernels: &Kernels, pdl: bool) -> DResult<()> {
+        // The driver copies the argument values at launch; `args` outlives the call.
+        let mut params: Vec<*mut c_void> = self
+            .args
+            .iter()
+            .map(|a| match a {
+                Arg::Ptr(v) | Arg::U64(v) => v as *const u64 as *mut c_void,
+                Arg::I32(v) => v as *const i32 as *mut c_void,
+                Arg::F32(v) => v as *const u32 as *mut c_void,
+                Arg::Mat(v) => v as *const TernaryMat as *mut c_void,
+                Arg::Batch(v) => v as *const TernaryBatch as *mut c_void,
+            })
+            .collect();
+        gpu.launch(kernels.get(self.kernel), self.grid, self.block, &mut params, pdl)
+    }
+}

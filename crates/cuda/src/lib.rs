@@ -1,0 +1,379 @@
+//! The CUDA backend. Only this crate knows cudarc.
+//!
+//! * The driver and NVRTC are loaded at run time (cudarc's dynamic loading),
+//!   so tern builds and runs without a CUDA toolkit; with no driver or GPU,
+//!   [`CudaBackend::new`] says why and the engine stays on the CPU.
+//! * Kernels are `.cu` sources embedded in the binary (`kernels/`), compiled
+//!   by NVRTC for the device's architecture at first use and cached on disk
+//!   (`nvrtc::cache_dir`).
+//! * Ternary weights are repacked at load into the GPU layout (`layout.rs`);
+//!   other weights are uploaded as stored.
+//! * `compute` lowers a split's nodes to kernel launches (`lower.rs`, where
+//!   fusions happen). A launch list seen before is captured once into a CUDA
+//!   graph and replayed from then on; per-step values (positions) are read
+//!   from device memory, so a decoding step replays the same graph.
+
+mod driver;
+pub mod kernels;
+pub mod launch;
+pub mod layout;
+mod lower;
+pub mod nvrtc;
+
+use std::collections::{HashMap, HashSet};
+use std::hash::{Hash, Hasher};
+
+use tern_backend::{Backend, BackendId, BufferId, Error, HostBytes, LoadedWeight, Result, TensorLoc, WeightDesc};
+use tern_graph::{DType, Graph, Node, NodeId, Op};
+use tern_quant::GgmlType;
+
+pub use driver::{devices, DeviceInfo, Unavailable};
+use driver::Gpu;
+use kernels::Kernels;
+use launch::Launch;
+use layout::GpuTernary;
+use lower::{lower, Need, Scratch};
+
+/// The shape of a ternary weight in the GPU layout.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct TernaryShape {
+    pub k_pad: usize,
+    pub rows: usize,
+    pub groups: usize,
+}
+
+/// A weight as this backend holds it.
+#[derive(Clone, Debug)]
+pub(crate) struct Weight {
+    pub ty: GgmlType,
+    /// The weight's bytes (codes, for ternary weights).
+    pub ptr_codes: u64,
+    pub ptr_scales: u64,
+    pub ternary: Option<TernaryShape>,
+}
+
+pub(crate) struct DevBuf {
+    pub ptr: u64,
+    pub bytes: usize,
+    pub weight: Option<Weight>,
+}
+
+#[derive(Default)]
+pub(crate) struct Buffers {
+    list: Vec<Option<DevBuf>>,
+}
+
+impl Buffers {
+    pub fn get(&self, id: BufferId) -> Option<&DevBuf> {
+        self.list.get(id.0 as usize)?.as_ref()
+    }
+
+    fn insert(&mut self, b: DevBuf) -> BufferId {
+        match self.list.iter().position(|b| b.is_none()) {
+            Some(i) => {
+                self.list[i] = Some(b);
+                BufferId(i as u32)
+            }
+            None => {
+                self.list.push(Some(b));
+                BufferId(self.list.len() as u32 - 1)
+            }
+        }
+    }
+}
+
+/// Counts for `TERN_CUDA_STATS=1` and the benchmarks.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Stats {
+    pub computes: u64,
+    pub launches: u64,
+    pub captures: u64,
+    pub replays: u64,
+    /// Launches in the most recent compute.
+    pub last_launches: usize,
+}
+
+/// Captured graphs kept at most; past this the cache starts over.
+const MAX_GRAPHS: usize = 64;
+
+pub struct CudaBackend {
+    id: BackendId,
+    gpu: Gpu,
+    kernels: Kernels,
+    buffers: Buffers,
+    scratch: Scratch,
+    scratch_buf: Option<u64>,
+    counters_buf: Option<u64>,
+    graphs: HashMap<u64, driver::Graph>,
+    seen: HashSet<u64>,
+    use_graphs: bool,
+    pdl: bool,
+    pub stats: Stats,
+}
+
+fn env_flag(name: &str, default: bool) -> bool {
+    std::env::var(name).map_or(default, |v| !matches!(v.as_str(), "0" | "off" | "false"))
+}
+
+impl CudaBackend {
+    /// Opens device `index` and compiles (or loads from the cache) every kernel.
+    pub fn new(index: u8) -> std::result::Result<CudaBackend, String> {
+        let gpu = Gpu::open(index as usize).map_err(|e| e.to_string())?;
+        let cache = nvrtc::cache_dir();
+        let kernels = Kernels::load(&gpu, cache.as_deref())?;
+        let pdl = gpu.info.arch.0 >= 9 && env_flag("TERN_CUDA_PDL", true);
+        Ok(CudaBackend {
+            id: BackendId::cuda(index),
+            gpu,
+            kernels,
+            buffers: Buffers::default(),
+            scratch: Scratch::default(),
+            scratch_buf: None,
+            counters_buf: None,
+            graphs: HashMap::new(),
+            seen: HashSet::new(),
+            use_graphs: env_flag("TERN_CUDA_GRAPHS", true),
+            pdl,
+            stats: Stats::default(),
+        })
+    }
+
+    pub fn info(&self) -> &DeviceInfo {
+        &self.gpu.info
+    }
+
+    /// Milliseconds per `compute` of `nodes`, the median of `reps` runs timed
+    /// with device events (after one warm-up run and one captured run).
+    pub fn time_compute(
+        &mut self,
+        graph: &Graph,
+        nodes: &[NodeId],
+        locs: &[Option<TensorLoc>],
+        reps: usize,
+    ) -> Result<f64> {
+        for _ in 0..2 {
+            self.compute(graph, nodes, locs)?;
+        }
+        let (start, end) = (self.gpu.event().map_err(|m| self.dev_err(m))?, self.gpu.event().map_err(|m| self.dev_err(m))?);
+        let mut times = Vec::with_capacity(reps);
+        for _ in 0..reps.max(1) {
+            self.gpu.record(&start).map_err(|m| self.dev_err(m))?;
+            self.compute(graph, nodes, locs)?;
+            self.gpu.record(&end).map_err(|m| self.dev_err(m))?;
+            times.push(start.elapsed_ms(&end).map_err(|m| self.dev_err(m))? as f64);
+        }
+        times.sort_by(f64::total_cmp);
+        Ok(times[times.len() / 2])
+    }
+
+    /// Modules NVRTC compiled while opening (0 when all came from the cache).
+    pub fn kernels_compiled(&self) -> usize {
+        self.kernels.compiled
+    }
+
+    fn dev_err(&self, message: impl Into<String>) -> Error {
+        Error::Device { backend: self.id, message: message.into() }
+    }
+
+    fn alloc_raw(&mut self, bytes: usize) -> Result<u64> {
+        self.gpu.alloc(bytes).map_err(|m| {
+            if m.contains("OUT_OF_MEMORY") {
+                Error::OutOfMemory { backend: self.id, bytes }
+            } else {
+                self.dev_err(m)
+            }
+        })
+    }
+
+    fn loc_ptr(&self, loc: TensorLoc) -> Result<u64> {
+        match self.buffers.get(loc.buffer) {
+            Some(b) if loc.offset + loc.nbytes <= b.bytes => Ok(b.ptr + loc.offset as u64),
+            _ => Err(self.dev_err(format!("invalid tensor location {loc:?}"))),
+        }
+    }
+
+    fn grow_scratch(&mut self, bytes: usize) -> Result<()> {
+        if let Some(p) = self.scratch_buf.take() {
+            self.gpu.free(p);
+        }
+        let cap = bytes + bytes / 4;
+        let p = self.alloc_raw(cap)?;
+        self.scratch_buf = Some(p);
+        self.scratch.base = p;
+        self.scratch.cap = cap;
+        Ok(())
+    }
+
+    fn grow_counters(&mut self, n: usize) -> Result<()> {
+        if let Some(p) = self.counters_buf.take() {
+            self.gpu.free(p);
+        }
+        let cap = n.max(1024);
+        let p = self.alloc_raw(cap * 4)?;
+        self.counters_buf = Some(p);
+        self.scratch.counters = p;
+        self.scratch.counters_cap = cap;
+        Ok(())
+    }
+
+    fn run_launches(&self, launches: &[Launch]) -> std::result::Result<(), String> {
+        for l in launches {
+            l.run(&self.gpu, &self.kernels, self.pdl).map_err(|e| format!("{:?}: {e}", l.kernel))?;
+        }
+        Ok(())
+    }
+
+    fn capture(&self, launches: &[Launch]) -> std::result::Result<driver::Graph, String> {
+        self.gpu.begin_capture()?;
+        let run = self.run_launches(launches);
+        let graph = self.gpu.end_capture();
+        run?;
+        graph
+    }
+}
+
+impl Drop for CudaBackend {
+    fn drop(&mut self) {
+        if env_flag("TERN_CUDA_STATS", false) {
+            let s = self.stats;
+            eprintln!(
+                "{}: {} computes, {} launches ({} in the last), {} graphs captured, {} replays",
+                self.id, s.computes, s.launches, s.last_launches, s.captures, s.replays
+            );
+        }
+        self.graphs.clear();
+        let ptrs: Vec<u64> = self.buffers.list.iter().flatten().map(|b| b.ptr).collect();
+        for p in ptrs.into_iter().chain(self.scratch_buf).chain(self.counters_buf) {
+            self.gpu.free(p);
+        }
+    }
+}
+
+fn hash_launches(launches: &[Launch]) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    launches.hash(&mut h);
+    h.finish()
+}
+
+impl Backend for CudaBackend {
+    fn id(&self) -> BackendId {
+        self.id
+    }
+
+    fn supports(&self, node: &Node, srcs: &[&Node]) -> bool {
+        let f32 = |n: &Node| n.dtype == DType::F32;
+        let ggml = |n: &Node| match n.dtype {
+            DType::Ggml(t) => Some(t),
+            DType::I32 => None,
+        };
+        match &node.op {
+            Op::Weight(_) | Op::Input(_) | Op::KvCache { .. } => true,
+            Op::GetRows => ggml(srcs[0]).is_some_and(lower::dequant_type),
+            Op::MulMat { .. } => {
+                let is_matrix = srcs[0].ne[2] == 1 && srcs[0].ne[3] == 1;
+                is_matrix && ggml(srcs[0]).is_some_and(|t| t.is_ternary() || lower::dequant_type(t)) && f32(srcs[1])
+            }
+            Op::Rope(p) => f32(srcs[0]) && p.head_dim % 2 == 0 && p.n_rot <= p.head_dim,
+            Op::Attention(p) => {
+                let cache = |n: &Node| matches!(n.dtype, DType::Ggml(GgmlType::F32 | GgmlType::F16));
+                srcs[..3].iter().all(|n| f32(n))
+                    && srcs[3..5].iter().all(|n| cache(n))
+                    && srcs.len() == 6
+                    && p.head_dim <= 256
+                    && p.n_head % p.n_head_kv == 0
+                    && p.n_head / p.n_head_kv <= 32
+            }
+            Op::RmsNorm { .. } | Op::Mul | Op::Add | Op::Scale { .. } | Op::GatedAct(_) => srcs.iter().all(|n| f32(n)),
+        }
+    }
+
+    fn alloc(&mut self, bytes: usize) -> Result<BufferId> {
+        let ptr = self.alloc_raw(bytes)?;
+        Ok(self.buffers.insert(DevBuf { ptr, bytes, weight: None }))
+    }
+
+    fn free(&mut self, buffer: BufferId) {
+        if let Some(b) = self.buffers.list.get_mut(buffer.0 as usize).and_then(|b| b.take()) {
+            self.gpu.free(b.ptr);
+        }
+    }
+
+    fn load_weight(&mut self, bytes: HostBytes, desc: WeightDesc) -> Result<LoadedWeight> {
+        let data = bytes.as_slice();
+        let is_matrix = desc.ne[2] == 1 && desc.ne[3] == 1;
+        let (ptr, total, weight) = if desc.ty.is_ternary() && is_matrix {
+            let t = GpuTernary::pack(desc.ty, data, desc.ne[0], desc.ne[1]);
+            let scale_off = t.codes.len().next_multiple_of(256);
+            let total = scale_off + t.scales.len() * 4;
+            let ptr = self.alloc_raw(total)?;
+            let scales: Vec<u8> = t.scales.iter().flat_map(|s| s.to_le_bytes()).collect();
+            self.gpu.upload(ptr, &t.codes).map_err(|m| self.dev_err(m))?;
+            self.gpu.upload(ptr + scale_off as u64, &scales).map_err(|m| self.dev_err(m))?;
+            let shape = TernaryShape { k_pad: t.k_pad, rows: t.rows, groups: t.groups };
+            let w = Weight { ty: desc.ty, ptr_codes: ptr, ptr_scales: ptr + scale_off as u64, ternary: Some(shape) };
+            (ptr, total, w)
+        } else {
+            let ptr = self.alloc_raw(data.len())?;
+            self.gpu.upload(ptr, data).map_err(|m| self.dev_err(m))?;
+            (ptr, data.len(), Weight { ty: desc.ty, ptr_codes: ptr, ptr_scales: 0, ternary: None })
+        };
+        // The location's size is the file's, which is what the graph's byte counts use.
+        let buffer = self.buffers.insert(DevBuf { ptr, bytes: total.max(data.len()), weight: Some(weight) });
+        Ok(LoadedWeight { loc: TensorLoc { buffer, offset: 0, nbytes: data.len() }, aliases_host: false })
+    }
+
+    fn write(&mut self, dst: TensorLoc, data: &[u8]) -> Result<()> {
+        let p = self.loc_ptr(dst)?;
+        self.gpu.upload(p, &data[..dst.nbytes]).map_err(|m| self.dev_err(m))
+    }
+
+    fn read(&self, src: TensorLoc, out: &mut [u8]) -> Result<()> {
+        let p = self.loc_ptr(src)?;
+        self.gpu.download(p, &mut out[..src.nbytes]).map_err(|m| self.dev_err(m))
+    }
+
+    fn compute(&mut self, graph: &Graph, nodes: &[NodeId], locs: &[Option<TensorLoc>]) -> Result<()> {
+        self.gpu.bind().map_err(|m| self.dev_err(m))?;
+        let lowered = loop {
+            match lower(graph, nodes, locs, &self.buffers, self.scratch) {
+                Ok(l) => break l,
+                Err(Need::Workspace(n)) => self.grow_scratch(n)?,
+                Err(Need::Counters(n)) => self.grow_counters(n)?,
+                Err(Need::Error(m)) => return Err(self.dev_err(m)),
+            }
+        };
+        let launches = &lowered.launches;
+        self.stats.computes += 1;
+        self.stats.last_launches = launches.len();
+        self.stats.launches += launches.len() as u64;
+        let key = hash_launches(launches);
+        if let Some(g) = self.graphs.get(&key) {
+            self.stats.replays += 1;
+            return self.gpu.replay(g).map_err(|m| self.dev_err(m));
+        }
+        if self.use_graphs && self.seen.contains(&key) {
+            match self.capture(launches) {
+                Ok(g) => {
+                    self.stats.captures += 1;
+                    self.stats.replays += 1;
+                    self.gpu.replay(&g).map_err(|m| self.dev_err(m))?;
+                    if self.graphs.len() >= MAX_GRAPHS {
+                        self.graphs.clear();
+                    }
+                    self.graphs.insert(key, g);
+                    return Ok(());
+                }
+                Err(m) => {
+                    // Launch directly from now on; the launches themselves are fine.
+                    eprintln!("warning: {}: CUDA graph capture failed ({m}); launching kernels directly", self.id);
+                    self.use_graphs = false;
+                }
+            }
+        }
+        if self.seen.len() >= 4 * MAX_GRAPHS {
+            self.seen.clear();
+        }
+        self.seen.insert(key);
+        self.run_launches(launches).map_err(|m| self.dev_err(m))
+    }
+}

@@ -1,0 +1,495 @@
+//! Lowering: the nodes of one split become a list of kernel launches. This is
+//! where fusions happen, because only here are the consumers of every node
+//! known:
+//!
+//! * `rms_norm` followed by `mul` with its weight becomes one kernel, which
+//!   also quantizes the result to int8 when a ternary matmul reads it;
+//! * consecutive ternary matmuls of one input (q/k/v, gate/up) share one GEMV
+//!   launch and one quantization;
+//! * a matmul whose only reader is the `add` that follows writes the sum
+//!   itself (the residual connections).
+
+use std::collections::HashMap;
+
+use tern_backend::TensorLoc;
+use tern_graph::{Activation, DType, Graph, NodeId, Op, RopeMode};
+use tern_quant::GgmlType;
+
+use crate::kernels::Kernel;
+use crate::launch::{Arg, Launch, TernaryBatch, TernaryMat};
+use crate::{Buffers, Weight};
+
+/// Tokens above which ternary products use the tensor-core GEMM.
+pub const GEMV_MAX_TOKENS: usize = 8;
+/// Tokens per `fmat_gemv` launch.
+const FMAT_TOKENS: usize = 8;
+/// Keys per attention split, at least; long caches use larger splits so that
+/// a token never has more than this many splits.
+const ATT_SPLIT: usize = 256;
+const ATT_MAX_SPLITS: usize = 16;
+
+/// Scratch memory one lowering needs beyond the graph's own tensors.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Scratch {
+    pub base: u64,
+    pub cap: usize,
+    pub counters: u64,
+    pub counters_cap: usize,
+}
+
+/// What a lowering ran out of; the caller grows it and lowers again.
+#[derive(Debug)]
+pub enum Need {
+    Workspace(usize),
+    Counters(usize),
+    Error(String),
+}
+
+/// A quantized activation in the workspace.
+#[derive(Clone, Copy)]
+struct Quant {
+    q: u64,
+    d: u64,
+    lsum: u64,
+    k_pad: usize,
+}
+
+pub struct Lowered {
+    pub launches: Vec<Launch>,
+}
+
+struct Lower<'a> {
+    graph: &'a Graph,
+    locs: &'a [Option<TensorLoc>],
+    bufs: &'a Buffers,
+    uses: Vec<u32>,
+    scratch: Scratch,
+    ws_used: usize,
+    counters_used: usize,
+    quant: HashMap<NodeId, Quant>,
+    out: Vec<Launch>,
+}
+
+fn fail<T>(m: impl Into<String>) -> Result<T, Need> {
+    Err(Need::Error(m.into()))
+}
+
+pub fn lower(
+    graph: &Graph,
+    nodes: &[NodeId],
+    locs: &[Option<TensorLoc>],
+    bufs: &Buffers,
+    scratch: Scratch,
+) -> Result<Lowered, Need> {
+    let mut uses = vec![0u32; graph.nodes.len()];
+    for n in &graph.nodes {
+        for s in &n.srcs {
+            uses[s.index()] += 1;
+        }
+    }
+    for o in &graph.outputs {
+        uses[o.index()] += 1;
+    }
+    let mut l = Lower {
+        graph,
+        locs,
+        bufs,
+        uses,
+        scratch,
+        ws_used: 0,
+        counters_used: 0,
+        quant: HashMap::new(),
+        out: Vec::with_capacity(nodes.len()),
+    };
+    let mut i = 0;
+    while i < nodes.len() {
+        i += l.node(nodes, i)?;
+    }
+    if l.ws_used > scratch.cap {
+        return Err(Need::Workspace(l.ws_used));
+    }
+    if l.counters_used > scratch.counters_cap {
+        return Err(Need::Counters(l.counters_used));
+    }
+    Ok(Lowered { launches: l.out })
+}
+
+fn grid1(n: usize, per: usize) -> (u32, u32, u32) {
+    (n.div_ceil(per).clamp(1, 65535 * 16) as u32, 1, 1)
+}
+
+impl Lower<'_> {
+    fn ptr(&self, n: NodeId) -> Result<u64, Need> {
+        let Some(loc) = self.locs[n.index()] else { return fail(format!("node {} has no location", n.0)) };
+        match self.bufs.get(loc.buffer) {
+            Some(b) => Ok(b.ptr + loc.offset as u64),
+            None => fail(format!("node {} is in a buffer this device does not have", n.0)),
+        }
+    }
+
+    /// Whether two nodes' bytes intersect. The memory plan lets a tensor
+    /// reuse the bytes of one that died at the step before, so a fused kernel
+    /// that reads an earlier node while writing a later one must check.
+    fn overlaps(&self, a: NodeId, b: NodeId) -> bool {
+        match (self.locs[a.index()], self.locs[b.index()]) {
+            (Some(x), Some(y)) => {
+                x.buffer == y.buffer && x.offset < y.offset + y.nbytes && y.offset < x.offset + x.nbytes
+            }
+            _ => true,
+        }
+    }
+
+    fn weight(&self, n: NodeId) -> Option<&Weight> {
+        let loc = self.locs[n.index()]?;
+        self.bufs.get(loc.buffer)?.weight.as_ref()
+    }
+
+    /// Scratch bytes, 256-aligned; past the capacity only the size is counted.
+    fn take(&mut self, bytes: usize) -> u64 {
+        let off = self.ws_used;
+        self.ws_used = (off + bytes).next_multiple_of(256);
+        self.scratch.base + off as u64
+    }
+
+    fn node_ref(&self, id: NodeId) -> &tern_graph::Node {
+        self.graph.node(id)
+    }
+
+    /// Lowers `nodes[i]` (and any nodes fused into it); returns how many were consumed.
+    fn node(&mut self, nodes: &[NodeId], i: usize) -> Result<usize, Need> {
+        let id = nodes[i];
+        let node = self.node_ref(id).clone();
+        let next = nodes.get(i + 1).copied();
+        match &node.op {
+            Op::Weight(_) | Op::Input(_) | Op::KvCache { .. } => Ok(1),
+            Op::RmsNorm { eps } => self.rms_norm(id, next, *eps),
+            Op::MulMat { .. } => self.mul_mat(nodes, i),
+            Op::GetRows => {
+                let table = self.node_ref(node.srcs[0]);
+                let DType::Ggml(ty) = table.dtype else { return fail("get_rows on a non-float table") };
+                let row_bytes = ty.row_bytes(table.ne[0] as u64).unwrap_or(0);
+                let l = Launch::new(Kernel::GetRows, (node.ne[1] as u32, 1, 1), 256)
+                    .ptr(self.ptr(node.srcs[0])?)
+                    .u64(row_bytes)
+                    .i32(ty.id() as i32)
+                    .ptr(self.ptr(node.srcs[1])?)
+                    .ptr(self.ptr(id)?)
+                    .i32(node.ne[0] as i32);
+                self.out.push(l);
+                Ok(1)
+            }
+            Op::Mul | Op::Add => {
+                let n = node.n_elements();
+                let nb = self.node_ref(node.srcs[1]).n_elements();
+                let op = if matches!(node.op, Op::Add) { 0 } else { 1 };
+                let l = Launch::new(Kernel::Binary, grid1(n, 256), 256)
+                    .ptr(self.ptr(node.srcs[0])?)
+                    .ptr(self.ptr(node.srcs[1])?)
+                    .ptr(self.ptr(id)?)
+                    .u64(n as u64)
+                    .u64(nb as u64)
+                    .i32(op);
+                self.out.push(l);
+                Ok(1)
+            }
+            Op::Scale { factor } => {
+                let n = node.n_elements();
+                let l = Launch::new(Kernel::Scale, grid1(n, 256), 256)
+                    .ptr(self.ptr(node.srcs[0])?)
+                    .ptr(self.ptr(id)?)
+                    .u64(n as u64)
+                    .f32(*factor);
+                self.out.push(l);
+                Ok(1)
+            }
+            Op::GatedAct(act) => {
+                let n = node.n_elements();
+                let a = match act {
+                    Activation::Silu => 0,
+                    Activation::Relu2 => 1,
+                };
+                let l = Launch::new(Kernel::GatedAct, grid1(n, 256), 256)
+                    .ptr(self.ptr(node.srcs[0])?)
+                    .ptr(self.ptr(node.srcs[1])?)
+                    .ptr(self.ptr(id)?)
+                    .u64(n as u64)
+                    .i32(a);
+                self.out.push(l);
+                Ok(1)
+            }
+            Op::Rope(p) => {
+                let n_tok = node.ne[1];
+                let n_head = node.ne[0] / p.head_dim;
+                let factors = match node.srcs.get(2) {
+                    Some(&f) => self.ptr(f)?,
+                    None => 0,
+                };
+                let pairs = n_tok * n_head * (p.head_dim / 2);
+                let l = Launch::new(Kernel::Rope, grid1(pairs, 256), 256)
+                    .ptr(self.ptr(node.srcs[0])?)
+                    .ptr(self.ptr(id)?)
+                    .ptr(self.ptr(node.srcs[1])?)
+                    .ptr(factors)
+                    .i32(p.head_dim as i32)
+                    .i32(n_head as i32)
+                    .i32(n_tok as i32)
+                    .i32(p.n_rot as i32)
+                    .i32(if p.mode == RopeMode::Norm { 0 } else { 1 })
+                    .f32(p.freq_base)
+                    .f32(p.freq_scale);
+                self.out.push(l);
+                Ok(1)
+            }
+            Op::Attention(p) => {
+                self.attention(id, &node, p)?;
+                Ok(1)
+            }
+        }
+    }
+
+    /// Whether `id`'s every reader is a ternary matmul (so its int8 form is wanted).
+    fn read_by_ternary(&self, id: NodeId) -> bool {
+        self.graph.nodes.iter().enumerate().any(|(j, n)| {
+            matches!(n.op, Op::MulMat { .. })
+                && n.srcs.get(1) == Some(&id)
+                && self.weight(n.srcs[0]).is_some_and(|w| w.ternary.is_some())
+                && j > id.index()
+        })
+    }
+
+    fn rms_norm(&mut self, id: NodeId, next: Option<NodeId>, eps: f32) -> Result<usize, Need> {
+        let node = self.node_ref(id).clone();
+        let (ne0, rows) = (node.ne[0], node.n_rows());
+        // Fuse the weight multiply: `mul(norm, w)` with a one-row weight.
+        let fused = next.filter(|&m| {
+            let mn = self.node_ref(m);
+            matches!(mn.op, Op::Mul)
+                && mn.srcs[0] == id
+                && self.uses[id.index()] == 1
+                && self.node_ref(mn.srcs[1]).n_elements() == ne0
+                && !self.overlaps(m, node.srcs[0])
+        });
+        let (dst, w, consumed) = match fused {
+            Some(m) => (m, self.ptr(self.node_ref(m).srcs[1])?, 2),
+            None => (id, 0, 1),
+        };
+        let x = self.ptr(node.srcs[0])?;
+        let y = self.ptr(dst)?;
+        if self.read_by_ternary(dst) {
+            let q = self.quantize(dst, x, w, y, ne0, rows, true, eps);
+            self.quant.insert(dst, q);
+        } else {
+            let l = Launch::new(Kernel::RmsNorm, (rows as u32, 1, 1), 256).ptr(x).ptr(w).ptr(y).i32(ne0 as i32).f32(eps);
+            self.out.push(l);
+        }
+        Ok(consumed)
+    }
+
+    /// Emits `norm_quant` for `rows` rows of `ne0` at `x`.
+    #[allow(clippy::too_many_arguments)]
+    fn quantize(&mut self, _id: NodeId, x: u64, w: u64, y: u64, ne0: usize, rows: usize, norm: bool, eps: f32) -> Quant {
+        let k_pad = ne0.next_multiple_of(256);
+        let q = self.take(rows * k_pad);
+        let d = self.take(rows * 4);
+        let lsum = self.take(rows * (k_pad / 64) * 4);
+        let l = Launch::new(Kernel::NormQuant, (rows as u32, 1, 1), 256)
+            .ptr(x)
+            .ptr(w)
+            .ptr(y)
+            .ptr(q)
+            .ptr(d)
+            .ptr(lsum)
+            .i32(ne0 as i32)
+            .i32(k_pad as i32)
+            .i32(norm as i32)
+            .f32(eps);
+        self.out.push(l);
+        Quant { q, d, lsum, k_pad }
+    }
+
+    /// A matmul's output and residual: when the only reader of `mm` is the
+    /// next node, an `add` of it and a same-shaped tensor, write the sum.
+    fn residual(&self, mm: NodeId, next: Option<NodeId>) -> Result<Option<(NodeId, u64)>, Need> {
+        let Some(a) = next else { return Ok(None) };
+        let an = self.node_ref(a);
+        if !matches!(an.op, Op::Add) || self.uses[mm.index()] != 1 || !an.srcs.contains(&mm) {
+            return Ok(None);
+        }
+        let other = if an.srcs[0] == mm { an.srcs[1] } else { an.srcs[0] };
+        if other == mm || self.node_ref(other).ne != an.ne {
+            return Ok(None);
+        }
+        Ok(Some((a, self.ptr(other)?)))
+    }
+
+    fn mul_mat(&mut self, nodes: &[NodeId], i: usize) -> Result<usize, Need> {
+        let id = nodes[i];
+        let node = self.node_ref(id).clone();
+        let Some(w) = self.weight(node.srcs[0]).cloned() else { return fail("mul_mat weight is not on this device") };
+        let x = node.srcs[1];
+        let n_tok = node.ne[1];
+        let Some(t) = w.ternary else {
+            return self.fmat(nodes, i, &w);
+        };
+        let q = match self.quant.get(&x) {
+            Some(q) => *q,
+            None => {
+                let xn = self.node_ref(x).clone();
+                let xp = self.ptr(x)?;
+                let q = self.quantize(x, xp, 0, 0, xn.ne[0], xn.n_rows(), false, 0.0);
+                self.quant.insert(x, q);
+                q
+            }
+        };
+        // Gather the run of matmuls that read the same input (at most three).
+        let mut group = vec![(id, w.clone())];
+        while group.len() < 3 && n_tok <= GEMV_MAX_TOKENS {
+            let Some(&j) = nodes.get(i + group.len()) else { break };
+            let jn = self.node_ref(j);
+            let same = matches!(jn.op, Op::MulMat { .. }) && jn.srcs[1] == x;
+            match self.weight(jn.srcs[0]).filter(|_| same) {
+                Some(wj) if wj.ternary.is_some_and(|tj| tj.k_pad == t.k_pad) => group.push((j, wj.clone())),
+                _ => break,
+            }
+        }
+        let mut consumed = group.len();
+        let mut mats = Vec::with_capacity(group.len());
+        for (gi, (mm, wm)) in group.iter().enumerate() {
+            let tm = wm.ternary.expect("grouped only ternary weights");
+            let last = gi + 1 == group.len();
+            let fused = if last { self.residual(*mm, nodes.get(i + consumed).copied())? } else { None };
+            let (out, res) = match fused {
+                Some((add, r)) => {
+                    consumed += 1;
+                    (self.ptr(add)?, r)
+                }
+                None => (self.ptr(*mm)?, 0),
+            };
+            mats.push(TernaryMat {
+                w: wm.ptr_codes,
+                scales: wm.ptr_scales,
+                out,
+                res,
+                rows: tm.rows as i32,
+                groups: tm.groups as i32,
+            });
+        }
+        if n_tok <= GEMV_MAX_TOKENS {
+            let mut b = TernaryBatch { n: mats.len() as i32, ..Default::default() };
+            let mut blocks = 0;
+            for (k, m) in mats.iter().enumerate() {
+                b.m[k] = *m;
+                b.block_start[k] = blocks;
+                blocks += (m.rows as usize).div_ceil(8) as i32;
+            }
+            b.block_start[mats.len()] = blocks;
+            let l = Launch::new(Kernel::TernaryGemv, (blocks as u32, 1, 1), 256)
+                .arg(Arg::Batch(b))
+                .i32(q.k_pad as i32)
+                .ptr(q.q)
+                .ptr(q.d)
+                .ptr(q.lsum)
+                .i32(n_tok as i32);
+            self.out.push(l);
+        } else {
+            for m in mats {
+                let rows_pad = (m.rows as usize).next_multiple_of(crate::layout::ROW_ALIGN);
+                let grid = ((rows_pad / 128) as u32, n_tok.div_ceil(32) as u32, 1);
+                let l = Launch::new(Kernel::TernaryGemm, grid, 128)
+                    .arg(Arg::Mat(m))
+                    .i32(q.k_pad as i32)
+                    .ptr(q.q)
+                    .ptr(q.d)
+                    .ptr(q.lsum)
+                    .i32(n_tok as i32);
+                self.out.push(l);
+            }
+        }
+        Ok(consumed)
+    }
+
+    fn fmat(&mut self, nodes: &[NodeId], i: usize, w: &Weight) -> Result<usize, Need> {
+        let id = nodes[i];
+        let node = self.node_ref(id).clone();
+        let (k, rows, n_tok) = (self.node_ref(node.srcs[0]).ne[0], node.ne[0], node.ne[1]);
+        // The sum may not be written over the activations this kernel reads.
+        let fused = self.residual(id, nodes.get(i + 1).copied())?.filter(|(add, _)| !self.overlaps(*add, node.srcs[1]));
+        let (out, res, consumed) = match fused {
+            Some((add, r)) => (self.ptr(add)?, r, 2),
+            None => (self.ptr(id)?, 0, 1),
+        };
+        let x = self.ptr(node.srcs[1])?;
+        let row_bytes = w.ty.row_bytes(k as u64).unwrap_or(0);
+        for t0 in (0..n_tok).step_by(FMAT_TOKENS) {
+            let nt = (n_tok - t0).min(FMAT_TOKENS);
+            let off = (t0 * rows * 4) as u64;
+            let l = Launch::new(Kernel::FmatGemv, grid1(rows, 8), 256)
+                .ptr(w.ptr_codes)
+                .u64(row_bytes)
+                .i32(w.ty.id() as i32)
+                .i32(rows as i32)
+                .i32(k as i32)
+                .ptr(x + (t0 * k * 4) as u64)
+                .i32(nt as i32)
+                .ptr(out + off)
+                .u64(rows as u64)
+                .ptr(if res == 0 { 0 } else { res + off });
+            self.out.push(l);
+        }
+        Ok(consumed)
+    }
+
+    fn attention(&mut self, id: NodeId, node: &tern_graph::Node, p: &tern_graph::AttentionParams) -> Result<(), Need> {
+        let s = &node.srcs;
+        let (kc, vc) = (self.node_ref(s[3]), self.node_ref(s[4]));
+        let type_id = |n: &tern_graph::Node| match n.dtype {
+            DType::Ggml(t) => t.id() as i32,
+            DType::I32 => -1,
+        };
+        let (k_type, v_type) = (type_id(kc), type_id(vc));
+        let n_ctx = kc.ne[1];
+        let n_tok = node.ne[1];
+        let row = p.head_dim * p.n_head_kv;
+        let pos = self.ptr(s[5])?;
+        let (kcp, vcp) = (self.ptr(s[3])?, self.ptr(s[4])?);
+        let store = Launch::new(Kernel::KvStore, (n_tok as u32, 1, 1), 256)
+            .ptr(self.ptr(s[1])?)
+            .ptr(self.ptr(s[2])?)
+            .ptr(kcp)
+            .ptr(vcp)
+            .ptr(pos)
+            .i32(row as i32)
+            .i32(k_type)
+            .i32(v_type);
+        self.out.push(store);
+        let split = ATT_SPLIT.max(n_ctx.div_ceil(ATT_MAX_SPLITS).next_multiple_of(ATT_SPLIT));
+        let n_split = n_ctx.div_ceil(split);
+        let part = if n_split > 1 { self.take(n_tok * p.n_head * n_split * (p.head_dim + 2) * 4) } else { 0 };
+        let counters = self.scratch.counters + (self.counters_used * 4) as u64;
+        self.counters_used += n_tok * p.n_head_kv;
+        let group = p.n_head / p.n_head_kv;
+        let l = Launch::new(Kernel::Attention, (p.n_head_kv as u32, n_tok as u32, n_split as u32), 32 * group as u32)
+            .ptr(self.ptr(s[0])?)
+            .ptr(kcp)
+            .ptr(vcp)
+            .ptr(pos)
+            .ptr(self.ptr(id)?)
+            .ptr(part)
+            .ptr(counters)
+            .i32(p.n_head as i32)
+            .i32(p.n_head_kv as i32)
+            .i32(p.head_dim as i32)
+            .f32(p.scale)
+            .i32(split as i32)
+            .i32(n_split as i32)
+            .i32(k_type)
+            .i32(v_type);
+        self.out.push(l);
+        Ok(())
+    }
+}
+
+/// Types `fmat_gemv` and `get_rows` read.
+pub fn dequant_type(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 | GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q6_K)
+}

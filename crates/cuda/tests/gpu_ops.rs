@@ -1,0 +1,421 @@
+//! Every GPU op against the CPU backend on random data, with poisoned outputs
+//! (NaN before the run: an element the kernel misses stays NaN and fails),
+//! plus a timing table of the ternary GEMV/GEMM at the 2B-4T shapes.
+//!
+//! Needs a CUDA device: skipped with the reason when there is none, unless
+//! `TERN_REQUIRE_GPU=1` (scripts/gpu-check.sh sets it), which makes that a
+//! failure. Bounds, as max |gpu − cpu| / max |cpu|:
+//! - ternary matmuls: 0 for one scale per row (the same integer sums and the
+//!   same float operations), 1e-5 for per-block scales (summation order);
+//! - float and block-quantized matmuls: 1e-4 (f32 summation order);
+//! - norms, rope, pointwise ops, attention: 1e-4 (f16 caches: 2e-3).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use tern_backend::{Backend, BackendId, HostBytes, TensorLoc, WeightDesc};
+use tern_cpu::CpuBackend;
+use tern_cuda::CudaBackend;
+use tern_graph::{
+    Activation, AttentionParams, DType, Graph, InputKind, KvKind, NodeId, Op, Precision, RopeMode, RopeParams,
+};
+use tern_quant::GgmlType;
+
+fn gpu() -> Option<CudaBackend> {
+    match tern_cuda::devices() {
+        Ok(_) => Some(CudaBackend::new(0).expect("opening CUDA0")),
+        Err(why) => {
+            if std::env::var("TERN_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+                panic!("TERN_REQUIRE_GPU=1 but no GPU: {why}");
+            }
+            eprintln!("skipped: {why}");
+            None
+        }
+    }
+}
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        self.0 >> 33
+    }
+    fn f32(&mut self) -> f32 {
+        (self.next() as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
+    }
+    fn vec(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.f32()).collect()
+    }
+}
+
+fn bytes_f32(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn bytes_i32(v: &[i32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn to_f32(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+}
+
+struct Owned(Vec<u8>);
+
+impl AsRef<[u8]> for Owned {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+/// Binds leaf data, poisons every computed node, runs all computed nodes, and
+/// returns the bytes of `outputs` and the locations.
+fn run(b: &mut dyn Backend, g: &Graph, data: &HashMap<NodeId, Vec<u8>>, outputs: &[NodeId]) -> Vec<Vec<u8>> {
+    let mut locs: Vec<Option<TensorLoc>> = vec![None; g.nodes.len()];
+    let mut computed = Vec::new();
+    for id in g.ids() {
+        let n = g.node(id);
+        let loc = match n.op {
+            Op::Weight(_) => {
+                let d = data[&id].clone();
+                let len = d.len();
+                let DType::Ggml(ty) = n.dtype else { panic!("weights are ggml types") };
+                let hb = HostBytes::new(Arc::new(Owned(d)), 0..len);
+                b.load_weight(hb, WeightDesc { ty, ne: n.ne }).unwrap().loc
+            }
+            Op::Input(_) | Op::KvCache { .. } => {
+                let d = &data[&id];
+                let buffer = b.alloc(d.len()).unwrap();
+                let loc = TensorLoc { buffer, offset: 0, nbytes: d.len() };
+                b.write(loc, d).unwrap();
+                loc
+            }
+            _ => {
+                computed.push(id);
+                let nbytes = n.nbytes();
+                let buffer = b.alloc(nbytes).unwrap();
+                let loc = TensorLoc { buffer, offset: 0, nbytes };
+                b.write(loc, &vec![0xffu8; nbytes]).unwrap();
+                loc
+            }
+        };
+        locs[id.index()] = Some(loc);
+    }
+    b.compute(g, &computed, &locs).unwrap();
+    outputs
+        .iter()
+        .map(|o| {
+            let loc = locs[o.index()].unwrap();
+            let mut out = vec![0u8; loc.nbytes];
+            b.read(loc, &mut out).unwrap();
+            out
+        })
+        .collect()
+}
+
+/// Runs `g` on the CPU and the GPU and checks every output within `bound`
+/// (relative to the CPU output's largest magnitude). Returns the worst error.
+fn compare(gpu: &mut CudaBackend, g: &Graph, data: &HashMap<NodeId, Vec<u8>>, outs: &[NodeId], bound: f64, what: &str) -> f64 {
+    let mut cpu = CpuBackend::new(BackendId::CPU, 2);
+    let want = run(&mut cpu, g, data, outs);
+    let got = run(gpu, g, data, outs);
+    let mut worst = 0.0f64;
+    for (k, (w, gt)) in want.iter().zip(&got).enumerate() {
+        let (w, gt) = (to_f32(w), to_f32(gt));
+        let scale = w.iter().fold(0f64, |m, &v| m.max(v.abs() as f64)).max(1e-30);
+        for (i, (&a, &b)) in w.iter().zip(&gt).enumerate() {
+            assert!(b.is_finite(), "{what}: output {k} element {i} not written or not finite ({b})");
+            let e = (a as f64 - b as f64).abs() / scale;
+            assert!(e <= bound, "{what}: output {k} element {i}: cpu {a} gpu {b} (rel {e:.3e} > {bound:.0e})");
+            worst = worst.max(e);
+        }
+    }
+    worst
+}
+
+/// A ternary weight `[k, rows]` of `ty`: random values in {−1, 0, 1} times
+/// one scale, or (with `blocky`) a scale per 256-block (TQ formats only).
+fn ternary_weight(ty: GgmlType, k: usize, rows: usize, blocky: bool, rng: &mut Rng) -> Vec<u8> {
+    let x: Vec<f32> = (0..k * rows)
+        .map(|i| {
+            let t = (rng.next() % 3) as f32 - 1.0;
+            let s = if blocky { 0.5 + ((i / 256) % 5) as f32 * 0.25 } else { 0.75 };
+            t * s
+        })
+        .collect();
+    let n = ty.tensor_bytes(&[k as u64, rows as u64]).unwrap() as usize;
+    let mut out = vec![0u8; n];
+    tern_quant::quantize_tensor(ty, &x, k, &mut out);
+    out
+}
+
+fn float_weight(ty: GgmlType, k: usize, rows: usize, rng: &mut Rng) -> Vec<u8> {
+    let x = rng.vec(k * rows);
+    let n = ty.tensor_bytes(&[k as u64, rows as u64]).unwrap() as usize;
+    let mut out = vec![0u8; n];
+    tern_quant::quantize_tensor(ty, &x, k, &mut out);
+    out
+}
+
+const TERNARY: [GgmlType; 5] = [GgmlType::TQ2_0, GgmlType::TQ1_0, GgmlType::IQ2_BN, GgmlType::IQ1_BN, GgmlType::I2_S];
+
+/// Whether `ty` stores rows of `k` (block sizes).
+fn fits(ty: GgmlType, k: usize) -> bool {
+    ty.tensor_bytes(&[k as u64, 1]).is_some()
+}
+
+#[test]
+fn ternary_matmuls_match_cpu_for_every_format_and_shape() {
+    let Some(mut gpu) = gpu() else { return };
+    let mut rng = Rng(11);
+    // (k, rows, tokens): odd rows, k not a multiple of 256, GEMV (≤ 8 tokens) and GEMM sizes.
+    let shapes = [(256, 1, 1), (512, 7, 3), (1280, 130, 8), (2560, 640, 1), (2560, 300, 9), (768, 129, 33), (2560, 2560, 100)];
+    let mut report = Vec::new();
+    for ty in TERNARY {
+        for &(k, rows, n) in &shapes {
+            if !fits(ty, k) {
+                continue;
+            }
+            let mut g = Graph::new();
+            let w = g.weight(0, "w", ty, [k, rows, 1, 1]);
+            let x = g.weight(1, "x", GgmlType::F32, [k, n, 1, 1]);
+            let y = g.mul_mat(w, x, Precision::Paired);
+            g.mark_output(y);
+            let data = HashMap::from([(w, ternary_weight(ty, k, rows, false, &mut rng)), (x, bytes_f32(&rng.vec(k * n)))]);
+            let e = compare(&mut gpu, &g, &data, &[y], 0.0, &format!("{ty} k={k} rows={rows} n={n}"));
+            report.push(format!("{ty} {k}x{rows} n={n}: {e:.1e}"));
+        }
+    }
+    // Per-block scales (a TQ file whose blocks disagree): the grouped paths.
+    for (ty, n) in [(GgmlType::TQ2_0, 1), (GgmlType::TQ2_0, 40), (GgmlType::TQ1_0, 4)] {
+        let (k, rows) = (1024, 96);
+        let mut g = Graph::new();
+        let w = g.weight(0, "w", ty, [k, rows, 1, 1]);
+        let x = g.weight(1, "x", GgmlType::F32, [k, n, 1, 1]);
+        let y = g.mul_mat(w, x, Precision::Paired);
+        let data = HashMap::from([(w, ternary_weight(ty, k, rows, true, &mut rng)), (x, bytes_f32(&rng.vec(k * n)))]);
+        let e = compare(&mut gpu, &g, &data, &[y], 1e-5, &format!("{ty} grouped n={n}"));
+        report.push(format!("{ty} grouped n={n}: {e:.1e}"));
+    }
+    eprintln!("{}", report.join("\n"));
+}
+
+#[test]
+fn fused_norm_batched_projections_and_residual_match_cpu() {
+    let Some(mut gpu) = gpu() else { return };
+    let mut rng = Rng(5);
+    for n in [1usize, 6, 37] {
+        let (k, ff) = (640, 1000);
+        let mut g = Graph::new();
+        let x = g.weight(0, "x", GgmlType::F32, [k, n, 1, 1]);
+        let nw = g.weight(1, "norm", GgmlType::F32, [k, 1, 1, 1]);
+        let wq = g.weight(2, "wq", GgmlType::TQ2_0, [k, k, 1, 1]);
+        let wk = g.weight(3, "wk", GgmlType::IQ2_BN, [k, 128, 1, 1]);
+        let wv = g.weight(4, "wv", GgmlType::I2_S, [k, 128, 1, 1]);
+        let wg = g.weight(5, "wg", GgmlType::TQ2_0, [k, ff, 1, 1]);
+        let wu = g.weight(6, "wu", GgmlType::TQ2_0, [k, ff, 1, 1]);
+        let wd = g.weight(7, "wd", GgmlType::TQ1_0, [ff, k, 1, 1]);
+        let h = g.rms_norm(x, 1e-5);
+        let h = g.mul(h, nw);
+        let q = g.mul_mat(wq, h, Precision::Paired);
+        let kk = g.mul_mat(wk, h, Precision::Paired);
+        let v = g.mul_mat(wv, h, Precision::Paired);
+        let r = g.add(x, q);
+        let gate = g.mul_mat(wg, h, Precision::Paired);
+        let up = g.mul_mat(wu, h, Precision::Paired);
+        let a = g.gated_act(gate, up, Activation::Relu2);
+        let d = g.mul_mat(wd, a, Precision::Paired);
+        let out = g.add(r, d);
+        for o in [kk, v, out] {
+            g.mark_output(o);
+        }
+        let mut data = HashMap::from([(x, bytes_f32(&rng.vec(k * n))), (nw, bytes_f32(&rng.vec(k)))]);
+        for (id, ty, kk_, rows) in [
+            (wq, GgmlType::TQ2_0, k, k),
+            (wk, GgmlType::IQ2_BN, k, 128),
+            (wv, GgmlType::I2_S, k, 128),
+            (wg, GgmlType::TQ2_0, k, ff),
+            (wu, GgmlType::TQ2_0, k, ff),
+            (wd, GgmlType::TQ1_0, ff, k),
+        ] {
+            data.insert(id, ternary_weight(ty, kk_, rows, false, &mut rng));
+        }
+        // The norm's sum of squares is accumulated in another order, which can
+        // move an int8 activation by one at a rounding tie.
+        let e = compare(&mut gpu, &g, &data, &[kk, v, out], 2e-3, &format!("block n={n}"));
+        eprintln!("fused block n={n}: {e:.1e}");
+    }
+}
+
+#[test]
+fn float_and_block_matmuls_and_get_rows_match_cpu() {
+    let Some(mut gpu) = gpu() else { return };
+    let mut rng = Rng(3);
+    let types = [GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q6_K];
+    for ty in types {
+        for &(k, rows, n) in &[(256usize, 33usize, 1usize), (512, 100, 5), (768, 17, 13)] {
+            let mut g = Graph::new();
+            let w = g.weight(0, "w", ty, [k, rows, 1, 1]);
+            let x = g.weight(1, "x", GgmlType::F32, [k, n, 1, 1]);
+            let ids = g.input(InputKind::Tokens, 4);
+            let y = g.mul_mat(w, x, Precision::Float);
+            let r = g.get_rows(w, ids);
+            let data = HashMap::from([
+                (w, float_weight(ty, k, rows, &mut rng)),
+                (x, bytes_f32(&rng.vec(k * n))),
+                (ids, bytes_i32(&[0, (rows - 1) as i32, 3 % rows as i32, 1])),
+            ]);
+            let e = compare(&mut gpu, &g, &data, &[y, r], 1e-4, &format!("{ty} k={k} rows={rows} n={n}"));
+            eprintln!("{ty} {k}x{rows} n={n}: {e:.1e}");
+        }
+    }
+}
+
+#[test]
+fn pointwise_norm_and_rope_match_cpu() {
+    let Some(mut gpu) = gpu() else { return };
+    let mut rng = Rng(9);
+    let (hd, heads, n) = (64usize, 6usize, 7usize);
+    for (mode, n_rot, factors) in [(RopeMode::Neox, 64, false), (RopeMode::Norm, 64, true), (RopeMode::Neox, 32, false)] {
+        let mut g = Graph::new();
+        let x = g.weight(0, "x", GgmlType::F32, [hd * heads, n, 1, 1]);
+        let b = g.weight(1, "b", GgmlType::F32, [hd * heads, 1, 1, 1]);
+        let c = g.weight(2, "c", GgmlType::F32, [hd * heads, n, 1, 1]);
+        let pos = g.input(InputKind::Positions, n);
+        let f = factors.then(|| g.weight(3, "f", GgmlType::F32, [n_rot / 2, 1, 1, 1]));
+        let p = RopeParams { mode, n_rot, head_dim: hd, freq_base: 10000.0, freq_scale: 0.5 };
+        let outs = [
+            g.rms_norm(x, 1e-6),
+            g.add(x, b),
+            g.mul(x, c),
+            g.scale(x, 0.37),
+            g.gated_act(x, c, Activation::Silu),
+            g.gated_act(x, c, Activation::Relu2),
+            g.rope(x, pos, f, p),
+        ];
+        let mut data = HashMap::from([
+            (x, bytes_f32(&rng.vec(hd * heads * n))),
+            (b, bytes_f32(&rng.vec(hd * heads))),
+            (c, bytes_f32(&rng.vec(hd * heads * n))),
+            (pos, bytes_i32(&[0, 1, 2, 3, 1000, 2047, 5])),
+        ]);
+        if let Some(f) = f {
+            data.insert(f, bytes_f32(&(0..n_rot / 2).map(|i| 1.0 + i as f32 * 0.1).collect::<Vec<_>>()));
+        }
+        compare(&mut gpu, &g, &data, &outs, 1e-4, &format!("pointwise {mode:?} n_rot={n_rot}"));
+    }
+}
+
+fn f16_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|&x| half::f16::from_f32(x).to_le_bytes()).collect()
+}
+
+#[test]
+fn attention_matches_cpu_across_splits_and_cache_types() {
+    let Some(mut gpu) = gpu() else { return };
+    let mut rng = Rng(21);
+    // (head_dim, n_head, n_head_kv, n_ctx, kv_pos, n_tok)
+    let cases = [(64, 8, 2, 512, 0, 5), (128, 20, 5, 4096, 300, 1), (128, 20, 5, 4096, 1000, 3), (32, 4, 4, 256, 17, 2)];
+    for &(hd, nh, nkv, n_ctx, kv_pos, n) in &cases {
+        for cache_ty in [GgmlType::F32, GgmlType::F16] {
+            let row = hd * nkv;
+            let mut g = Graph::new();
+            let q = g.weight(0, "q", GgmlType::F32, [hd * nh, n, 1, 1]);
+            let k = g.weight(1, "k", GgmlType::F32, [row, n, 1, 1]);
+            let v = g.weight(2, "v", GgmlType::F32, [row, n, 1, 1]);
+            let kc = g.kv_cache(0, KvKind::K, cache_ty, [row, n_ctx, 1, 1]);
+            let vc = g.kv_cache(0, KvKind::V, cache_ty, [row, n_ctx, 1, 1]);
+            let pos = g.input(InputKind::Positions, n);
+            let p = AttentionParams { layer: 0, n_head: nh, n_head_kv: nkv, head_dim: hd, scale: 1.0 / (hd as f32).sqrt(), kv_pos };
+            let a = g.attention(q, k, v, kc, vc, pos, p);
+            let cache = |rng: &mut Rng| {
+                let vals = rng.vec(row * n_ctx);
+                if cache_ty == GgmlType::F16 { f16_bytes(&vals) } else { bytes_f32(&vals) }
+            };
+            let positions: Vec<i32> = (kv_pos..kv_pos + n).map(|p| p as i32).collect();
+            let data = HashMap::from([
+                (q, bytes_f32(&rng.vec(hd * nh * n))),
+                (k, bytes_f32(&rng.vec(row * n))),
+                (v, bytes_f32(&rng.vec(row * n))),
+                (kc, cache(&mut rng)),
+                (vc, cache(&mut rng)),
+                (pos, bytes_i32(&positions)),
+            ]);
+            let bound = if cache_ty == GgmlType::F16 { 2e-3 } else { 1e-4 };
+            let e = compare(&mut gpu, &g, &data, &[a], bound, &format!("attention {hd}/{nh}/{nkv} pos {kv_pos} n {n} {cache_ty}"));
+            eprintln!("attention hd={hd} heads={nh}/{nkv} kv_pos={kv_pos} n={n} {cache_ty}: {e:.1e}");
+        }
+    }
+}
+
+/// Kernel times at the 2B-4T shapes, against the bytes each one must read.
+#[test]
+fn timing_table_for_2b4t_shapes() {
+    let Some(mut gpu) = gpu() else { return };
+    let mut rng = Rng(1);
+    let mut lines = vec![format!("{} ({} SMs)", gpu.info().name, gpu.info().sm_count), "| kernel | shape k×rows | tokens | µs | GB/s |".into(), "|---|---|---|---|---|".into()];
+    let shapes = [("attn_q/o", 2560usize, 2560usize), ("attn_k/v", 2560, 640), ("ffn_gate/up", 2560, 6912), ("ffn_down", 6912, 2560)];
+    for &(name, k, rows) in &shapes {
+        for n in [1usize, 512] {
+            let mut g = Graph::new();
+            let w = g.weight(0, "w", GgmlType::TQ2_0, [k, rows, 1, 1]);
+            let x = g.weight(1, "x", GgmlType::F32, [k, n, 1, 1]);
+            g.mul_mat(w, x, Precision::Paired);
+            let data = HashMap::from([(w, ternary_weight(GgmlType::TQ2_0, k, rows, false, &mut rng)), (x, bytes_f32(&rng.vec(k * n)))]);
+            let ms = time(&mut gpu, &g, &data);
+            let bytes = (k * rows / 4 + k * n + rows * n * 4) as f64;
+            let what = if n == 1 { "W2A8 GEMV (+quantize)" } else { "int8 mma GEMM (+quantize)" };
+            let tops = 2.0 * (k * rows * n) as f64 / (ms * 1e-3) / 1e12;
+            lines.push(format!("| {what} {name} | {k}×{rows} | {n} | {:.1} | {:.0} ({tops:.1} TOPS) |", ms * 1e3, bytes / (ms * 1e-3) / 1e9));
+        }
+    }
+    for (ty, n) in [(GgmlType::Q6_K, 1usize), (GgmlType::F16, 1)] {
+        let (k, rows) = (2560, 128256);
+        let mut g = Graph::new();
+        let w = g.weight(0, "w", ty, [k, rows, 1, 1]);
+        let x = g.weight(1, "x", GgmlType::F32, [k, n, 1, 1]);
+        g.mul_mat(w, x, Precision::Float);
+        let data = HashMap::from([(w, timing_bytes(ty, k, rows, &mut rng)), (x, bytes_f32(&rng.vec(k * n)))]);
+        let ms = time(&mut gpu, &g, &data);
+        let bytes = ty.tensor_bytes(&[k as u64, rows as u64]).unwrap() as f64;
+        lines.push(format!("| head {ty} GEMV | {k}×{rows} | {n} | {:.1} | {:.0} |", ms * 1e3, bytes / (ms * 1e-3) / 1e9));
+    }
+    eprintln!("{}", lines.join("\n"));
+}
+
+/// Valid but unquantized head bytes (quantizing 328 M values takes too long
+/// for a timing run): random levels with a small finite f16 scale per block.
+fn timing_bytes(ty: GgmlType, k: usize, rows: usize, rng: &mut Rng) -> Vec<u8> {
+    let n = ty.tensor_bytes(&[k as u64, rows as u64]).unwrap() as usize;
+    let mut out: Vec<u8> = (0..n / 8).flat_map(|_| rng.next().to_le_bytes()).collect();
+    out.resize(n, 0);
+    let small = half::f16::from_f32(1e-3).to_le_bytes();
+    match ty {
+        GgmlType::Q6_K => out.chunks_exact_mut(210).for_each(|b| b[208..].copy_from_slice(&small)),
+        _ => out.chunks_exact_mut(2).for_each(|h| h.copy_from_slice(&small)),
+    }
+    out
+}
+
+fn time(gpu: &mut CudaBackend, g: &Graph, data: &HashMap<NodeId, Vec<u8>>) -> f64 {
+    let mut locs: Vec<Option<TensorLoc>> = vec![None; g.nodes.len()];
+    let mut computed = Vec::new();
+    for id in g.ids() {
+        let n = g.node(id);
+        locs[id.index()] = Some(match n.op {
+            Op::Weight(_) => {
+                let d = data[&id].clone();
+                let len = d.len();
+                let DType::Ggml(ty) = n.dtype else { unreachable!() };
+                gpu.load_weight(HostBytes::new(Arc::new(Owned(d)), 0..len), WeightDesc { ty, ne: n.ne }).unwrap().loc
+            }
+            _ => {
+                computed.push(id);
+                let buffer = gpu.alloc(n.nbytes()).unwrap();
+                TensorLoc { buffer, offset: 0, nbytes: n.nbytes() }
+            }
+        });
+    }
+    gpu.time_compute(g, &computed, &locs, 50).unwrap()
+}

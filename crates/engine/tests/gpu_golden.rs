@@ -1,0 +1,143 @@
+//! The compact golden models fully offloaded (`-ngl 99`) against the CPU
+//! backend: teacher-forced logits on the manifest ids, then 16 greedy tokens.
+//! Also the demo model, partly offloaded, and against the float64 reference
+//! for the float fixtures.
+//!
+//! Needs a CUDA device: skipped with the reason when there is none, unless
+//! `TERN_REQUIRE_GPU=1` (scripts/gpu-check.sh sets it). Bounds:
+//! - class f: max |Δlogit| ≤ 1e-3 vs CPU and vs float64 (f32 caches);
+//! - class q: mean KL(cpu ‖ gpu) ≤ 1e-3 nat and top-1 agreement ≥ 95% (an int8
+//!   activation can round the other way at a tie when a norm sums in another
+//!   order), and the same 16 greedy tokens.
+
+use std::path::{Path, PathBuf};
+
+use tern_engine::{npy, LoadOptions, Logits, Session};
+use tern_gguf::GgmlType;
+
+fn compact() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/compact")
+}
+
+fn have_gpu() -> bool {
+    match tern_cuda::devices() {
+        Ok(_) => true,
+        Err(why) => {
+            if std::env::var("TERN_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+                panic!("TERN_REQUIRE_GPU=1 but no GPU: {why}");
+            }
+            eprintln!("skipped: {why}");
+            false
+        }
+    }
+}
+
+fn opts(ngl: usize) -> LoadOptions {
+    LoadOptions {
+        n_ctx: 64,
+        n_threads: 2,
+        k_type: GgmlType::F32,
+        v_type: GgmlType::F32,
+        n_gpu_layers: ngl,
+        ..LoadOptions::default()
+    }
+}
+
+fn log_softmax(row: &[f32]) -> Vec<f64> {
+    let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
+    let lse = row.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln() + max;
+    row.iter().map(|&v| v as f64 - lse).collect()
+}
+
+fn argmax(row: &[f32]) -> usize {
+    (0..row.len()).fold(0, |b, i| if row[i] > row[b] { i } else { b })
+}
+
+/// (mean KL, max |Δ|, top-1 agreement).
+fn distance(a: &[f32], b: &[f32], n_vocab: usize) -> (f64, f64, f64) {
+    let rows = a.len() / n_vocab;
+    let (mut kl, mut max_abs, mut same) = (0.0, 0.0f64, 0);
+    for (p, q) in a.chunks_exact(n_vocab).zip(b.chunks_exact(n_vocab)) {
+        let (lp, lq) = (log_softmax(p), log_softmax(q));
+        kl += lp.iter().zip(&lq).map(|(x, y)| x.exp() * (x - y)).sum::<f64>();
+        for (x, y) in p.iter().zip(q) {
+            max_abs = max_abs.max((*x as f64 - *y as f64).abs());
+        }
+        same += (argmax(p) == argmax(q)) as usize;
+    }
+    (kl / rows as f64, max_abs, same as f64 / rows as f64)
+}
+
+fn greedy(model: &Path, prompt: &[u32], n: usize, ngl: usize) -> Vec<u32> {
+    let mut s = Session::load(model, &opts(ngl)).unwrap();
+    let mut logits = s.eval(prompt, Logits::Last).unwrap();
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let t = argmax(&logits) as u32;
+        out.push(t);
+        logits = s.eval(&[t], Logits::Last).unwrap();
+    }
+    out
+}
+
+#[test]
+fn golden_models_on_the_gpu_match_the_cpu() {
+    if !have_gpu() {
+        return;
+    }
+    let dir = compact();
+    let text = std::fs::read_to_string(dir.join("manifest.tsv")).unwrap();
+    let mut failures = Vec::new();
+    for line in text.lines().filter(|l| !l.starts_with('#') && !l.trim().is_empty()) {
+        let f: Vec<&str> = line.split('\t').collect();
+        let (model, golden, class) = (dir.join("models").join(f[0]), f[1], f[2]);
+        if class == "moe" {
+            continue;
+        }
+        let ids: Vec<u32> = f[3].split(',').map(|s| s.parse().unwrap()).collect();
+        let mut gpu = Session::load(&model, &opts(99)).unwrap();
+        assert!(gpu.notices.is_empty(), "{:?}", gpu.notices);
+        let n_vocab = gpu.n_vocab();
+        let got = gpu.eval(&ids, Logits::All).unwrap();
+        let want = Session::load(&model, &opts(0)).unwrap().eval(&ids, Logits::All).unwrap();
+        let (kl, max_abs, top1) = distance(&want, &got, n_vocab);
+        let (_, ref64) = npy::read_f32(&dir.join(format!("ref64/{golden}.npy"))).unwrap();
+        let (_, f64_abs, _) = distance(&ref64, &got, n_vocab);
+        let prompt = &ids[..11];
+        let (g_cpu, g_gpu) = (greedy(&model, prompt, 16, 0), greedy(&model, prompt, 16, 99));
+        eprintln!(
+            "{:<26} class {class}: cpu→gpu KL {kl:.2e} max|Δ| {max_abs:.5} top1 {:.1}% | float64 max|Δ| {f64_abs:.5} | greedy {}",
+            f[0],
+            top1 * 100.0,
+            if g_cpu == g_gpu { "same" } else { "DIFFERENT" }
+        );
+        let ok = match class {
+            "f" => max_abs <= 1e-3 && f64_abs <= 1e-3,
+            _ => kl <= 1e-3 && top1 >= 0.95,
+        } && g_cpu == g_gpu;
+        if !ok {
+            failures.push(format!("{}: KL {kl:.2e} max {max_abs} top1 {top1} greedy {g_cpu:?} vs {g_gpu:?}", f[0]));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The demo model with only its last two layers offloaded: a graph split
+/// across CPU and GPU with copies both ways, against the CPU alone.
+#[test]
+fn partial_offload_matches_the_cpu() {
+    if !have_gpu() {
+        return;
+    }
+    let model = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/tern-demo-kjv.gguf");
+    let ids: Vec<u32> = (0..40).map(|i| (i * 37 + 11) % 4000).collect();
+    let mut o = opts(2);
+    o.k_type = GgmlType::F16;
+    o.v_type = GgmlType::F16;
+    let got = Session::load(&model, &o).unwrap().eval(&ids, Logits::All).unwrap();
+    o.n_gpu_layers = 0;
+    let want = Session::load(&model, &o).unwrap().eval(&ids, Logits::All).unwrap();
+    let (kl, max_abs, top1) = distance(&want, &got, 4096);
+    eprintln!("demo -ngl 2: KL {kl:.2e} max|Δ| {max_abs:.4} top1 {:.1}%", top1 * 100.0);
+    assert!(kl <= 1e-3 && top1 >= 0.95, "KL {kl} top1 {top1}");
+}
