@@ -113,7 +113,9 @@ fn sweep_fills_the_context_step_by_step() {
     assert_eq!(depths, ["0", "16", "32", "48"], "{out}");
     for r in &rows[2..] {
         assert_eq!((r[0].as_str(), r[1].as_str()), ("16", "4"));
-        assert!(r[3..].iter().all(|c| c.parse::<f64>().unwrap() > 0.0), "{r:?}");
+        // Times print with 3 decimals and can round to 0 on a fast machine; rates cannot.
+        assert!(r[3..].iter().all(|c| c.parse::<f64>().unwrap() >= 0.0), "{r:?}");
+        assert!([&r[4], &r[6]].iter().all(|c| c.parse::<f64>().unwrap() > 0.0), "{r:?}");
     }
 }
 

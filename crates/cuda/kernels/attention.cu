@@ -27,6 +27,60 @@ extern "C" __global__ void kv_store(const float* k, const float* v, u8* kc, u8* 
     }
 }
 
+// The rotary embedding of q and k fused with the cache store: rotated q goes
+// to q_out, rotated k and v to the caches at their positions. grid: n_tok,
+// block: 256. mode and factors as in `rope`.
+extern "C" __global__ void rope_store(const float* q, float* q_out, const float* k, const float* v, u8* kc, u8* vc,
+                                      const int* pos, const float* factors, int head_dim, int n_head, int n_head_kv,
+                                      int n_rot, int mode, float base, float fscale, int k_type, int v_type) {
+    pdl_wait();
+    pdl_launch();
+    int t = blockIdx.x, p = pos[t], half = n_rot / 2, hp = head_dim / 2;
+    int row = head_dim * n_head_kv;
+    u64 dst = (u64)p * row;
+    // Pairs of q heads then k heads; pairs past n_rot/2 copy two dimensions.
+    int n_pairs = (n_head + n_head_kv) * hp;
+    for (int idx = threadIdx.x; idx < n_pairs; idx += blockDim.x) {
+        int head = idx / hp, i = idx % hp;
+        bool is_q = head < n_head;
+        const float* xh = is_q ? q + ((u64)t * n_head + head) * head_dim : k + (u64)t * row + (head - n_head) * head_dim;
+        int a, b;
+        float ya, yb;
+        if (i >= half) {
+            a = n_rot + 2 * (i - half);
+            b = a + 1;
+            ya = xh[a];
+            yb = xh[b];
+        } else {
+            a = mode == 0 ? 2 * i : i;
+            b = mode == 0 ? 2 * i + 1 : i + half;
+            double c, s;
+            rope_angle(p, i, n_rot, base, fscale, factors, &c, &s);
+            double x0 = xh[a], x1 = xh[b];
+            ya = (float)(x0 * c - x1 * s);
+            yb = (float)(x0 * s + x1 * c);
+        }
+        if (is_q) {
+            float* oh = q_out + ((u64)t * n_head + head) * head_dim;
+            oh[a] = ya;
+            oh[b] = yb;
+        } else {
+            u64 o = dst + (head - n_head) * head_dim;
+            if (k_type == T_F16) {
+                ((u16*)kc)[o + a] = f2h(ya);
+                ((u16*)kc)[o + b] = f2h(yb);
+            } else {
+                ((float*)kc)[o + a] = ya;
+                ((float*)kc)[o + b] = yb;
+            }
+        }
+    }
+    for (int e = threadIdx.x; e < row; e += blockDim.x) {
+        float vv = v[(u64)t * row + e];
+        if (v_type == T_F16) ((u16*)vc)[dst + e] = f2h(vv); else ((float*)vc)[dst + e] = vv;
+    }
+}
+
 // grid: (n_head_kv, n_tok, n_split), block: 32 * (n_head / n_head_kv).
 // q, out: [head_dim * n_head, n_tok]. part: [n_tok, n_head, n_split, head_dim + 2].
 // counters: [n_tok, n_head_kv], zero between launches.

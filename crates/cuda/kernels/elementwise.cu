@@ -58,15 +58,6 @@ extern "C" __global__ void gated_act(const float* gate, const float* up, float* 
     }
 }
 
-// The rotation of one pair (i of n_rot/2) at position pos, in double like the
-// CPU reference so long positions keep their precision.
-__device__ __forceinline__ void rope_angle(int pos, int i, int n_rot, float base, float fscale, const float* factors,
-                                           double* c, double* s) {
-    double f = pow((double)base, -2.0 * i / n_rot) * (double)fscale;
-    if (factors) f /= (double)factors[i];
-    sincos((double)pos * f, s, c);
-}
-
 // x: [head_dim * n_head, n_tok]. One thread per (token, head, pair).
 // mode 0 = adjacent pairs, 1 = NeoX (i, i + n_rot/2).
 extern "C" __global__ void rope(const float* x, float* out, const int* pos, const float* factors, int head_dim,

@@ -93,6 +93,15 @@ __device__ __forceinline__ void pdl_launch() {
 #endif
 }
 
+// The rotation of one pair (i of n_rot/2) at position pos, in double like the
+// CPU reference so long positions keep their precision.
+__device__ __forceinline__ void rope_angle(int pos, int i, int n_rot, float base, float fscale, const float* factors,
+                                           double* c, double* s) {
+    double f = pow((double)base, -2.0 * i / n_rot) * (double)fscale;
+    if (factors) f /= (double)factors[i];
+    sincos((double)pos * f, s, c);
+}
+
 // One element of a weight row in any of the float or block formats.
 __device__ __forceinline__ float dq(const u8* row, int e, int type) {
     switch (type) {

@@ -79,17 +79,11 @@ __device__ __forceinline__ int chunk_dot(uint4 wv, const i8* a) {
     return s;
 }
 
-// One warp per row, 8 rows per 256-thread block. Lane (cs = lane/4, tig =
-// lane%4) reads lane block tig of chunks cs, cs+8, ...: a warp reads 512
-// contiguous bytes per step. n_tok ≤ GEMV_MAXT tokens share each weight load.
-extern "C" __global__ void __launch_bounds__(256) ternary_gemv(TernaryBatch b, int k_pad, const i8* q, const float* d,
-                                                              const int* lsum, int n_tok) {
-    pdl_wait();
-    pdl_launch();
-    int mi = pick(b, blockIdx.x);
-    const TernaryMat& m = b.m[mi];
-    int row = (blockIdx.x - b.block_start[mi]) * 8 + (threadIdx.x >> 5);
-    if (row >= m.rows) return;
+// Row `row` of `m` times the n_tok activations, summed over the warp: one
+// result per token in every lane. Lane (cs = lane/4, tig = lane%4) reads lane
+// block tig of chunks cs, cs+8, ...: a warp reads 512 contiguous bytes a step.
+__device__ __forceinline__ void row_dots(const TernaryMat& m, int row, int k_pad, const i8* q, const float* d,
+                                         const int* lsum, int n_tok, float* y) {
     int lane = threadIdx.x & 31, tig = lane & 3, cs = lane >> 2;
     int n_chunks = k_pad >> 8, nls = k_pad >> 6;
     const uint4* wr = (const uint4*)(m.w + (u64)row * (k_pad >> 2));
@@ -126,15 +120,41 @@ extern "C" __global__ void __launch_bounds__(256) ternary_gemv(TernaryBatch b, i
 #pragma unroll
     for (int t = 0; t < GEMV_MAXT; ++t) {
         if (t >= n_tok) break;
-        float y;
-        if (m.groups == 1) {
-            y = (float)warp_sum_i(acc[t]) * m.scales[row] * d[t];
-        } else {
-            y = warp_sum(facc[t]) * d[t];
+        y[t] = m.groups == 1 ? (float)warp_sum_i(acc[t]) * m.scales[row] * d[t] : warp_sum(facc[t]) * d[t];
+    }
+}
+
+// One warp per row, 8 rows per 256-thread block; n_tok ≤ GEMV_MAXT tokens
+// share each weight load. With `pair_act` ≥ 0 the batch is (gate, up): each
+// warp computes both rows and writes act(gate) * up (0 = SiLU, 1 = relu²)
+// into the first matrix's output.
+extern "C" __global__ void __launch_bounds__(256) ternary_gemv(TernaryBatch b, int k_pad, const i8* q, const float* d,
+                                                              const int* lsum, int n_tok, int pair_act) {
+    pdl_wait();
+    pdl_launch();
+    int mi = pick(b, blockIdx.x);
+    const TernaryMat& m = b.m[mi];
+    int row = (blockIdx.x - b.block_start[mi]) * 8 + (threadIdx.x >> 5);
+    if (row >= m.rows) return;
+    float y[GEMV_MAXT];
+    row_dots(m, row, k_pad, q, d, lsum, n_tok, y);
+    if (pair_act >= 0) {
+        float up[GEMV_MAXT];
+        row_dots(b.m[1], row, k_pad, q, d, lsum, n_tok, up);
+#pragma unroll
+        for (int t = 0; t < GEMV_MAXT; ++t) {
+            if (t >= n_tok) break;
+            float g = y[t];
+            float a = pair_act == 0 ? g / (1.0f + expf(-g)) : fmaxf(g, 0.0f) * fmaxf(g, 0.0f);
+            y[t] = a * up[t];
         }
-        if (lane == 0) {
+    }
+    if ((threadIdx.x & 31) == 0) {
+#pragma unroll
+        for (int t = 0; t < GEMV_MAXT; ++t) {
+            if (t >= n_tok) break;
             u64 o = (u64)t * m.rows + row;
-            m.out[o] = m.res ? y + m.res[o] : y;
+            m.out[o] = m.res ? y[t] + m.res[o] : y[t];
         }
     }
 }

@@ -129,9 +129,9 @@ impl Gpu {
             return Ok(());
         }
         self.bind()?;
-        unsafe { result::memcpy_htod_async(dst, data, self.stream) }.map_err(err)?;
-        // Pageable sources are staged before the call returns, but make it explicit.
-        self.sync()
+        // A pageable source is staged before the call returns, so `data` may
+        // change afterwards; the copy stays ordered with the kernels.
+        unsafe { result::memcpy_htod_async(dst, data, self.stream) }.map_err(err)
     }
 
     pub fn download(&self, src: u64, out: &mut [u8]) -> DResult<()> {

@@ -37,12 +37,16 @@ pub enum Kernel {
     TernaryGemv,
     TernaryGemm,
     FmatGemv,
+    Q8Gemv,
+    F16Gemv,
+    GetRowsQ8,
     KvStore,
+    RopeStore,
     Attention,
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 12] = [
+    pub const ALL: [Kernel; 16] = [
         Kernel::GetRows,
         Kernel::RmsNorm,
         Kernel::Binary,
@@ -53,7 +57,11 @@ impl Kernel {
         Kernel::TernaryGemv,
         Kernel::TernaryGemm,
         Kernel::FmatGemv,
+        Kernel::Q8Gemv,
+        Kernel::F16Gemv,
+        Kernel::GetRowsQ8,
         Kernel::KvStore,
+        Kernel::RopeStore,
         Kernel::Attention,
     ];
 
@@ -70,7 +78,11 @@ impl Kernel {
             Kernel::TernaryGemv => ("ternary", "ternary_gemv"),
             Kernel::TernaryGemm => ("ternary", "ternary_gemm"),
             Kernel::FmatGemv => ("fmat", "fmat_gemv"),
+            Kernel::Q8Gemv => ("fmat", "q8_gemv"),
+            Kernel::F16Gemv => ("fmat", "f16_gemv"),
+            Kernel::GetRowsQ8 => ("fmat", "get_rows_q8"),
             Kernel::KvStore => ("attention", "kv_store"),
+            Kernel::RopeStore => ("attention", "rope_store"),
             Kernel::Attention => ("attention", "attention"),
         }
     }

@@ -19,8 +19,9 @@ pub mod launch;
 pub mod layout;
 mod lower;
 pub mod nvrtc;
+pub mod qlayout;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 
 use tern_backend::{Backend, BackendId, BufferId, Error, HostBytes, LoadedWeight, Result, TensorLoc, WeightDesc};
@@ -50,6 +51,8 @@ pub(crate) struct Weight {
     pub ptr_codes: u64,
     pub ptr_scales: u64,
     pub ternary: Option<TernaryShape>,
+    /// Stored as int8 levels with a scale per 16 (`qlayout.rs`).
+    pub q8: bool,
 }
 
 pub(crate) struct DevBuf {
@@ -93,8 +96,36 @@ pub struct Stats {
     pub last_launches: usize,
 }
 
-/// Captured graphs kept at most; past this the cache starts over.
-const MAX_GRAPHS: usize = 64;
+/// Plans kept at most; past this the cache starts over.
+const MAX_PLANS: usize = 64;
+
+struct Plan {
+    launches: Vec<Launch>,
+    graph: Option<driver::Graph>,
+}
+
+/// Identifies a compute call cheaply: the nodes, their ops and shapes, and
+/// where every node and source lives. Attention's cache position is left out
+/// on purpose (kernels read positions from device memory), so every decoding
+/// step maps to one plan.
+fn fingerprint(graph: &Graph, nodes: &[NodeId], locs: &[Option<TensorLoc>]) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    let loc = |h: &mut std::collections::hash_map::DefaultHasher, id: NodeId| {
+        if let Some(l) = locs[id.index()] {
+            (l.buffer.0, l.offset, l.nbytes).hash(h);
+        }
+    };
+    for &id in nodes {
+        let n = graph.node(id);
+        (id.0, std::mem::discriminant(&n.op), n.ne).hash(&mut h);
+        loc(&mut h, id);
+        for &s in &n.srcs {
+            s.0.hash(&mut h);
+            loc(&mut h, s);
+        }
+    }
+    h.finish()
+}
 
 pub struct CudaBackend {
     id: BackendId,
@@ -104,11 +135,23 @@ pub struct CudaBackend {
     scratch: Scratch,
     scratch_buf: Option<u64>,
     counters_buf: Option<u64>,
-    graphs: HashMap<u64, driver::Graph>,
-    seen: HashSet<u64>,
+    /// Lowered launch lists by the fingerprint of (nodes, locations), with
+    /// their captured graph once one exists.
+    plans: HashMap<u64, Plan>,
     use_graphs: bool,
     pdl: bool,
     pub stats: Stats,
+    /// `TERN_CUDA_PROFILE=1`: every launch timed with events (no graphs).
+    profile: Option<Profile>,
+}
+
+#[derive(Default)]
+struct Profile {
+    events: Vec<driver::Event>,
+    per_kernel: HashMap<kernels::Kernel, (f64, u64)>,
+    gpu_ms: f64,
+    host_ms: f64,
+    computes: u64,
 }
 
 fn env_flag(name: &str, default: bool) -> bool {
@@ -130,11 +173,11 @@ impl CudaBackend {
             scratch: Scratch::default(),
             scratch_buf: None,
             counters_buf: None,
-            graphs: HashMap::new(),
-            seen: HashSet::new(),
+            plans: HashMap::new(),
             use_graphs: env_flag("TERN_CUDA_GRAPHS", true),
             pdl,
             stats: Stats::default(),
+            profile: env_flag("TERN_CUDA_PROFILE", false).then(Profile::default),
         })
     }
 
@@ -193,6 +236,7 @@ impl CudaBackend {
     }
 
     fn grow_scratch(&mut self, bytes: usize) -> Result<()> {
+        self.plans.clear();
         if let Some(p) = self.scratch_buf.take() {
             self.gpu.free(p);
         }
@@ -205,6 +249,7 @@ impl CudaBackend {
     }
 
     fn grow_counters(&mut self, n: usize) -> Result<()> {
+        self.plans.clear();
         if let Some(p) = self.counters_buf.take() {
             self.gpu.free(p);
         }
@@ -221,6 +266,34 @@ impl CudaBackend {
             l.run(&self.gpu, &self.kernels, self.pdl).map_err(|e| format!("{:?}: {e}", l.kernel))?;
         }
         Ok(())
+    }
+
+    /// Runs `launches` with an event between each pair and books the times.
+    fn run_profiled(&mut self, launches: &[Launch], host_start: std::time::Instant) -> std::result::Result<(), String> {
+        let mut p = self.profile.take().expect("profiling");
+        while p.events.len() < launches.len() + 1 {
+            p.events.push(self.gpu.event()?);
+        }
+        let host_ms = host_start.elapsed().as_secs_f64() * 1e3;
+        let r = (|| {
+            self.gpu.record(&p.events[0])?;
+            for (i, l) in launches.iter().enumerate() {
+                l.run(&self.gpu, &self.kernels, false).map_err(|e| format!("{:?}: {e}", l.kernel))?;
+                self.gpu.record(&p.events[i + 1])?;
+            }
+            for (i, l) in launches.iter().enumerate() {
+                let ms = p.events[i].elapsed_ms(&p.events[i + 1])? as f64;
+                let e = p.per_kernel.entry(l.kernel).or_default();
+                e.0 += ms;
+                e.1 += 1;
+            }
+            p.gpu_ms += p.events[0].elapsed_ms(&p.events[launches.len()])? as f64;
+            Ok(())
+        })();
+        p.host_ms += host_ms;
+        p.computes += 1;
+        self.profile = Some(p);
+        r
     }
 
     fn capture(&self, launches: &[Launch]) -> std::result::Result<driver::Graph, String> {
@@ -241,18 +314,31 @@ impl Drop for CudaBackend {
                 self.id, s.computes, s.launches, s.last_launches, s.captures, s.replays
             );
         }
-        self.graphs.clear();
+        if let Some(p) = &self.profile {
+            let n = p.computes.max(1) as f64;
+            eprintln!(
+                "{} profile: {} computes, GPU {:.3} ms and host (lowering) {:.3} ms per compute",
+                self.id, p.computes, p.gpu_ms / n, p.host_ms / n
+            );
+            let mut rows: Vec<_> = p.per_kernel.iter().collect();
+            rows.sort_by(|a, b| b.1 .0.total_cmp(&a.1 .0));
+            for (k, (ms, count)) in rows {
+                eprintln!(
+                    "  {:<12} {:>8.3} ms per compute {:>5.1}%  {:>6.1} launches per compute, {:>7.2} µs each",
+                    format!("{k:?}"),
+                    ms / n,
+                    100.0 * ms / p.gpu_ms.max(1e-9),
+                    *count as f64 / n,
+                    1e3 * ms / *count as f64
+                );
+            }
+        }
+        self.plans.clear();
         let ptrs: Vec<u64> = self.buffers.list.iter().flatten().map(|b| b.ptr).collect();
         for p in ptrs.into_iter().chain(self.scratch_buf).chain(self.counters_buf) {
             self.gpu.free(p);
         }
     }
-}
-
-fn hash_launches(launches: &[Launch]) -> u64 {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    launches.hash(&mut h);
-    h.finish()
 }
 
 impl Backend for CudaBackend {
@@ -294,6 +380,8 @@ impl Backend for CudaBackend {
 
     fn free(&mut self, buffer: BufferId) {
         if let Some(b) = self.buffers.list.get_mut(buffer.0 as usize).and_then(|b| b.take()) {
+            // Plans hold device pointers, and the buffer id may come back with another.
+            self.plans.clear();
             self.gpu.free(b.ptr);
         }
     }
@@ -310,12 +398,29 @@ impl Backend for CudaBackend {
             self.gpu.upload(ptr, &t.codes).map_err(|m| self.dev_err(m))?;
             self.gpu.upload(ptr + scale_off as u64, &scales).map_err(|m| self.dev_err(m))?;
             let shape = TernaryShape { k_pad: t.k_pad, rows: t.rows, groups: t.groups };
-            let w = Weight { ty: desc.ty, ptr_codes: ptr, ptr_scales: ptr + scale_off as u64, ternary: Some(shape) };
+            let w = Weight {
+                ty: desc.ty,
+                ptr_codes: ptr,
+                ptr_scales: ptr + scale_off as u64,
+                ternary: Some(shape),
+                q8: false,
+            };
+            (ptr, total, w)
+        } else if qlayout::supported(desc.ty) && is_matrix {
+            let q = qlayout::pack(desc.ty, data, desc.ne[0], desc.ne[1]);
+            let scale_off = q.values.len().next_multiple_of(256);
+            let total = scale_off + q.scales.len() * 4;
+            let ptr = self.alloc_raw(total)?;
+            let levels: &[u8] = unsafe { std::slice::from_raw_parts(q.values.as_ptr() as *const u8, q.values.len()) };
+            let scales: Vec<u8> = q.scales.iter().flat_map(|s| s.to_le_bytes()).collect();
+            self.gpu.upload(ptr, levels).map_err(|m| self.dev_err(m))?;
+            self.gpu.upload(ptr + scale_off as u64, &scales).map_err(|m| self.dev_err(m))?;
+            let w = Weight { ty: desc.ty, ptr_codes: ptr, ptr_scales: ptr + scale_off as u64, ternary: None, q8: true };
             (ptr, total, w)
         } else {
             let ptr = self.alloc_raw(data.len())?;
             self.gpu.upload(ptr, data).map_err(|m| self.dev_err(m))?;
-            (ptr, data.len(), Weight { ty: desc.ty, ptr_codes: ptr, ptr_scales: 0, ternary: None })
+            (ptr, data.len(), Weight { ty: desc.ty, ptr_codes: ptr, ptr_scales: 0, ternary: None, q8: false })
         };
         // The location's size is the file's, which is what the graph's byte counts use.
         let buffer = self.buffers.insert(DevBuf { ptr, bytes: total.max(data.len()), weight: Some(weight) });
@@ -334,46 +439,57 @@ impl Backend for CudaBackend {
 
     fn compute(&mut self, graph: &Graph, nodes: &[NodeId], locs: &[Option<TensorLoc>]) -> Result<()> {
         self.gpu.bind().map_err(|m| self.dev_err(m))?;
-        let lowered = loop {
-            match lower(graph, nodes, locs, &self.buffers, self.scratch) {
-                Ok(l) => break l,
-                Err(Need::Workspace(n)) => self.grow_scratch(n)?,
-                Err(Need::Counters(n)) => self.grow_counters(n)?,
-                Err(Need::Error(m)) => return Err(self.dev_err(m)),
-            }
-        };
-        let launches = &lowered.launches;
+        let host_start = std::time::Instant::now();
+        let key = fingerprint(graph, nodes, locs);
         self.stats.computes += 1;
-        self.stats.last_launches = launches.len();
-        self.stats.launches += launches.len() as u64;
-        let key = hash_launches(launches);
-        if let Some(g) = self.graphs.get(&key) {
+        let Some(plan) = self.plans.get(&key) else {
+            // First sight: lower, run directly, and keep the launches.
+            let lowered = loop {
+                match lower(graph, nodes, locs, &self.buffers, self.scratch) {
+                    Ok(l) => break l,
+                    Err(Need::Workspace(n)) => self.grow_scratch(n)?,
+                    Err(Need::Counters(n)) => self.grow_counters(n)?,
+                    Err(Need::Error(m)) => return Err(self.dev_err(m)),
+                }
+            };
+            self.stats.last_launches = lowered.launches.len();
+            self.stats.launches += lowered.launches.len() as u64;
+            self.run_launches(&lowered.launches).map_err(|m| self.dev_err(m))?;
+            if self.plans.len() >= MAX_PLANS {
+                self.plans.clear();
+            }
+            self.plans.insert(key, Plan { launches: lowered.launches, graph: None });
+            return Ok(());
+        };
+        self.stats.last_launches = plan.launches.len();
+        self.stats.launches += plan.launches.len() as u64;
+        if self.profile.is_some() {
+            let launches = plan.launches.clone();
+            return self.run_profiled(&launches, host_start).map_err(|m| self.dev_err(m));
+        }
+        if let Some(g) = &plan.graph {
             self.stats.replays += 1;
             return self.gpu.replay(g).map_err(|m| self.dev_err(m));
         }
-        if self.use_graphs && self.seen.contains(&key) {
-            match self.capture(launches) {
-                Ok(g) => {
-                    self.stats.captures += 1;
-                    self.stats.replays += 1;
-                    self.gpu.replay(&g).map_err(|m| self.dev_err(m))?;
-                    if self.graphs.len() >= MAX_GRAPHS {
-                        self.graphs.clear();
-                    }
-                    self.graphs.insert(key, g);
-                    return Ok(());
-                }
-                Err(m) => {
-                    // Launch directly from now on; the launches themselves are fine.
-                    eprintln!("warning: {}: CUDA graph capture failed ({m}); launching kernels directly", self.id);
-                    self.use_graphs = false;
-                }
+        if !self.use_graphs {
+            return self.run_launches(&plan.launches).map_err(|m| self.dev_err(m));
+        }
+        // Second sight: capture once, then replay from now on.
+        match self.capture(&plan.launches) {
+            Ok(g) => {
+                self.stats.captures += 1;
+                self.stats.replays += 1;
+                self.gpu.replay(&g).map_err(|m| self.dev_err(m))?;
+                self.plans.get_mut(&key).expect("looked up above").graph = Some(g);
+                Ok(())
+            }
+            Err(m) => {
+                // Launch directly from now on; the launches themselves are fine.
+                eprintln!("warning: {}: CUDA graph capture failed ({m}); launching kernels directly", self.id);
+                self.use_graphs = false;
+                let plan = &self.plans[&key];
+                self.run_launches(&plan.launches).map_err(|m| self.dev_err(m))
             }
         }
-        if self.seen.len() >= 4 * MAX_GRAPHS {
-            self.seen.clear();
-        }
-        self.seen.insert(key);
-        self.run_launches(launches).map_err(|m| self.dev_err(m))
     }
 }

@@ -63,10 +63,15 @@ struct Lower<'a> {
     locs: &'a [Option<TensorLoc>],
     bufs: &'a Buffers,
     uses: Vec<u32>,
+    /// The nodes that read each node.
+    readers: Vec<Vec<NodeId>>,
     scratch: Scratch,
     ws_used: usize,
     counters_used: usize,
     quant: HashMap<NodeId, Quant>,
+    /// Rope nodes left for the attention that reads them (fused with its cache store).
+    deferred_rope: Vec<NodeId>,
+    in_split: Vec<bool>,
     out: Vec<Launch>,
 }
 
@@ -82,23 +87,32 @@ pub fn lower(
     scratch: Scratch,
 ) -> Result<Lowered, Need> {
     let mut uses = vec![0u32; graph.nodes.len()];
-    for n in &graph.nodes {
-        for s in &n.srcs {
+    let mut readers = vec![Vec::new(); graph.nodes.len()];
+    for id in graph.ids() {
+        for s in &graph.node(id).srcs {
             uses[s.index()] += 1;
+            readers[s.index()].push(id);
         }
     }
     for o in &graph.outputs {
         uses[o.index()] += 1;
+    }
+    let mut in_split = vec![false; graph.nodes.len()];
+    for n in nodes {
+        in_split[n.index()] = true;
     }
     let mut l = Lower {
         graph,
         locs,
         bufs,
         uses,
+        readers,
         scratch,
         ws_used: 0,
         counters_used: 0,
         quant: HashMap::new(),
+        deferred_rope: Vec::new(),
+        in_split,
         out: Vec::with_capacity(nodes.len()),
     };
     let mut i = 0;
@@ -164,6 +178,17 @@ impl Lower<'_> {
             Op::Weight(_) | Op::Input(_) | Op::KvCache { .. } => Ok(1),
             Op::RmsNorm { eps } => self.rms_norm(id, next, *eps),
             Op::MulMat { .. } => self.mul_mat(nodes, i),
+            Op::GetRows if self.weight(node.srcs[0]).is_some_and(|w| w.q8) => {
+                let w = self.weight(node.srcs[0]).cloned().expect("checked by the guard");
+                let l = Launch::new(Kernel::GetRowsQ8, (node.ne[1] as u32, 1, 1), 256)
+                    .ptr(w.ptr_codes)
+                    .ptr(w.ptr_scales)
+                    .i32(node.ne[0] as i32)
+                    .ptr(self.ptr(node.srcs[1])?)
+                    .ptr(self.ptr(id)?);
+                self.out.push(l);
+                Ok(1)
+            }
             Op::GetRows => {
                 let table = self.node_ref(node.srcs[0]);
                 let DType::Ggml(ty) = table.dtype else { return fail("get_rows on a non-float table") };
@@ -217,7 +242,36 @@ impl Lower<'_> {
                 self.out.push(l);
                 Ok(1)
             }
-            Op::Rope(p) => {
+            Op::Rope(_) if self.rope_feeds_attention(id) => {
+                self.deferred_rope.push(id);
+                Ok(1)
+            }
+            Op::Rope(_) => {
+                self.rope(id)?;
+                Ok(1)
+            }
+            Op::Attention(p) => {
+                self.attention(id, &node, p)?;
+                Ok(1)
+            }
+        }
+    }
+
+    /// A rope whose only reader is an attention in this split, as its q or k.
+    fn rope_feeds_attention(&self, id: NodeId) -> bool {
+        let readers = &self.readers[id.index()];
+        if self.uses[id.index()] != 1 || readers.len() != 1 || !self.in_split[readers[0].index()] {
+            return false;
+        }
+        let a = self.node_ref(readers[0]);
+        matches!(a.op, Op::Attention(_)) && (a.srcs[0] == id || a.srcs[1] == id) && a.srcs[5] == self.node_ref(id).srcs[1]
+    }
+
+    fn rope(&mut self, id: NodeId) -> Result<(), Need> {
+        let node = self.node_ref(id).clone();
+        let Op::Rope(p) = node.op else { return fail("not a rope") };
+        {
+            {
                 let n_tok = node.ne[1];
                 let n_head = node.ne[0] / p.head_dim;
                 let factors = match node.srcs.get(2) {
@@ -238,22 +292,18 @@ impl Lower<'_> {
                     .f32(p.freq_base)
                     .f32(p.freq_scale);
                 self.out.push(l);
-                Ok(1)
-            }
-            Op::Attention(p) => {
-                self.attention(id, &node, p)?;
-                Ok(1)
             }
         }
+        Ok(())
     }
 
-    /// Whether `id`'s every reader is a ternary matmul (so its int8 form is wanted).
+    /// Whether a ternary matmul reads `id` (so its int8 form is wanted).
     fn read_by_ternary(&self, id: NodeId) -> bool {
-        self.graph.nodes.iter().enumerate().any(|(j, n)| {
+        self.readers[id.index()].iter().any(|&r| {
+            let n = self.graph.node(r);
             matches!(n.op, Op::MulMat { .. })
                 && n.srcs.get(1) == Some(&id)
                 && self.weight(n.srcs[0]).is_some_and(|w| w.ternary.is_some())
-                && j > id.index()
         })
     }
 
@@ -353,11 +403,25 @@ impl Lower<'_> {
             }
         }
         let mut consumed = group.len();
+        // gate/up read only by the activation that follows: one launch writes act(gate) * up.
+        let pair = match (&group[..], nodes.get(i + 2)) {
+            ([(g, wg), (u, wu)], Some(&a)) if n_tok <= GEMV_MAX_TOKENS => {
+                let an = self.node_ref(a);
+                let same_rows = wg.ternary.map(|t| t.rows) == wu.ternary.map(|t| t.rows);
+                match an.op {
+                    Op::GatedAct(act) if an.srcs == [*g, *u] && self.uses[g.index()] == 1 && self.uses[u.index()] == 1 && same_rows => {
+                        Some((a, if act == Activation::Silu { 0 } else { 1 }))
+                    }
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
         let mut mats = Vec::with_capacity(group.len());
         for (gi, (mm, wm)) in group.iter().enumerate() {
             let tm = wm.ternary.expect("grouped only ternary weights");
             let last = gi + 1 == group.len();
-            let fused = if last { self.residual(*mm, nodes.get(i + consumed).copied())? } else { None };
+            let fused = if last && pair.is_none() { self.residual(*mm, nodes.get(i + consumed).copied())? } else { None };
             let (out, res) = match fused {
                 Some((add, r)) => {
                     consumed += 1;
@@ -374,13 +438,21 @@ impl Lower<'_> {
                 groups: tm.groups as i32,
             });
         }
+        if let Some((act, _)) = pair {
+            mats[0].out = self.ptr(act)?;
+            consumed += 1;
+        }
         if n_tok <= GEMV_MAX_TOKENS {
             let mut b = TernaryBatch { n: mats.len() as i32, ..Default::default() };
             let mut blocks = 0;
+            // In pair mode the blocks cover the first matrix; each warp does both rows.
+            let covered = if pair.is_some() { 1 } else { mats.len() };
             for (k, m) in mats.iter().enumerate() {
                 b.m[k] = *m;
                 b.block_start[k] = blocks;
-                blocks += (m.rows as usize).div_ceil(8) as i32;
+                if k < covered {
+                    blocks += (m.rows as usize).div_ceil(8) as i32;
+                }
             }
             b.block_start[mats.len()] = blocks;
             let l = Launch::new(Kernel::TernaryGemv, (blocks as u32, 1, 1), 256)
@@ -389,7 +461,8 @@ impl Lower<'_> {
                 .ptr(q.q)
                 .ptr(q.d)
                 .ptr(q.lsum)
-                .i32(n_tok as i32);
+                .i32(n_tok as i32)
+                .i32(pair.map_or(-1, |(_, a)| a));
             self.out.push(l);
         } else {
             for m in mats {
@@ -423,17 +496,15 @@ impl Lower<'_> {
         for t0 in (0..n_tok).step_by(FMAT_TOKENS) {
             let nt = (n_tok - t0).min(FMAT_TOKENS);
             let off = (t0 * rows * 4) as u64;
-            let l = Launch::new(Kernel::FmatGemv, grid1(rows, 8), 256)
-                .ptr(w.ptr_codes)
-                .u64(row_bytes)
-                .i32(w.ty.id() as i32)
-                .i32(rows as i32)
-                .i32(k as i32)
-                .ptr(x + (t0 * k * 4) as u64)
-                .i32(nt as i32)
-                .ptr(out + off)
-                .u64(rows as u64)
-                .ptr(if res == 0 { 0 } else { res + off });
+            let (xt, res_t) = (x + (t0 * k * 4) as u64, if res == 0 { 0 } else { res + off });
+            let l = if w.q8 {
+                Launch::new(Kernel::Q8Gemv, grid1(rows, 8), 256).ptr(w.ptr_codes).ptr(w.ptr_scales)
+            } else if w.ty == GgmlType::F16 && k % 8 == 0 {
+                Launch::new(Kernel::F16Gemv, grid1(rows, 8), 256).ptr(w.ptr_codes)
+            } else {
+                Launch::new(Kernel::FmatGemv, grid1(rows, 8), 256).ptr(w.ptr_codes).u64(row_bytes).i32(w.ty.id() as i32)
+            };
+            let l = l.i32(rows as i32).i32(k as i32).ptr(xt).i32(nt as i32).ptr(out + off).u64(rows as u64).ptr(res_t);
             self.out.push(l);
         }
         Ok(consumed)
@@ -452,16 +523,56 @@ impl Lower<'_> {
         let row = p.head_dim * p.n_head_kv;
         let pos = self.ptr(s[5])?;
         let (kcp, vcp) = (self.ptr(s[3])?, self.ptr(s[4])?);
-        let store = Launch::new(Kernel::KvStore, (n_tok as u32, 1, 1), 256)
-            .ptr(self.ptr(s[1])?)
-            .ptr(self.ptr(s[2])?)
-            .ptr(kcp)
-            .ptr(vcp)
-            .ptr(pos)
-            .i32(row as i32)
-            .i32(k_type)
-            .i32(v_type);
-        self.out.push(store);
+        let deferred_list = self.deferred_rope.clone();
+        let deferred = |n: NodeId| deferred_list.contains(&n);
+        let (rq, rk) = (s[0], s[1]);
+        let fusable = deferred(rq) && deferred(rk) && {
+            let (nq, nk) = (self.node_ref(rq), self.node_ref(rk));
+            nq.op == nk.op && nq.srcs.get(2) == nk.srcs.get(2) && !self.overlaps(rq, nk.srcs[0]) && !self.overlaps(rq, s[2])
+        };
+        if fusable {
+            let (nq, nk) = (self.node_ref(rq).clone(), self.node_ref(rk).clone());
+            let Op::Rope(r) = nq.op else { return fail("deferred node is not a rope") };
+            let factors = match nq.srcs.get(2) {
+                Some(&f) => self.ptr(f)?,
+                None => 0,
+            };
+            let l = Launch::new(Kernel::RopeStore, (n_tok as u32, 1, 1), 256)
+                .ptr(self.ptr(nq.srcs[0])?)
+                .ptr(self.ptr(rq)?)
+                .ptr(self.ptr(nk.srcs[0])?)
+                .ptr(self.ptr(s[2])?)
+                .ptr(kcp)
+                .ptr(vcp)
+                .ptr(pos)
+                .ptr(factors)
+                .i32(p.head_dim as i32)
+                .i32(p.n_head as i32)
+                .i32(p.n_head_kv as i32)
+                .i32(r.n_rot as i32)
+                .i32(if r.mode == RopeMode::Norm { 0 } else { 1 })
+                .f32(r.freq_base)
+                .f32(r.freq_scale)
+                .i32(k_type)
+                .i32(v_type);
+            self.out.push(l);
+        } else {
+            for n in [rq, rk] {
+                if deferred(n) {
+                    self.rope(n)?;
+                }
+            }
+            let store = Launch::new(Kernel::KvStore, (n_tok as u32, 1, 1), 256)
+                .ptr(self.ptr(s[1])?)
+                .ptr(self.ptr(s[2])?)
+                .ptr(kcp)
+                .ptr(vcp)
+                .ptr(pos)
+                .i32(row as i32)
+                .i32(k_type)
+                .i32(v_type);
+            self.out.push(store);
+        }
         let split = ATT_SPLIT.max(n_ctx.div_ceil(ATT_MAX_SPLITS).next_multiple_of(ATT_SPLIT));
         let n_split = n_ctx.div_ceil(split);
         let part = if n_split > 1 { self.take(n_tok * p.n_head * n_split * (p.head_dim + 2) * 4) } else { 0 };

@@ -206,7 +206,7 @@ fn fused_norm_batched_projections_and_residual_match_cpu() {
     let Some(mut gpu) = gpu() else { return };
     let mut rng = Rng(5);
     for n in [1usize, 6, 37] {
-        let (k, ff) = (640, 1000);
+        let (k, ff) = (640, 1280);
         let mut g = Graph::new();
         let x = g.weight(0, "x", GgmlType::F32, [k, n, 1, 1]);
         let nw = g.weight(1, "norm", GgmlType::F32, [k, 1, 1, 1]);
@@ -328,7 +328,10 @@ fn attention_matches_cpu_across_splits_and_cache_types() {
             let vc = g.kv_cache(0, KvKind::V, cache_ty, [row, n_ctx, 1, 1]);
             let pos = g.input(InputKind::Positions, n);
             let p = AttentionParams { layer: 0, n_head: nh, n_head_kv: nkv, head_dim: hd, scale: 1.0 / (hd as f32).sqrt(), kv_pos };
-            let a = g.attention(q, k, v, kc, vc, pos, p);
+            // Rope on q and k, as models do: the GPU fuses it with the cache store.
+            let r = RopeParams { mode: RopeMode::Neox, n_rot: hd, head_dim: hd, freq_base: 500000.0, freq_scale: 1.0 };
+            let (qr, kr) = (g.rope(q, pos, None, r), g.rope(k, pos, None, r));
+            let a = g.attention(qr, kr, v, kc, vc, pos, p);
             let cache = |rng: &mut Rng| {
                 let vals = rng.vec(row * n_ctx);
                 if cache_ty == GgmlType::F16 { f16_bytes(&vals) } else { bytes_f32(&vals) }

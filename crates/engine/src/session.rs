@@ -83,6 +83,10 @@ pub struct Session {
     tokenizer: std::result::Result<Arc<Tokenizer>, String>,
     /// Things the user should know about the load (no GPU found, ...).
     pub notices: Vec<String>,
+    /// Graphs and schedules by (tokens, outputs): a graph depends on the
+    /// cache position only through the attention parameters, which are
+    /// patched per step, so decoding builds its graph once.
+    plans: std::collections::HashMap<(usize, usize), (Built, Schedule)>,
 }
 
 impl Session {
@@ -157,6 +161,7 @@ impl Session {
             n_batch: opts.n_batch.max(1),
             tokenizer,
             notices,
+            plans: std::collections::HashMap::new(),
         })
     }
 
@@ -244,7 +249,21 @@ impl Session {
     }
 
     fn eval_chunk(&mut self, tokens: &[u32], rows: &[i32]) -> Result<Vec<f32>> {
-        let (built, schedule) = self.plan(tokens.len(), rows.len());
+        let key = (tokens.len(), rows.len());
+        if !self.plans.contains_key(&key) {
+            if self.plans.len() >= 16 {
+                self.plans.clear();
+            }
+            let plan = self.plan(tokens.len(), rows.len());
+            self.plans.insert(key, plan);
+        }
+        let (built, schedule) = self.plans.get_mut(&key).expect("inserted above");
+        for node in &mut built.graph.nodes {
+            if let Op::Attention(p) = &mut node.op {
+                p.kv_pos = self.pos;
+            }
+        }
+        let (built, schedule) = (&*built, &*schedule);
         let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
         let positions: Vec<i32> = (self.pos..self.pos + tokens.len()).map(|p| p as i32).collect();
         let bytes = |v: &[i32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
@@ -254,7 +273,7 @@ impl Session {
             (built.inputs.positions, positions.as_slice()),
             (built.inputs.output_rows, rows.as_slice()),
         ];
-        let (weights, kv) = (&self.weight_locs, &self.kv);
+        let (weights, kv, backends) = (&self.weight_locs, &self.kv, &mut self.backends);
         let leaf = |op: &Op| match *op {
             Op::Weight(i) => weights.get(i).copied(),
             Op::KvCache { layer, kind } => {
@@ -262,7 +281,7 @@ impl Session {
             }
             _ => None,
         };
-        let out = self.backends.run(&built.graph, &schedule, &leaf, &inputs)?;
+        let out = backends.run(&built.graph, schedule, &leaf, &inputs)?;
         self.pos += tokens.len();
         Ok(out[0].chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
     }
