@@ -33,11 +33,20 @@ extern "C" __global__ void kv_store(const float* k, const float* v, u8* kc, u8* 
 extern "C" __global__ void rope_store(const float* q, float* q_out, const float* k, const float* v, u8* kc, u8* vc,
                                       const int* pos, const float* factors, int head_dim, int n_head, int n_head_kv,
                                       int n_rot, int mode, float base, float fscale, int k_type, int v_type) {
+    // Angles depend on the position and the pair only: computed once per token.
+    __shared__ float cs[128], sn[128];
     pdl_wait();
     pdl_launch();
     int t = blockIdx.x, p = pos[t], half = n_rot / 2, hp = head_dim / 2;
     int row = head_dim * n_head_kv;
     u64 dst = (u64)p * row;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        double c, s;
+        rope_angle(p, i, n_rot, base, fscale, factors, &c, &s);
+        cs[i] = (float)c;
+        sn[i] = (float)s;
+    }
+    __syncthreads();
     // Pairs of q heads then k heads; pairs past n_rot/2 copy two dimensions.
     int n_pairs = (n_head + n_head_kv) * hp;
     for (int idx = threadIdx.x; idx < n_pairs; idx += blockDim.x) {
@@ -54,11 +63,9 @@ extern "C" __global__ void rope_store(const float* q, float* q_out, const float*
         } else {
             a = mode == 0 ? 2 * i : i;
             b = mode == 0 ? 2 * i + 1 : i + half;
-            double c, s;
-            rope_angle(p, i, n_rot, base, fscale, factors, &c, &s);
-            double x0 = xh[a], x1 = xh[b];
-            ya = (float)(x0 * c - x1 * s);
-            yb = (float)(x0 * s + x1 * c);
+            float x0 = xh[a], x1 = xh[b];
+            ya = x0 * cs[i] - x1 * sn[i];
+            yb = x0 * sn[i] + x1 * cs[i];
         }
         if (is_q) {
             float* oh = q_out + ((u64)t * n_head + head) * head_dim;
@@ -81,12 +88,19 @@ extern "C" __global__ void rope_store(const float* q, float* q_out, const float*
     }
 }
 
-// grid: (n_head_kv, n_tok, n_split), block: 32 * (n_head / n_head_kv).
+// grid: (n_head_kv, n_tok, n_split), block: 32 * (n_head / n_head_kv), dynamic
+// shared memory: the block's q heads (n_head / n_head_kv * head_dim floats).
 // q, out: [head_dim * n_head, n_tok]. part: [n_tok, n_head, n_split, head_dim + 2].
 // counters: [n_tok, n_head_kv], zero between launches.
+//
+// Keys go 32 at a time: lane j scores key j against the whole q (its K row
+// read with 16-byte loads), the warp merges the 32 scores into the running
+// softmax, then every lane accumulates P·V for its dims d = lane + 32i over
+// the 32 keys. All loads of a step are independent, so they overlap.
 extern "C" __global__ void attention(const float* q, const u8* kc, const u8* vc, const int* pos, float* out,
                                      float* part, int* counters, int n_head, int n_head_kv, int head_dim, float scale,
                                      int split, int n_split, int k_type, int v_type) {
+    extern __shared__ float qs_all[];
     __shared__ int last;
     pdl_wait();
     pdl_launch();
@@ -96,48 +110,58 @@ extern "C" __global__ void attention(const float* q, const u8* kc, const u8* vc,
     int n_kv = pos[t] + 1, n_active = (n_kv + split - 1) / split;
     if (s >= n_active) return;
     int row = head_dim * n_head_kv;
+    float* qs = qs_all + warp * head_dim;
     const float* qh = q + ((u64)t * n_head + h) * head_dim;
-    float qv[ATT_MAXD], acc[ATT_MAXD];
+    for (int dd = lane; dd < head_dim; dd += 32) qs[dd] = qh[dd] * scale;
+    __syncwarp();
+    float acc[ATT_MAXD];
 #pragma unroll
-    for (int i = 0; i < ATT_MAXD; ++i) {
-        int dd = lane + 32 * i;
-        qv[i] = dd < head_dim ? qh[dd] * scale : 0.0f;
-        acc[i] = 0.0f;
-    }
+    for (int i = 0; i < ATT_MAXD; ++i) acc[i] = 0.0f;
     float mx = -INFINITY, l = 0.0f;
     int j0 = s * split, j1 = min(n_kv, j0 + split);
     u64 off = (u64)kvh * head_dim;
-    for (int j = j0; j < j1; j += 4) {
-        float sc[4];
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
+    bool vec = k_type == T_F16 ? (head_dim & 7) == 0 : (head_dim & 3) == 0;
+    for (int jb = j0; jb < j1; jb += 32) {
+        int j = jb + lane;
+        float sc = -INFINITY;
+        if (j < j1) {
             float p = 0.0f;
-            if (j + u < j1) {
-#pragma unroll
-                for (int i = 0; i < ATT_MAXD; ++i) {
-                    int dd = lane + 32 * i;
-                    if (dd < head_dim) p += qv[i] * ld_cache(kc, (u64)(j + u) * row + off + dd, k_type);
+            if (k_type == T_F16 && vec) {
+                const uint4* kr = (const uint4*)((const u16*)kc + (u64)j * row + off);
+                for (int c = 0; c < head_dim / 8; ++c) {
+                    uint4 kv = kr[c];
+                    const float* qq = qs + c * 8;
+                    p += qq[0] * h2f(kv.x & 0xffff) + qq[1] * h2f(kv.x >> 16) + qq[2] * h2f(kv.y & 0xffff) +
+                         qq[3] * h2f(kv.y >> 16) + qq[4] * h2f(kv.z & 0xffff) + qq[5] * h2f(kv.z >> 16) +
+                         qq[6] * h2f(kv.w & 0xffff) + qq[7] * h2f(kv.w >> 16);
                 }
+            } else if (vec) {
+                const float4* kr = (const float4*)((const float*)kc + (u64)j * row + off);
+                for (int c = 0; c < head_dim / 4; ++c) {
+                    float4 kv = kr[c];
+                    const float* qq = qs + c * 4;
+                    p += qq[0] * kv.x + qq[1] * kv.y + qq[2] * kv.z + qq[3] * kv.w;
+                }
+            } else {
+                for (int dd = 0; dd < head_dim; ++dd) p += qs[dd] * ld_cache(kc, (u64)j * row + off + dd, k_type);
             }
-            sc[u] = p;
+            sc = p;
         }
-#pragma unroll
-        for (int u = 0; u < 4; ++u) sc[u] = j + u < j1 ? warp_sum(sc[u]) : -INFINITY;
-        float m_new = fmaxf(mx, fmaxf(fmaxf(sc[0], sc[1]), fmaxf(sc[2], sc[3])));
+        float m_new = fmaxf(mx, warp_max(sc));
         float corr = expf(mx - m_new);
-        float pw[4];
+        float pj = j < j1 ? expf(sc - m_new) : 0.0f;
+        l = l * corr + warp_sum(pj);
 #pragma unroll
-        for (int u = 0; u < 4; ++u) pw[u] = j + u < j1 ? expf(sc[u] - m_new) : 0.0f;
-        l = l * corr + pw[0] + pw[1] + pw[2] + pw[3];
+        for (int i = 0; i < ATT_MAXD; ++i) acc[i] *= corr;
+        int nk = min(32, j1 - jb);
+        for (int u = 0; u < nk; ++u) {
+            float pu = __shfl_sync(0xffffffffu, pj, u);
+            u64 vr = (u64)(jb + u) * row + off;
 #pragma unroll
-        for (int i = 0; i < ATT_MAXD; ++i) {
-            int dd = lane + 32 * i;
-            if (dd >= head_dim) continue;
-            float a = acc[i] * corr;
-#pragma unroll
-            for (int u = 0; u < 4; ++u)
-                if (j + u < j1) a += pw[u] * ld_cache(vc, (u64)(j + u) * row + off + dd, v_type);
-            acc[i] = a;
+            for (int i = 0; i < ATT_MAXD; ++i) {
+                int dd = lane + 32 * i;
+                if (dd < head_dim) acc[i] += pu * ld_cache(vc, vr + dd, v_type);
+            }
         }
         mx = m_new;
     }

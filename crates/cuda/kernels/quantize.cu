@@ -28,27 +28,37 @@ __device__ __forceinline__ int permuted_base(int wi) {
     return c * 256 + 32 * (2 * w + (j >> 1)) + 16 * (j & 1) + 4 * tig;
 }
 
-// grid: tokens, block: 256. x: [ne0, n_tok] f32. norm: 1 = apply RMS norm
+// grid: tokens, block: 1024. x: [ne0, n_tok] f32. norm: 1 = apply RMS norm
 // first; w (optional) multiplies after the norm; y (optional) receives the
 // f32 result. q: [n_tok, k_pad] i8, d: [n_tok] f32, lsum: [n_tok, k_pad/64] i32.
-extern "C" __global__ void norm_quant(const float* x, const float* w, float* y, i8* q, float* d, int* lsum, int ne0,
-                                      int k_pad, int norm, float eps) {
+// With `cached` the row is read once into dynamic shared memory (ne0 floats);
+// the passes below then touch global memory only to write.
+extern "C" __global__ void __launch_bounds__(1024) norm_quant(const float* x, const float* w, float* y, i8* q, float* d,
+                                                            int* lsum, int ne0, int k_pad, int norm, float eps,
+                                                            int cached) {
+    extern __shared__ float xs[];
     __shared__ double dscratch[32];
     __shared__ float scratch[32];
     pdl_wait();
     pdl_launch();
     const float* xr = x + (u64)blockIdx.x * ne0;
+    double ss = 0.0;
+    for (int e = threadIdx.x; e < ne0; e += blockDim.x) {
+        float v = xr[e];
+        if (cached) xs[e] = v;
+        ss += (double)v * (double)v;
+    }
     float inv = 1.0f;
     if (norm) {
-        double ss = 0.0;
-        for (int e = threadIdx.x; e < ne0; e += blockDim.x) ss += (double)xr[e] * (double)xr[e];
         ss = block_sum_d(ss, dscratch);
         inv = (float)(1.0 / sqrt(ss / ne0 + (double)eps));
     }
     float amax = 0.0f;
     for (int e = threadIdx.x; e < ne0; e += blockDim.x) {
-        float v = norm ? xr[e] * inv : xr[e];
+        float v = cached ? xs[e] : xr[e];
+        if (norm) v *= inv;
         if (w) v *= w[e];
+        if (cached) xs[e] = v;
         if (y) y[(u64)blockIdx.x * ne0 + e] = v;
         amax = fmaxf(amax, fabsf(v));
     }
@@ -58,7 +68,8 @@ extern "C" __global__ void norm_quant(const float* x, const float* w, float* y, 
     u32* qr = (u32*)(q + (u64)blockIdx.x * k_pad);
     int* ls = lsum + (u64)blockIdx.x * (k_pad / 64);
     // blockDim is a multiple of 16, so each 16-word lane block stays in one
-    // half-warp for the shuffle reduction below.
+    // half-warp for the shuffle reduction below; k_pad / 4 is a multiple of
+    // 64, so whole warps enter or leave the loop together.
     for (int wi = threadIdx.x; wi < k_pad / 4; wi += blockDim.x) {
         int base = permuted_base(wi);
         u32 packed = 0;
@@ -67,8 +78,13 @@ extern "C" __global__ void norm_quant(const float* x, const float* w, float* y, 
         for (int b = 0; b < 4; ++b) {
             int e = base + b, v = 0;
             if (e < ne0) {
-                float f = norm ? xr[e] * inv : xr[e];
-                if (w) f *= w[e];
+                float f;
+                if (cached) {
+                    f = xs[e];
+                } else {
+                    f = norm ? xr[e] * inv : xr[e];
+                    if (w) f *= w[e];
+                }
                 v = max(-128, min(127, __float2int_rn(f * sa)));
             }
             sum += v;

@@ -79,11 +79,24 @@ __device__ __forceinline__ int chunk_dot(uint4 wv, const i8* a) {
     return s;
 }
 
+// The weight vectors lane (cs = lane/4, tig = lane%4) reads for the first
+// GEMV_UNROLL*8 chunks of `row`: lane block tig of chunks cs, cs+8, ...; a
+// warp reads 512 contiguous bytes per step. Weights never depend on the
+// previous kernel, so they are fetched before `pdl_wait`.
+__device__ __forceinline__ void fetch_row(const TernaryMat& m, int row, int k_pad, uint4* wv) {
+    int lane = threadIdx.x & 31, tig = lane & 3, cs = lane >> 2, n_chunks = k_pad >> 8;
+    const uint4* wr = (const uint4*)(m.w + (u64)row * (k_pad >> 2));
+#pragma unroll
+    for (int u = 0; u < GEMV_UNROLL; ++u) {
+        int c = cs + 8 * u;
+        wv[u] = c < n_chunks ? ld_stream(wr + c * 4 + tig) : make_uint4(0, 0, 0, 0);
+    }
+}
+
 // Row `row` of `m` times the n_tok activations, summed over the warp: one
-// result per token in every lane. Lane (cs = lane/4, tig = lane%4) reads lane
-// block tig of chunks cs, cs+8, ...: a warp reads 512 contiguous bytes a step.
+// result per token in every lane. `wv` holds the first fetch (fetch_row).
 __device__ __forceinline__ void row_dots(const TernaryMat& m, int row, int k_pad, const i8* q, const float* d,
-                                         const int* lsum, int n_tok, float* y) {
+                                         const int* lsum, int n_tok, uint4* wv, float* y) {
     int lane = threadIdx.x & 31, tig = lane & 3, cs = lane >> 2;
     int n_chunks = k_pad >> 8, nls = k_pad >> 6;
     const uint4* wr = (const uint4*)(m.w + (u64)row * (k_pad >> 2));
@@ -95,11 +108,12 @@ __device__ __forceinline__ void row_dots(const TernaryMat& m, int row, int k_pad
         facc[t] = 0.0f;
     }
     for (int c0 = cs; c0 < n_chunks; c0 += 8 * GEMV_UNROLL) {
-        uint4 wv[GEMV_UNROLL];
+        if (c0 != cs) {
 #pragma unroll
-        for (int u = 0; u < GEMV_UNROLL; ++u) {
-            int c = c0 + 8 * u;
-            wv[u] = c < n_chunks ? ld_stream(wr + c * 4 + tig) : make_uint4(0, 0, 0, 0);
+            for (int u = 0; u < GEMV_UNROLL; ++u) {
+                int c = c0 + 8 * u;
+                wv[u] = c < n_chunks ? ld_stream(wr + c * 4 + tig) : make_uint4(0, 0, 0, 0);
+            }
         }
 #pragma unroll
         for (int u = 0; u < GEMV_UNROLL; ++u) {
@@ -130,17 +144,23 @@ __device__ __forceinline__ void row_dots(const TernaryMat& m, int row, int k_pad
 // into the first matrix's output.
 extern "C" __global__ void __launch_bounds__(256) ternary_gemv(TernaryBatch b, int k_pad, const i8* q, const float* d,
                                                               const int* lsum, int n_tok, int pair_act) {
-    pdl_wait();
-    pdl_launch();
     int mi = pick(b, blockIdx.x);
     const TernaryMat& m = b.m[mi];
     int row = (blockIdx.x - b.block_start[mi]) * 8 + (threadIdx.x >> 5);
-    if (row >= m.rows) return;
+    bool live = row < m.rows;
+    uint4 wg[GEMV_UNROLL], wu[GEMV_UNROLL];
+    if (live) {
+        fetch_row(m, row, k_pad, wg);
+        if (pair_act >= 0) fetch_row(b.m[1], row, k_pad, wu);
+    }
+    pdl_wait();
+    pdl_launch();
+    if (!live) return;
     float y[GEMV_MAXT];
-    row_dots(m, row, k_pad, q, d, lsum, n_tok, y);
+    row_dots(m, row, k_pad, q, d, lsum, n_tok, wg, y);
     if (pair_act >= 0) {
         float up[GEMV_MAXT];
-        row_dots(b.m[1], row, k_pad, q, d, lsum, n_tok, up);
+        row_dots(b.m[1], row, k_pad, q, d, lsum, n_tok, wu, up);
 #pragma unroll
         for (int t = 0; t < GEMV_MAXT; ++t) {
             if (t >= n_tok) break;

@@ -167,6 +167,7 @@ impl Gpu {
         f: sys::CUfunction,
         grid: (u32, u32, u32),
         block: u32,
+        smem: u32,
         params: &mut [*mut c_void],
         pdl: bool,
     ) -> DResult<()> {
@@ -182,7 +183,7 @@ impl Gpu {
             blockDimX: block,
             blockDimY: 1,
             blockDimZ: 1,
-            sharedMemBytes: 0,
+            sharedMemBytes: smem,
             hStream: self.stream,
             attrs: &mut attr,
             numAttrs: pdl as u32,

@@ -46,12 +46,19 @@ pub struct Launch {
     pub kernel: Kernel,
     pub grid: (u32, u32, u32),
     pub block: u32,
+    /// Dynamic shared memory, bytes.
+    pub smem: u32,
     pub args: Vec<Arg>,
 }
 
 impl Launch {
     pub fn new(kernel: Kernel, grid: (u32, u32, u32), block: u32) -> Launch {
-        Launch { kernel, grid, block, args: Vec::with_capacity(12) }
+        Launch { kernel, grid, block, smem: 0, args: Vec::with_capacity(12) }
+    }
+
+    pub fn smem(mut self, bytes: usize) -> Launch {
+        self.smem = bytes as u32;
+        self
     }
 
     pub fn ptr(mut self, p: u64) -> Launch {
@@ -92,6 +99,6 @@ impl Launch {
                 Arg::Batch(v) => v as *const TernaryBatch as *mut c_void,
             })
             .collect();
-        gpu.launch(kernels.get(self.kernel), self.grid, self.block, &mut params, pdl)
+        gpu.launch(kernels.get(self.kernel), self.grid, self.block, self.smem, &mut params, pdl)
     }
 }

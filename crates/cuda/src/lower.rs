@@ -342,7 +342,10 @@ impl Lower<'_> {
         let q = self.take(rows * k_pad);
         let d = self.take(rows * 4);
         let lsum = self.take(rows * (k_pad / 64) * 4);
-        let l = Launch::new(Kernel::NormQuant, (rows as u32, 1, 1), 256)
+        // Rows that fit the default 48 KiB of shared memory are read once.
+        let cached = ne0 * 4 <= 48 * 1024;
+        let l = Launch::new(Kernel::NormQuant, (rows as u32, 1, 1), 1024)
+            .smem(if cached { ne0 * 4 } else { 0 })
             .ptr(x)
             .ptr(w)
             .ptr(y)
@@ -352,7 +355,8 @@ impl Lower<'_> {
             .i32(ne0 as i32)
             .i32(k_pad as i32)
             .i32(norm as i32)
-            .f32(eps);
+            .f32(eps)
+            .i32(cached as i32);
         self.out.push(l);
         Quant { q, d, lsum, k_pad }
     }
@@ -580,6 +584,7 @@ impl Lower<'_> {
         self.counters_used += n_tok * p.n_head_kv;
         let group = p.n_head / p.n_head_kv;
         let l = Launch::new(Kernel::Attention, (p.n_head_kv as u32, n_tok as u32, n_split as u32), 32 * group as u32)
+            .smem(group * p.head_dim * 4)
             .ptr(self.ptr(s[0])?)
             .ptr(kcp)
             .ptr(vcp)

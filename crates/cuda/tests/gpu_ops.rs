@@ -206,7 +206,7 @@ fn fused_norm_batched_projections_and_residual_match_cpu() {
     let Some(mut gpu) = gpu() else { return };
     let mut rng = Rng(5);
     for n in [1usize, 6, 37] {
-        let (k, ff) = (640, 1280);
+        let (k, ff) = (768, 1280);
         let mut g = Graph::new();
         let x = g.weight(0, "x", GgmlType::F32, [k, n, 1, 1]);
         let nw = g.weight(1, "norm", GgmlType::F32, [k, 1, 1, 1]);
