@@ -128,6 +128,7 @@ extern "C" __global__ void attention(const float* q, const u8* kc, const u8* vc,
             float p = 0.0f;
             if (k_type == T_F16 && vec) {
                 const uint4* kr = (const uint4*)((const u16*)kc + (u64)j * row + off);
+#pragma unroll 16
                 for (int c = 0; c < head_dim / 8; ++c) {
                     uint4 kv = kr[c];
                     const float* qq = qs + c * 8;
@@ -137,6 +138,7 @@ extern "C" __global__ void attention(const float* q, const u8* kc, const u8* vc,
                 }
             } else if (vec) {
                 const float4* kr = (const float4*)((const float*)kc + (u64)j * row + off);
+#pragma unroll 16
                 for (int c = 0; c < head_dim / 4; ++c) {
                     float4 kv = kr[c];
                     const float* qq = qs + c * 4;
@@ -153,14 +155,26 @@ extern "C" __global__ void attention(const float* q, const u8* kc, const u8* vc,
         l = l * corr + warp_sum(pj);
 #pragma unroll
         for (int i = 0; i < ATT_MAXD; ++i) acc[i] *= corr;
+        // Eight keys per step, their V loads issued together; keys past the
+        // end have weight 0 and read row jb (always valid).
         int nk = min(32, j1 - jb);
-        for (int u = 0; u < nk; ++u) {
-            float pu = __shfl_sync(0xffffffffu, pj, u);
-            u64 vr = (u64)(jb + u) * row + off;
+        for (int u0 = 0; u0 < nk; u0 += 8) {
+            float pu[8];
+            u64 vr[8];
+#pragma unroll
+            for (int u = 0; u < 8; ++u) {
+                pu[u] = __shfl_sync(0xffffffffu, pj, u0 + u);
+                vr[u] = (u64)(u0 + u < nk ? jb + u0 + u : jb) * row + off;
+            }
 #pragma unroll
             for (int i = 0; i < ATT_MAXD; ++i) {
                 int dd = lane + 32 * i;
-                if (dd < head_dim) acc[i] += pu * ld_cache(vc, vr + dd, v_type);
+                if (dd >= head_dim) continue;
+                float vv[8];
+#pragma unroll
+                for (int u = 0; u < 8; ++u) vv[u] = ld_cache(vc, vr[u] + dd, v_type);
+#pragma unroll
+                for (int u = 0; u < 8; ++u) acc[i] += pu[u] * vv[u];
             }
         }
         mx = m_new;

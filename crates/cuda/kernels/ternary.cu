@@ -94,90 +94,95 @@ __device__ __forceinline__ void fetch_row(const TernaryMat& m, int row, int k_pa
 }
 
 // Row `row` of `m` times the n_tok activations, summed over the warp: one
-// result per token in every lane. `wv` holds the first fetch (fetch_row).
-__device__ __forceinline__ void row_dots(const TernaryMat& m, int row, int k_pad, const i8* q, const float* d,
-                                         const int* lsum, int n_tok, uint4* wv, float* y) {
-    int lane = threadIdx.x & 31, tig = lane & 3, cs = lane >> 2;
-    int n_chunks = k_pad >> 8, nls = k_pad >> 6;
-    const uint4* wr = (const uint4*)(m.w + (u64)row * (k_pad >> 2));
-    int acc[GEMV_MAXT];
-    float facc[GEMV_MAXT];
-#pragma unroll
-    for (int t = 0; t < GEMV_MAXT; ++t) {
-        acc[t] = 0;
-        facc[t] = 0.0f;
-    }
-    for (int c0 = cs; c0 < n_chunks; c0 += 8 * GEMV_UNROLL) {
-        if (c0 != cs) {
-#pragma unroll
-            for (int u = 0; u < GEMV_UNROLL; ++u) {
-                int c = c0 + 8 * u;
-                wv[u] = c < n_chunks ? ld_stream(wr + c * 4 + tig) : make_uint4(0, 0, 0, 0);
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < GEMV_UNROLL; ++u) {
-            int c = c0 + 8 * u;
-            if (c >= n_chunks) break;
-#pragma unroll
-            for (int t = 0; t < GEMV_MAXT; ++t) {
-                if (t >= n_tok) break;
-                int s = chunk_dot(wv[u], q + (u64)t * k_pad + c * 256 + tig * 64) - lsum[t * nls + c * 4 + tig];
-                if (m.groups == 1) {
-                    acc[t] += s;
-                } else {
-                    facc[t] += (float)s * m.scales[(u64)row * m.groups + c];
-                }
-            }
-        }
-    }
-#pragma unroll
-    for (int t = 0; t < GEMV_MAXT; ++t) {
-        if (t >= n_tok) break;
-        y[t] = m.groups == 1 ? (float)warp_sum_i(acc[t]) * m.scales[row] * d[t] : warp_sum(facc[t]) * d[t];
-    }
-}
+// result per token in every lane; `wv` holds the first fetch (fetch_row).
+// Then the GEMV itself: one warp per row, 8 rows per 256-thread block; n_tok
+// ≤ MAXT tokens share each weight load. With `pair_act` ≥ 0 the batch is
+// (gate, up): each warp computes both rows and writes act(gate) * up (0 =
+// SiLU, 1 = relu²) into the first matrix's output. Instantiated for 8 tokens
+// and, with far fewer registers (more warps in flight), for one.
+#define GEMV_KERNEL(NAME, ROW_DOTS, MAXT) \
+__device__ __forceinline__ void ROW_DOTS(const TernaryMat& m, int row, int k_pad, const i8* q, const float* d, \
+                                         const int* lsum, int n_tok, uint4* wv, float* y) { \
+    int lane = threadIdx.x & 31, tig = lane & 3, cs = lane >> 2; \
+    int n_chunks = k_pad >> 8, nls = k_pad >> 6; \
+    const uint4* wr = (const uint4*)(m.w + (u64)row * (k_pad >> 2)); \
+    int acc[MAXT]; \
+    float facc[MAXT]; \
+_Pragma("unroll") \
+    for (int t = 0; t < MAXT; ++t) { \
+        acc[t] = 0; \
+        facc[t] = 0.0f; \
+    } \
+    for (int c0 = cs; c0 < n_chunks; c0 += 8 * GEMV_UNROLL) { \
+        if (c0 != cs) { \
+_Pragma("unroll") \
+            for (int u = 0; u < GEMV_UNROLL; ++u) { \
+                int c = c0 + 8 * u; \
+                wv[u] = c < n_chunks ? ld_stream(wr + c * 4 + tig) : make_uint4(0, 0, 0, 0); \
+            } \
+        } \
+_Pragma("unroll") \
+        for (int u = 0; u < GEMV_UNROLL; ++u) { \
+            int c = c0 + 8 * u; \
+            if (c >= n_chunks) break; \
+_Pragma("unroll") \
+            for (int t = 0; t < MAXT; ++t) { \
+                if (t >= n_tok) break; \
+                int s = chunk_dot(wv[u], q + (u64)t * k_pad + c * 256 + tig * 64) - lsum[t * nls + c * 4 + tig]; \
+                if (m.groups == 1) { \
+                    acc[t] += s; \
+                } else { \
+                    facc[t] += (float)s * m.scales[(u64)row * m.groups + c]; \
+                } \
+            } \
+        } \
+    } \
+_Pragma("unroll") \
+    for (int t = 0; t < MAXT; ++t) { \
+        if (t >= n_tok) break; \
+        y[t] = m.groups == 1 ? (float)warp_sum_i(acc[t]) * m.scales[row] * d[t] : warp_sum(facc[t]) * d[t]; \
+    } \
+} \
+ \
+extern "C" __global__ void __launch_bounds__(256) NAME(TernaryBatch b, int k_pad, const i8* q, const float* d, \
+                                                              const int* lsum, int n_tok, int pair_act) { \
+    int mi = pick(b, blockIdx.x); \
+    const TernaryMat& m = b.m[mi]; \
+    int row = (blockIdx.x - b.block_start[mi]) * 8 + (threadIdx.x >> 5); \
+    bool live = row < m.rows; \
+    uint4 wg[GEMV_UNROLL], wu[GEMV_UNROLL]; \
+    if (live) { \
+        fetch_row(m, row, k_pad, wg); \
+        if (pair_act >= 0) fetch_row(b.m[1], row, k_pad, wu); \
+    } \
+    pdl_wait(); \
+    pdl_launch(); \
+    if (!live) return; \
+    float y[MAXT]; \
+    ROW_DOTS(m, row, k_pad, q, d, lsum, n_tok, wg, y); \
+    if (pair_act >= 0) { \
+        float up[MAXT]; \
+        ROW_DOTS(b.m[1], row, k_pad, q, d, lsum, n_tok, wu, up); \
+_Pragma("unroll") \
+        for (int t = 0; t < MAXT; ++t) { \
+            if (t >= n_tok) break; \
+            float g = y[t]; \
+            float a = pair_act == 0 ? g / (1.0f + expf(-g)) : fmaxf(g, 0.0f) * fmaxf(g, 0.0f); \
+            y[t] = a * up[t]; \
+        } \
+    } \
+    if ((threadIdx.x & 31) == 0) { \
+_Pragma("unroll") \
+        for (int t = 0; t < MAXT; ++t) { \
+            if (t >= n_tok) break; \
+            u64 o = (u64)t * m.rows + row; \
+            m.out[o] = m.res ? y[t] + m.res[o] : y[t]; \
+        } \
+    } \
+} \
 
-// One warp per row, 8 rows per 256-thread block; n_tok ≤ GEMV_MAXT tokens
-// share each weight load. With `pair_act` ≥ 0 the batch is (gate, up): each
-// warp computes both rows and writes act(gate) * up (0 = SiLU, 1 = relu²)
-// into the first matrix's output.
-extern "C" __global__ void __launch_bounds__(256) ternary_gemv(TernaryBatch b, int k_pad, const i8* q, const float* d,
-                                                              const int* lsum, int n_tok, int pair_act) {
-    int mi = pick(b, blockIdx.x);
-    const TernaryMat& m = b.m[mi];
-    int row = (blockIdx.x - b.block_start[mi]) * 8 + (threadIdx.x >> 5);
-    bool live = row < m.rows;
-    uint4 wg[GEMV_UNROLL], wu[GEMV_UNROLL];
-    if (live) {
-        fetch_row(m, row, k_pad, wg);
-        if (pair_act >= 0) fetch_row(b.m[1], row, k_pad, wu);
-    }
-    pdl_wait();
-    pdl_launch();
-    if (!live) return;
-    float y[GEMV_MAXT];
-    row_dots(m, row, k_pad, q, d, lsum, n_tok, wg, y);
-    if (pair_act >= 0) {
-        float up[GEMV_MAXT];
-        row_dots(b.m[1], row, k_pad, q, d, lsum, n_tok, wu, up);
-#pragma unroll
-        for (int t = 0; t < GEMV_MAXT; ++t) {
-            if (t >= n_tok) break;
-            float g = y[t];
-            float a = pair_act == 0 ? g / (1.0f + expf(-g)) : fmaxf(g, 0.0f) * fmaxf(g, 0.0f);
-            y[t] = a * up[t];
-        }
-    }
-    if ((threadIdx.x & 31) == 0) {
-#pragma unroll
-        for (int t = 0; t < GEMV_MAXT; ++t) {
-            if (t >= n_tok) break;
-            u64 o = (u64)t * m.rows + row;
-            m.out[o] = m.res ? y[t] + m.res[o] : y[t];
-        }
-    }
-}
+GEMV_KERNEL(ternary_gemv, row_dots8, 8)
+GEMV_KERNEL(ternary_gemv1, row_dots1, 1)
 
 #define MMA_MT 2
 #define MMA_NT 4
@@ -201,16 +206,20 @@ __device__ __forceinline__ u32 word_of(uint4 v, int w) {
 // (MMA_MT m-tiles of 16) × 32 tokens (MMA_NT n-tiles of 8). The activation
 // tile of a chunk (32 tokens × 256 bytes) is staged in shared memory with lane
 // blocks padded to 72 bytes, which keeps the 8-byte fragment loads of a
-// half-warp on distinct banks. grid: (rows_pad / 128, ceil(n_tok / 32)).
-extern "C" __global__ void __launch_bounds__(128) ternary_gemm(TernaryMat m, int k_pad, const i8* q, const float* d,
+// half-warp on distinct banks. grid: (Σ rows_pad / 128, ceil(n_tok / 32));
+// `block_start` counts 128-row blocks, so matrices sharing the input (q/k/v,
+// gate/up) fill one grid.
+extern "C" __global__ void __launch_bounds__(128) ternary_gemm(TernaryBatch b, int k_pad, const i8* q, const float* d,
                                                               const int* lsum, int n_tok) {
     __shared__ __align__(16) u8 sb[B_TOK * B_ROW];
     __shared__ int tsum[B_TOK];
     __shared__ int csum[B_TOK];
     pdl_wait();
     pdl_launch();
+    int mi = pick(b, blockIdx.x);
+    const TernaryMat& m = b.m[mi];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
-    int row0 = blockIdx.x * 128 + warp * 32;
+    int row0 = (blockIdx.x - b.block_start[mi]) * 128 + warp * 32;
     int tok0 = blockIdx.y * B_TOK;
     int n_chunks = k_pad >> 8, nls = k_pad >> 6;
     u64 row_bytes = k_pad >> 2;

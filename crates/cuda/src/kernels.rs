@@ -35,6 +35,7 @@ pub enum Kernel {
     Rope,
     NormQuant,
     TernaryGemv,
+    TernaryGemv1,
     TernaryGemm,
     FmatGemv,
     Q8Gemv,
@@ -46,7 +47,7 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 16] = [
+    pub const ALL: [Kernel; 17] = [
         Kernel::GetRows,
         Kernel::RmsNorm,
         Kernel::Binary,
@@ -55,6 +56,7 @@ impl Kernel {
         Kernel::Rope,
         Kernel::NormQuant,
         Kernel::TernaryGemv,
+        Kernel::TernaryGemv1,
         Kernel::TernaryGemm,
         Kernel::FmatGemv,
         Kernel::Q8Gemv,
@@ -76,6 +78,7 @@ impl Kernel {
             Kernel::Rope => ("elementwise", "rope"),
             Kernel::NormQuant => ("quantize", "norm_quant"),
             Kernel::TernaryGemv => ("ternary", "ternary_gemv"),
+            Kernel::TernaryGemv1 => ("ternary", "ternary_gemv1"),
             Kernel::TernaryGemm => ("ternary", "ternary_gemm"),
             Kernel::FmatGemv => ("fmat", "fmat_gemv"),
             Kernel::Q8Gemv => ("fmat", "q8_gemv"),

@@ -37,7 +37,6 @@ pub enum Arg {
     U64(u64),
     I32(i32),
     F32(u32),
-    Mat(TernaryMat),
     Batch(TernaryBatch),
 }
 
@@ -95,7 +94,6 @@ impl Launch {
                 Arg::Ptr(v) | Arg::U64(v) => v as *const u64 as *mut c_void,
                 Arg::I32(v) => v as *const i32 as *mut c_void,
                 Arg::F32(v) => v as *const u32 as *mut c_void,
-                Arg::Mat(v) => v as *const TernaryMat as *mut c_void,
                 Arg::Batch(v) => v as *const TernaryBatch as *mut c_void,
             })
             .collect();

@@ -27,6 +27,8 @@ const FMAT_TOKENS: usize = 8;
 /// a token never has more than this many splits.
 const ATT_SPLIT: usize = 256;
 const ATT_MAX_SPLITS: usize = 16;
+const ATT_SPLIT_DECODE: usize = 64;
+const ATT_MAX_SPLITS_DECODE: usize = 64;
 
 /// Scratch memory one lowering needs beyond the graph's own tensors.
 #[derive(Clone, Copy, Debug, Default)]
@@ -397,7 +399,7 @@ impl Lower<'_> {
         };
         // Gather the run of matmuls that read the same input (at most three).
         let mut group = vec![(id, w.clone())];
-        while group.len() < 3 && n_tok <= GEMV_MAX_TOKENS {
+        while group.len() < 3 {
             let Some(&j) = nodes.get(i + group.len()) else { break };
             let jn = self.node_ref(j);
             let same = matches!(jn.op, Op::MulMat { .. }) && jn.srcs[1] == x;
@@ -459,7 +461,8 @@ impl Lower<'_> {
                 }
             }
             b.block_start[mats.len()] = blocks;
-            let l = Launch::new(Kernel::TernaryGemv, (blocks as u32, 1, 1), 256)
+            let kernel = if n_tok == 1 { Kernel::TernaryGemv1 } else { Kernel::TernaryGemv };
+            let l = Launch::new(kernel, (blocks as u32, 1, 1), 256)
                 .arg(Arg::Batch(b))
                 .i32(q.k_pad as i32)
                 .ptr(q.q)
@@ -469,11 +472,18 @@ impl Lower<'_> {
                 .i32(pair.map_or(-1, |(_, a)| a));
             self.out.push(l);
         } else {
-            for m in mats {
-                let rows_pad = (m.rows as usize).next_multiple_of(crate::layout::ROW_ALIGN);
-                let grid = ((rows_pad / 128) as u32, n_tok.div_ceil(32) as u32, 1);
+            let mut b = TernaryBatch { n: mats.len() as i32, ..Default::default() };
+            let mut blocks = 0;
+            for (k, m) in mats.iter().enumerate() {
+                b.m[k] = *m;
+                b.block_start[k] = blocks;
+                blocks += (m.rows as usize).div_ceil(crate::layout::ROW_ALIGN) as i32;
+            }
+            b.block_start[mats.len()] = blocks;
+            {
+                let grid = (blocks as u32, n_tok.div_ceil(32) as u32, 1);
                 let l = Launch::new(Kernel::TernaryGemm, grid, 128)
-                    .arg(Arg::Mat(m))
+                    .arg(Arg::Batch(b))
                     .i32(q.k_pad as i32)
                     .ptr(q.q)
                     .ptr(q.d)
@@ -577,7 +587,11 @@ impl Lower<'_> {
                 .i32(v_type);
             self.out.push(store);
         }
-        let split = ATT_SPLIT.max(n_ctx.div_ceil(ATT_MAX_SPLITS).next_multiple_of(ATT_SPLIT));
+        // Decoding has one query per head, so it splits the keys finely to
+        // fill the GPU; prompts have parallelism across tokens already.
+        let (min_split, max_splits) =
+            if n_tok <= GEMV_MAX_TOKENS { (ATT_SPLIT_DECODE, ATT_MAX_SPLITS_DECODE) } else { (ATT_SPLIT, ATT_MAX_SPLITS) };
+        let split = min_split.max(n_ctx.div_ceil(max_splits).next_multiple_of(min_split));
         let n_split = n_ctx.div_ceil(split);
         let part = if n_split > 1 { self.take(n_tok * p.n_head * n_split * (p.head_dim + 2) * 4) } else { 0 };
         let counters = self.scratch.counters + (self.counters_used * 4) as u64;
