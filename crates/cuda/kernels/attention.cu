@@ -222,3 +222,168 @@ extern "C" __global__ void attention(const float* q, const u8* kc, const u8* vc,
         oh[dd] = a / sum;
     }
 }
+
+// Prompt attention on tensor cores (FlashAttention-2 style) for f16 caches:
+// block = (KV head, 16 query tokens), one warp per query head of the group.
+// Per 32-key tile: S = Q·Kᵀ with m16n8k16 f16 MMAs (f32 accumulate), the
+// causal mask and online softmax on the S fragments, which are repacked in
+// registers as the A operand of O += P·V. K tiles are staged row-major and V
+// tiles transposed, both padded so the fragment loads hit distinct banks.
+// grid: (n_head_kv, ceil(n_tok / 16)), block: 32 * G (G ≤ 8); head_dim a
+// multiple of 16, at most 128; positions ascend within the batch.
+#define FA_BQ 16
+#define FA_BK 32
+#define FA_MAXD 128
+
+__device__ __forceinline__ u32 pack_h2(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+__device__ __forceinline__ void mma_f16(float* c, const u32* a, u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+extern "C" __global__ void __launch_bounds__(256) flash_attn(const float* q, const u16* kc, const u16* vc,
+                                                            const int* pos, float* out, int n_tok, int n_head,
+                                                            int n_head_kv, int head_dim, float scale) {
+    extern __shared__ __align__(16) u16 sm[];
+    const int KS = head_dim + 8, VS = FA_BK + 8;
+    u16* ks = sm;
+    u16* vt = sm + FA_BK * KS;
+    pdl_wait();
+    pdl_launch();
+    int kvh = blockIdx.x, t0 = blockIdx.y * FA_BQ;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
+    int h = kvh * (n_head / n_head_kv) + warp;
+    int row = head_dim * n_head_kv;
+    u64 off = (u64)kvh * head_dim;
+    int nks = head_dim / 16, nnt = head_dim / 8;
+    int ta = t0 + g, tb = t0 + g + 8;
+    int pa = ta < n_tok ? pos[ta] : 0, pb = tb < n_tok ? pos[tb] : 0;
+    int pmax = pos[min(t0 + FA_BQ, n_tok) - 1];
+
+    u32 qf[FA_MAXD / 16][4];
+    const float* qa = q + ((u64)ta * n_head + h) * head_dim;
+    const float* qb = q + ((u64)tb * n_head + h) * head_dim;
+#pragma unroll
+    for (int k = 0; k < FA_MAXD / 16; ++k) {
+        if (k >= nks) break;
+        int c = k * 16 + tig * 2;
+        bool va = ta < n_tok, vb = tb < n_tok;
+        qf[k][0] = va ? pack_h2(qa[c] * scale, qa[c + 1] * scale) : 0u;
+        qf[k][1] = vb ? pack_h2(qb[c] * scale, qb[c + 1] * scale) : 0u;
+        qf[k][2] = va ? pack_h2(qa[c + 8] * scale, qa[c + 9] * scale) : 0u;
+        qf[k][3] = vb ? pack_h2(qb[c + 8] * scale, qb[c + 9] * scale) : 0u;
+    }
+    float o[FA_MAXD / 8][4];
+#pragma unroll
+    for (int n = 0; n < FA_MAXD / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float ma = -INFINITY, mb = -INFINITY, la = 0.0f, lb = 0.0f;
+
+    for (int kb = 0; kb <= pmax; kb += FA_BK) {
+        __syncthreads();
+        int per_row = head_dim / 8;
+        for (int idx = threadIdx.x; idx < FA_BK * per_row; idx += blockDim.x) {
+            int key = idx / per_row, c = idx % per_row;
+            uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
+            if (kb + key <= pmax) {
+                kv = *(const uint4*)(kc + (u64)(kb + key) * row + off + c * 8);
+                vv = *(const uint4*)(vc + (u64)(kb + key) * row + off + c * 8);
+            }
+            *(uint4*)(ks + key * KS + c * 8) = kv;
+            const u32 vw[4] = {vv.x, vv.y, vv.z, vv.w};
+#pragma unroll
+            for (int e = 0; e < 8; ++e) vt[(c * 8 + e) * VS + key] = (u16)(vw[e >> 1] >> (16 * (e & 1)));
+        }
+        __syncthreads();
+        float s[4][4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+            for (int k = 0; k < FA_MAXD / 16; ++k) {
+                if (k >= nks) break;
+                const u16* kr = ks + (j * 8 + g) * KS + k * 16 + tig * 2;
+                mma_f16(s[j], qf[k], *(const u32*)kr, *(const u32*)(kr + 8));
+            }
+        }
+        float mxa = -INFINITY, mxb = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                int key = kb + j * 8 + tig * 2 + e;
+                if (key > pa) s[j][e] = -INFINITY;
+                if (key > pb) s[j][2 + e] = -INFINITY;
+                mxa = fmaxf(mxa, s[j][e]);
+                mxb = fmaxf(mxb, s[j][2 + e]);
+            }
+#pragma unroll
+        for (int o2 = 1; o2 <= 2; o2 <<= 1) {
+            mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, o2));
+            mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, o2));
+        }
+        // Key kb ≤ every row's position, so the first tile makes both maxima finite.
+        float na = fmaxf(ma, mxa), nb = fmaxf(mb, mxb);
+        float ca = expf(ma - na), cb = expf(mb - nb);
+        float sa = 0.0f, sb = 0.0f;
+        u32 pf[2][4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            float e0 = expf(s[j][0] - na), e1 = expf(s[j][1] - na);
+            float e2 = expf(s[j][2] - nb), e3 = expf(s[j][3] - nb);
+            sa += e0 + e1;
+            sb += e2 + e3;
+            int hi = j & 1;
+            pf[j >> 1][hi ? 2 : 0] = pack_h2(e0, e1);
+            pf[j >> 1][hi ? 3 : 1] = pack_h2(e2, e3);
+        }
+#pragma unroll
+        for (int o2 = 1; o2 <= 2; o2 <<= 1) {
+            sa += __shfl_xor_sync(0xffffffffu, sa, o2);
+            sb += __shfl_xor_sync(0xffffffffu, sb, o2);
+        }
+        la = la * ca + sa;
+        lb = lb * cb + sb;
+        ma = na;
+        mb = nb;
+#pragma unroll
+        for (int n = 0; n < FA_MAXD / 8; ++n) {
+            if (n >= nnt) break;
+            o[n][0] *= ca;
+            o[n][1] *= ca;
+            o[n][2] *= cb;
+            o[n][3] *= cb;
+        }
+#pragma unroll
+        for (int sl = 0; sl < 2; ++sl)
+#pragma unroll
+            for (int n = 0; n < FA_MAXD / 8; ++n) {
+                if (n >= nnt) break;
+                const u16* vr = vt + (n * 8 + g) * VS + sl * 16 + tig * 2;
+                mma_f16(o[n], pf[sl], *(const u32*)vr, *(const u32*)(vr + 8));
+            }
+    }
+    float ia = 1.0f / la, ib = 1.0f / lb;
+    float* oa = out + ((u64)ta * n_head + h) * head_dim;
+    float* ob = out + ((u64)tb * n_head + h) * head_dim;
+#pragma unroll
+    for (int n = 0; n < FA_MAXD / 8; ++n) {
+        if (n >= nnt) break;
+        int c = n * 8 + tig * 2;
+        if (ta < n_tok) {
+            oa[c] = o[n][0] * ia;
+            oa[c + 1] = o[n][1] * ia;
+        }
+        if (tb < n_tok) {
+            ob[c] = o[n][2] * ib;
+            ob[c + 1] = o[n][3] * ib;
+        }
+    }
+}

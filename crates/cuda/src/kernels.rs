@@ -44,10 +44,11 @@ pub enum Kernel {
     KvStore,
     RopeStore,
     Attention,
+    FlashAttn,
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 17] = [
+    pub const ALL: [Kernel; 18] = [
         Kernel::GetRows,
         Kernel::RmsNorm,
         Kernel::Binary,
@@ -65,6 +66,7 @@ impl Kernel {
         Kernel::KvStore,
         Kernel::RopeStore,
         Kernel::Attention,
+        Kernel::FlashAttn,
     ];
 
     /// (source module, entry point).
@@ -87,6 +89,7 @@ impl Kernel {
             Kernel::KvStore => ("attention", "kv_store"),
             Kernel::RopeStore => ("attention", "rope_store"),
             Kernel::Attention => ("attention", "attention"),
+            Kernel::FlashAttn => ("attention", "flash_attn"),
         }
     }
 }

@@ -587,6 +587,30 @@ impl Lower<'_> {
                 .i32(v_type);
             self.out.push(store);
         }
+        let group = p.n_head / p.n_head_kv;
+        let tensor_cores = n_tok > GEMV_MAX_TOKENS
+            && k_type == GgmlType::F16.id() as i32
+            && v_type == GgmlType::F16.id() as i32
+            && p.head_dim % 16 == 0
+            && p.head_dim <= 128
+            && group <= 8;
+        if tensor_cores {
+            let smem = (32 * (p.head_dim + 8) + p.head_dim * 40) * 2;
+            let l = Launch::new(Kernel::FlashAttn, (p.n_head_kv as u32, n_tok.div_ceil(16) as u32, 1), 32 * group as u32)
+                .smem(smem)
+                .ptr(self.ptr(s[0])?)
+                .ptr(kcp)
+                .ptr(vcp)
+                .ptr(pos)
+                .ptr(self.ptr(id)?)
+                .i32(n_tok as i32)
+                .i32(p.n_head as i32)
+                .i32(p.n_head_kv as i32)
+                .i32(p.head_dim as i32)
+                .f32(p.scale);
+            self.out.push(l);
+            return Ok(());
+        }
         // Decoding has one query per head, so it splits the keys finely to
         // fill the GPU; prompts have parallelism across tokens already.
         let (min_split, max_splits) =
@@ -596,7 +620,6 @@ impl Lower<'_> {
         let part = if n_split > 1 { self.take(n_tok * p.n_head * n_split * (p.head_dim + 2) * 4) } else { 0 };
         let counters = self.scratch.counters + (self.counters_used * 4) as u64;
         self.counters_used += n_tok * p.n_head_kv;
-        let group = p.n_head / p.n_head_kv;
         let l = Launch::new(Kernel::Attention, (p.n_head_kv as u32, n_tok as u32, n_split as u32), 32 * group as u32)
             .smem(group * p.head_dim * 4)
             .ptr(self.ptr(s[0])?)
