@@ -9,17 +9,90 @@
 // m16n8k32 fragments consume them (see ternary.cu), so both read whole 16-byte
 // vectors. `lsum[t][c*4 + tig]` is the sum of block tig of chunk c.
 
+__device__ __forceinline__ double block_sum_d(double v, double* scratch) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < nw ? scratch[lane] : 0.0;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// The logical element behind word `wi` (of k_pad / 4) of the permuted layout.
+__device__ __forceinline__ int permuted_base(int wi) {
+    int c = wi >> 6, q = wi & 63, tig = q >> 4, word = q & 15, w = word >> 2, j = word & 3;
+    return c * 256 + 32 * (2 * w + (j >> 1)) + 16 * (j & 1) + 4 * tig;
+}
+
 // grid: tokens, block: 1024. x: [ne0, n_tok] f32. norm: 1 = apply RMS norm
 // first; w (optional) multiplies after the norm; y (optional) receives the
 // f32 result. q: [n_tok, k_pad] i8, d: [n_tok] f32, lsum: [n_tok, k_pad/64] i32.
-// With `cached` the row is read once into dynamic shared memory (ne0 floats).
+// With `cached` the row is read once into dynamic shared memory (ne0 floats);
+// the passes below then touch global memory only to write.
 extern "C" __global__ void __launch_bounds__(1024) norm_quant(const float* x, const float* w, float* y, i8* q, float* d,
                                                             int* lsum, int ne0, int k_pad, int norm, float eps,
                                                             int cached) {
     extern __shared__ float xs[];
+    __shared__ double dscratch[32];
+    __shared__ float scratch[32];
     pdl_wait();
     pdl_launch();
-    u64 t = blockIdx.x;
-    norm_quant_row(x + t * ne0, w, y ? y + t * ne0 : nullptr, q + t * k_pad, d + t, lsum + t * (k_pad / 64), ne0,
-                   k_pad, norm, eps, cached ? xs : nullptr);
+    const float* xr = x + (u64)blockIdx.x * ne0;
+    double ss = 0.0;
+    for (int e = threadIdx.x; e < ne0; e += blockDim.x) {
+        float v = xr[e];
+        if (cached) xs[e] = v;
+        ss += (double)v * (double)v;
+    }
+    float inv = 1.0f;
+    if (norm) {
+        ss = block_sum_d(ss, dscratch);
+        inv = (float)(1.0 / sqrt(ss / ne0 + (double)eps));
+    }
+    float amax = 0.0f;
+    for (int e = threadIdx.x; e < ne0; e += blockDim.x) {
+        float v = cached ? xs[e] : xr[e];
+        if (norm) v *= inv;
+        if (w) v *= w[e];
+        if (cached) xs[e] = v;
+        if (y) y[(u64)blockIdx.x * ne0 + e] = v;
+        amax = fmaxf(amax, fabsf(v));
+    }
+    amax = block_max(amax, scratch);
+    float sa = 127.0f / fmaxf(amax, 1e-5f);
+    if (threadIdx.x == 0) d[blockIdx.x] = 1.0f / sa;
+    u32* qr = (u32*)(q + (u64)blockIdx.x * k_pad);
+    int* ls = lsum + (u64)blockIdx.x * (k_pad / 64);
+    // blockDim is a multiple of 16, so each 16-word lane block stays in one
+    // half-warp for the shuffle reduction below; k_pad / 4 is a multiple of
+    // 64, so whole warps enter or leave the loop together.
+    for (int wi = threadIdx.x; wi < k_pad / 4; wi += blockDim.x) {
+        int base = permuted_base(wi);
+        u32 packed = 0;
+        int sum = 0;
+#pragma unroll
+        for (int b = 0; b < 4; ++b) {
+            int e = base + b, v = 0;
+            if (e < ne0) {
+                float f;
+                if (cached) {
+                    f = xs[e];
+                } else {
+                    f = norm ? xr[e] * inv : xr[e];
+                    if (w) f *= w[e];
+                }
+                v = max(-128, min(127, __float2int_rn(f * sa)));
+            }
+            sum += v;
+            packed |= ((u32)(v & 255)) << (8 * b);
+        }
+        qr[wi] = packed;
+#pragma unroll
+        for (int o = 8; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        if ((wi & 15) == 0) ls[wi >> 4] = sum;
+    }
 }

@@ -53,21 +53,6 @@ __device__ __forceinline__ int pick(const TernaryBatch& b, int blk) {
     return i;
 }
 
-// The RMS norm + int8 quantization of a GEMV's whole output, done by the
-// block that finishes last (an atomic counter, reset afterwards), so the
-// residual stream's next norm needs no launch of its own (quantize.cu).
-struct NormEpi {
-    const float* w;
-    float* y;
-    i8* q;
-    float* d;
-    int* lsum;
-    int* counter;
-    int k_pad;
-    float eps;
-    int on;
-};
-
 #define GEMV_MAXT 8
 #define GEMV_UNROLL 4
 
@@ -160,7 +145,7 @@ _Pragma("unroll") \
 } \
  \
 extern "C" __global__ void __launch_bounds__(256) NAME(TernaryBatch b, int k_pad, const i8* q, const float* d, \
-                                                              const int* lsum, int n_tok, int pair_act, NormEpi e) { \
+                                                              const int* lsum, int n_tok, int pair_act) { \
     int mi = pick(b, blockIdx.x); \
     const TernaryMat& m = b.m[mi]; \
     int row = (blockIdx.x - b.block_start[mi]) * 8 + (threadIdx.x >> 5); \
@@ -172,8 +157,8 @@ extern "C" __global__ void __launch_bounds__(256) NAME(TernaryBatch b, int k_pad
     } \
     pdl_wait(); \
     pdl_launch(); \
+    if (!live) return; \
     float y[MAXT]; \
-    if (live) { \
     ROW_DOTS(m, row, k_pad, q, d, lsum, n_tok, wg, y); \
     if (pair_act >= 0) { \
         float up[MAXT]; \
@@ -192,23 +177,6 @@ _Pragma("unroll") \
             if (t >= n_tok) break; \
             u64 o = (u64)t * m.rows + row; \
             m.out[o] = m.res ? y[t] + m.res[o] : y[t]; \
-        } \
-    } \
-    } \
-    if (e.on) { \
-        __shared__ int last; \
-        __threadfence(); \
-        __syncthreads(); \
-        if (threadIdx.x == 0) { \
-            last = atomicAdd(e.counter, 1) == gridDim.x - 1; \
-            if (last) *e.counter = 0; \
-        } \
-        __syncthreads(); \
-        if (last) { \
-            __threadfence(); \
-            for (int t = 0; t < n_tok; ++t) \
-                norm_quant_row(m.out + (u64)t * m.rows, e.w, e.y + (u64)t * m.rows, e.q + (u64)t * e.k_pad, e.d + t, \
-                               e.lsum + (u64)t * (e.k_pad / 64), m.rows, e.k_pad, 1, e.eps, nullptr); \
         } \
     } \
 } \

@@ -9,7 +9,6 @@ use crate::driver::Gpu;
 use crate::nvrtc;
 
 const PRELUDE: &str = include_str!("../kernels/prelude.cuh");
-const ROWQUANT: &str = include_str!("../kernels/rowquant.cuh");
 
 /// Kernel source files (`kernels/*.cu`), each compiled to one module.
 pub const SOURCES: &[(&str, &str)] = &[
@@ -20,9 +19,9 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("attention", include_str!("../kernels/attention.cu")),
 ];
 
-/// The full text NVRTC compiles for a source file: the shared headers, then the file.
+/// The full text NVRTC compiles for source `name`: the prelude, then the file.
 pub fn full_source(body: &str) -> String {
-    format!("{PRELUDE}\n{ROWQUANT}\n{body}")
+    format!("{PRELUDE}\n{body}")
 }
 
 /// Every kernel entry point, by module.

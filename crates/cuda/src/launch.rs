@@ -30,24 +30,6 @@ pub struct TernaryBatch {
 }
 const _: () = assert!(std::mem::size_of::<TernaryBatch>() == 144);
 
-/// The norm + quantization a GEMV's last block applies to its output
-/// (`struct NormEpi` in ternary.cu); `on == 0` leaves it out.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, Hash, PartialEq, Eq)]
-pub struct NormEpi {
-    pub w: u64,
-    pub y: u64,
-    pub q: u64,
-    pub d: u64,
-    pub lsum: u64,
-    pub counter: u64,
-    pub k_pad: i32,
-    /// f32 bits.
-    pub eps: u32,
-    pub on: i32,
-}
-const _: () = assert!(std::mem::size_of::<NormEpi>() == 64);
-
 /// A kernel argument, by value. Floats are kept as bits so launches hash.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
 pub enum Arg {
@@ -56,7 +38,6 @@ pub enum Arg {
     I32(i32),
     F32(u32),
     Batch(TernaryBatch),
-    Epi(NormEpi),
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
@@ -114,7 +95,6 @@ impl Launch {
                 Arg::I32(v) => v as *const i32 as *mut c_void,
                 Arg::F32(v) => v as *const u32 as *mut c_void,
                 Arg::Batch(v) => v as *const TernaryBatch as *mut c_void,
-                Arg::Epi(v) => v as *const NormEpi as *mut c_void,
             })
             .collect();
         gpu.launch(kernels.get(self.kernel), self.grid, self.block, self.smem, &mut params, pdl)

@@ -16,7 +16,7 @@ use tern_graph::{Activation, DType, Graph, NodeId, Op, RopeMode};
 use tern_quant::GgmlType;
 
 use crate::kernels::Kernel;
-use crate::launch::{Arg, Launch, NormEpi, TernaryBatch, TernaryMat};
+use crate::launch::{Arg, Launch, TernaryBatch, TernaryMat};
 use crate::{Buffers, Weight};
 
 /// Tokens above which ternary products use the tensor-core GEMM.
@@ -337,22 +337,6 @@ impl Lower<'_> {
         Ok(consumed)
     }
 
-    /// `rms_norm(sum) * w` as the next two nodes, read by ternary matmuls,
-    /// with nothing else reading the norm: (the mul, w's pointer, eps).
-    fn norm_after(&self, sum: NodeId, norm: Option<NodeId>, mul: Option<NodeId>) -> Option<(NodeId, u64, f32)> {
-        let (norm, mul) = (norm?, mul?);
-        let (nn, mn) = (self.node_ref(norm), self.node_ref(mul));
-        let Op::RmsNorm { eps } = nn.op else { return None };
-        let ok = nn.srcs[0] == sum
-            && self.uses[norm.index()] == 1
-            && matches!(mn.op, Op::Mul)
-            && mn.srcs[0] == norm
-            && self.node_ref(mn.srcs[1]).n_elements() == nn.ne[0]
-            && !self.overlaps(mul, sum)
-            && self.read_by_ternary(mul);
-        ok.then(|| self.ptr(mn.srcs[1]).ok().map(|w| (mul, w, eps))).flatten()
-    }
-
     /// Emits `norm_quant` for `rows` rows of `ne0` at `x`.
     #[allow(clippy::too_many_arguments)]
     fn quantize(&mut self, _id: NodeId, x: u64, w: u64, y: u64, ne0: usize, rows: usize, norm: bool, eps: f32) -> Quant {
@@ -464,21 +448,6 @@ impl Lower<'_> {
             mats[0].out = self.ptr(act)?;
             consumed += 1;
         }
-        // A single GEMV whose residual sum is normalised next: its last block does the norm.
-        let mut epi = NormEpi::default();
-        if n_tok <= GEMV_MAX_TOKENS && mats.len() == 1 && pair.is_none() && consumed == 2 {
-            let sum = nodes[i + 1];
-            if let Some((mul, w, eps)) = self.norm_after(sum, nodes.get(i + 2).copied(), nodes.get(i + 3).copied()) {
-                let rows = mats[0].rows as usize;
-                let k_pad = rows.next_multiple_of(256);
-                let (q, d, lsum) = (self.take(n_tok * k_pad), self.take(n_tok * 4), self.take(n_tok * (k_pad / 64) * 4));
-                let counter = self.scratch.counters + (self.counters_used * 4) as u64;
-                self.counters_used += 1;
-                epi = NormEpi { w, y: self.ptr(mul)?, q, d, lsum, counter, k_pad: k_pad as i32, eps: eps.to_bits(), on: 1 };
-                self.quant.insert(mul, Quant { q, d, lsum, k_pad });
-                consumed += 2;
-            }
-        }
         if n_tok <= GEMV_MAX_TOKENS {
             let mut b = TernaryBatch { n: mats.len() as i32, ..Default::default() };
             let mut blocks = 0;
@@ -500,8 +469,7 @@ impl Lower<'_> {
                 .ptr(q.d)
                 .ptr(q.lsum)
                 .i32(n_tok as i32)
-                .i32(pair.map_or(-1, |(_, a)| a))
-                .arg(Arg::Epi(epi));
+                .i32(pair.map_or(-1, |(_, a)| a));
             self.out.push(l);
         } else {
             let mut b = TernaryBatch { n: mats.len() as i32, ..Default::default() };
