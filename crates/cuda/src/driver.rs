@@ -74,7 +74,18 @@ pub struct Gpu {
     dev: sys::CUdevice,
     ctx: sys::CUcontext,
     pub stream: sys::CUstream,
+    /// Page-locked staging for reads (logits every step): DMA runs at full
+    /// speed into it, where a pageable destination is copied in pieces.
+    pinned: std::sync::Mutex<Pinned>,
 }
+
+struct Pinned {
+    ptr: *mut c_void,
+    cap: usize,
+}
+
+/// Reads at least this large go through the pinned buffer.
+const PINNED_MIN: usize = 64 * 1024;
 
 // SAFETY: the context is made current on whichever thread uses it (`bind`),
 // and the backend is used by one thread at a time (`&mut self`).
@@ -95,7 +106,7 @@ impl Gpu {
         let ctx = unsafe { result::primary_ctx::retain(dev) }.map_err(fail)?;
         unsafe { result::ctx::set_current(ctx) }.map_err(fail)?;
         let stream = result::stream::create(result::stream::StreamKind::NonBlocking).map_err(fail)?;
-        Ok(Gpu { info, dev, ctx, stream })
+        Ok(Gpu { info, dev, ctx, stream, pinned: std::sync::Mutex::new(Pinned { ptr: std::ptr::null_mut(), cap: 0 }) })
     }
 
     /// Makes this device's context current on the calling thread.
@@ -139,6 +150,24 @@ impl Gpu {
             return Ok(());
         }
         self.bind()?;
+        if out.len() >= PINNED_MIN {
+            let mut p = self.pinned.lock().map_err(|_| "pinned buffer lock poisoned".to_string())?;
+            if p.cap < out.len() {
+                if !p.ptr.is_null() {
+                    unsafe { result::free_host(p.ptr) }.map_err(err)?;
+                    p.ptr = std::ptr::null_mut();
+                    p.cap = 0;
+                }
+                p.ptr = unsafe { result::malloc_host(out.len(), 0) }.map_err(err)?;
+                p.cap = out.len();
+            }
+            // SAFETY: the pinned buffer holds `cap` ≥ out.len() bytes and is only used under the lock.
+            let staging = unsafe { std::slice::from_raw_parts_mut(p.ptr as *mut u8, out.len()) };
+            unsafe { result::memcpy_dtoh_async(staging, src, self.stream) }.map_err(err)?;
+            self.sync()?;
+            out.copy_from_slice(staging);
+            return Ok(());
+        }
         unsafe { result::memcpy_dtoh_async(out, src, self.stream) }.map_err(err)?;
         self.sync()
     }
@@ -227,6 +256,11 @@ impl Drop for Gpu {
     fn drop(&mut self) {
         if self.bind().is_ok() {
             let _ = unsafe { result::stream::synchronize(self.stream) };
+            if let Ok(p) = self.pinned.get_mut() {
+                if !p.ptr.is_null() {
+                    let _ = unsafe { result::free_host(p.ptr) };
+                }
+            }
             let _ = unsafe { result::stream::destroy(self.stream) };
             let _ = unsafe { result::primary_ctx::release(self.dev) };
         }
