@@ -591,7 +591,7 @@ impl Lower<'_> {
         let tensor_cores = n_tok > GEMV_MAX_TOKENS
             && k_type == GgmlType::F16.id() as i32
             && v_type == GgmlType::F16.id() as i32
-            && p.head_dim % 16 == 0
+            && p.head_dim.is_multiple_of(16)
             && p.head_dim <= 128
             && group <= 8;
         if tensor_cores {

@@ -188,6 +188,8 @@ impl Graph {
         self.push(Op::GatedAct(act), vec![gate, up], ne, DType::F32, None)
     }
 
+    // The sources are the op's operands, one argument each, in `srcs` order.
+    #[allow(clippy::too_many_arguments)]
     pub fn attention(
         &mut self,
         q: NodeId,
