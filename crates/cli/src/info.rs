@@ -20,6 +20,9 @@ pub struct Args {
     /// Also print the placement plan (weights, node assignment, splits, copies).
     #[arg(long)]
     pub plan: bool,
+    /// Plan for these GPUs instead of the ones found: CUDA0=80GiB[,CUDA1=24GiB...].
+    #[arg(long, value_name = "NAME=SIZE,...")]
+    pub devices: Option<String>,
 }
 
 struct TypeTotal {
@@ -53,7 +56,7 @@ pub fn main(a: Args) -> Result<(), CliError> {
     let by_type = totals(&file);
     let n_params: u64 = file.tensors.iter().map(|t| t.n_elements()).sum();
     let n_bytes: u64 = file.tensors.iter().map(|t| t.nbytes).sum();
-    let plan = if a.plan { Some(crate::info_plan::Plan::of(&a.model)?) } else { None };
+    let plan = if a.plan { Some(crate::info_plan::Plan::of(&a.model, a.devices.as_deref())?) } else { None };
     if a.json {
         let md: Vec<String> = file
             .metadata

@@ -1,16 +1,20 @@
 //! The placement plan as `tern info --plan` shows it: every weight's backend
-//! and reason, then how a one-token decode step is assigned and split.
+//! and reason, how a one-token decode step is assigned and split, and the
+//! memory each backend needs. Nothing is loaded: `--devices CUDA0=80GiB`
+//! plans for GPUs this machine need not have; without it, the GPUs found.
 
 use std::collections::BTreeMap;
 
+use tern_backend::BackendId;
+use tern_engine::planning::{parse_devices, plan_for, DeviceSpec, MemoryUse};
 use tern_graph::Op;
-use tern_sched::Schedule;
 
 use crate::json;
 use crate::run::ModelArgs;
 use crate::CliError;
 
 pub struct Plan {
+    memory: Vec<MemoryUse>,
     weights: Vec<(String, String, String, u64)>, // name, backend, reason, bytes
     /// Per backend: weight bytes read per token.
     bytes_per_token: BTreeMap<String, u64>,
@@ -21,22 +25,45 @@ pub struct Plan {
 }
 
 impl Plan {
-    pub fn of(args: &ModelArgs) -> Result<Plan, CliError> {
-        let mut small = args.clone();
-        small.ctx_size = Some(small.ctx_or(256).min(256));
-        let session = small.load()?;
-        let entries = &session.model.weights.table.entries;
+    pub fn of(args: &ModelArgs, devices: Option<&str>) -> Result<Plan, CliError> {
+        let path = args.path()?;
+        let opts = args.options()?;
+        let devices: Vec<DeviceSpec> = match devices {
+            Some(d) => parse_devices(d).map_err(|e| CliError(format!("--devices: {e}")))?,
+            None if opts.n_gpu_layers > 0
+                || opts.overrides.iter().any(|o| o.to_ascii_uppercase().contains("=CUDA")) =>
+            {
+                match tern_cuda::devices() {
+                    Ok(list) => list
+                        .iter()
+                        .map(|d| DeviceSpec { id: BackendId::cuda(d.index as u8), bytes: d.total_mem as u64 })
+                        .collect(),
+                    Err(why) => {
+                        eprintln!("warning: {why}; planning for the CPU (use --devices to plan for GPUs)");
+                        Vec::new()
+                    }
+                }
+            }
+            None => Vec::new(),
+        };
+        let plan = plan_for(&path, &opts, &devices).map_err(|e| CliError(format!("{}: {e}", path.display())))?;
+        let (model, built, schedule) = (&plan.model, &plan.step, &plan.schedule);
+        let entries = &model.weights.table.entries;
         let mut weights = Vec::new();
         let mut bytes_per_token = BTreeMap::new();
-        for (info, place) in entries.iter().zip(&session.placement.weights) {
+        for (info, place) in entries.iter().zip(&plan.placement.weights) {
             weights.push((info.name.clone(), place.backend.to_string(), place.reason.to_string(), info.nbytes));
         }
-        let (built, schedule): (_, Schedule) = session.plan(1, 1);
         let mut nodes = BTreeMap::new();
+        let mut counted = vec![false; entries.len()];
         for (node, a) in built.graph.nodes.iter().zip(&schedule.assigned) {
             if let Op::Weight(i) = node.op {
+                // A tied embedding is both the lookup table and the head: read once.
+                if std::mem::replace(&mut counted[i], true) {
+                    continue;
+                }
                 // The embedding is read one row per token, every other weight whole.
-                let bytes = if i == session.model.weights.token_embd.index && i != session.model.weights.output.index {
+                let bytes = if i == model.weights.token_embd.index && i != model.weights.output.index {
                     entries[i].nbytes / entries[i].ne[1].max(1)
                 } else {
                     entries[i].nbytes
@@ -48,7 +75,8 @@ impl Plan {
             }
         }
         let splits = schedule.splits.iter().map(|s| (s.backend.to_string(), s.nodes.len(), s.copies.len())).collect();
-        Ok(Plan { weights, bytes_per_token, nodes, splits, copy_bytes: schedule.copy_bytes(&built.graph) })
+        let copy_bytes = schedule.copy_bytes(&built.graph);
+        Ok(Plan { memory: plan.memory, weights, bytes_per_token, nodes, splits, copy_bytes })
     }
 
     pub fn print(&self) {
@@ -67,6 +95,19 @@ impl Plan {
         println!("  {} splits, {} bytes copied per token", self.splits.len(), self.copy_bytes);
         for (i, (backend, n, copies)) in self.splits.iter().enumerate() {
             println!("    split {i}: {backend:<7} {n:>4} nodes, {copies} inputs copied in");
+        }
+        println!("\nmemory (weights as stored on the backend, KV cache, per-step arena):");
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        for m in &self.memory {
+            let cap = m.capacity.map_or(String::new(), |c| format!(" of {:.2} GiB", gib(c)));
+            println!(
+                "  {:<7} weights {:.3} GiB, KV {:.3} GiB, arena {:.3} GiB: {:.3} GiB{cap}",
+                m.backend.to_string(),
+                gib(m.weights),
+                gib(m.kv),
+                gib(m.arena),
+                gib(m.need())
+            );
         }
     }
 
@@ -102,7 +143,21 @@ impl Plan {
                 json::object(&[("backend", json::string(b)), ("nodes", n.to_string()), ("copies", c.to_string())])
             })
             .collect();
+        let memory: Vec<String> = self
+            .memory
+            .iter()
+            .map(|m| {
+                json::object(&[
+                    ("backend", json::string(&m.backend.to_string())),
+                    ("weight_bytes", m.weights.to_string()),
+                    ("kv_bytes", m.kv.to_string()),
+                    ("arena_bytes", m.arena.to_string()),
+                    ("capacity_bytes", m.capacity.map_or("null".to_string(), |c| c.to_string())),
+                ])
+            })
+            .collect();
         json::object(&[
+            ("memory", json::array(&memory)),
             ("weights", json::array(&weights)),
             ("per_token", json::array(&per_token)),
             ("nodes", json::array(&nodes)),

@@ -67,6 +67,16 @@ impl ModelArgs {
 
     pub fn load(&self) -> Result<Session, CliError> {
         let path = self.path()?;
+        let opts = self.options()?;
+        let session = Session::load(&path, &opts).map_err(|e| CliError(format!("{}: {e}", path.display())))?;
+        for n in &session.notices {
+            eprintln!("warning: {n}");
+        }
+        Ok(session)
+    }
+
+    /// The load options these flags give.
+    pub fn options(&self) -> Result<LoadOptions, CliError> {
         let n_ctx = self.ctx_or(DEFAULT_CTX);
         let mut opts = LoadOptions { n_ctx, n_batch: self.batch_size, ..LoadOptions::default() };
         if let Some(t) = self.threads {
@@ -79,11 +89,7 @@ impl ModelArgs {
         opts.v_type = kv(&self.cache_type_v)?;
         opts.overrides = self.override_tensor.clone();
         opts.n_gpu_layers = self.n_gpu_layers;
-        let session = Session::load(&path, &opts).map_err(|e| CliError(format!("{}: {e}", path.display())))?;
-        for n in &session.notices {
-            eprintln!("warning: {n}");
-        }
-        Ok(session)
+        Ok(opts)
     }
 }
 

@@ -63,7 +63,10 @@ fn info(index: usize) -> Result<DeviceInfo, Unavailable> {
         index,
         name: result::device::get_name(dev).map_err(fail)?,
         total_mem: unsafe { result::device::total_mem(dev) }.map_err(fail)?,
-        arch: (attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?, attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?),
+        arch: (
+            attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+            attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+        ),
         sm_count: attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
     })
 }
@@ -221,8 +224,10 @@ impl Gpu {
     }
 
     pub fn begin_capture(&self) -> DResult<()> {
-        unsafe { result::stream::begin_capture(self.stream, sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL) }
-            .map_err(err)
+        unsafe {
+            result::stream::begin_capture(self.stream, sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        }
+        .map_err(err)
     }
 
     /// Ends a capture and instantiates it.

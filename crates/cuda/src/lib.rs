@@ -28,8 +28,8 @@ use tern_backend::{Backend, BackendId, BufferId, Error, HostBytes, LoadedWeight,
 use tern_graph::{DType, Graph, Node, NodeId, Op};
 use tern_quant::GgmlType;
 
-pub use driver::{devices, DeviceInfo, Unavailable};
 use driver::Gpu;
+pub use driver::{devices, DeviceInfo, Unavailable};
 use kernels::Kernels;
 use launch::Launch;
 use layout::GpuTernary;
@@ -197,7 +197,8 @@ impl CudaBackend {
         for _ in 0..2 {
             self.compute(graph, nodes, locs)?;
         }
-        let (start, end) = (self.gpu.event().map_err(|m| self.dev_err(m))?, self.gpu.event().map_err(|m| self.dev_err(m))?);
+        let (start, end) =
+            (self.gpu.event().map_err(|m| self.dev_err(m))?, self.gpu.event().map_err(|m| self.dev_err(m))?);
         let mut times = Vec::with_capacity(reps);
         for _ in 0..reps.max(1) {
             self.gpu.record(&start).map_err(|m| self.dev_err(m))?;
@@ -318,7 +319,10 @@ impl Drop for CudaBackend {
             let n = p.computes.max(1) as f64;
             eprintln!(
                 "{} profile: {} computes, GPU {:.3} ms and host (lowering) {:.3} ms per compute",
-                self.id, p.computes, p.gpu_ms / n, p.host_ms / n
+                self.id,
+                p.computes,
+                p.gpu_ms / n,
+                p.host_ms / n
             );
             let mut rows: Vec<_> = p.per_kernel.iter().collect();
             rows.sort_by(|a, b| b.1 .0.total_cmp(&a.1 .0));
@@ -341,36 +345,60 @@ impl Drop for CudaBackend {
     }
 }
 
+/// Whether the CUDA backend can run `node` with sources `srcs`. A free
+/// function so that plans for machines with GPUs can be made without one.
+pub fn supports(node: &Node, srcs: &[&Node]) -> bool {
+    let f32 = |n: &Node| n.dtype == DType::F32;
+    let ggml = |n: &Node| match n.dtype {
+        DType::Ggml(t) => Some(t),
+        DType::I32 => None,
+    };
+    match &node.op {
+        Op::Weight(_) | Op::Input(_) | Op::KvCache { .. } => true,
+        Op::GetRows => ggml(srcs[0]).is_some_and(lower::dequant_type),
+        Op::MulMat { .. } => {
+            let is_matrix = srcs[0].ne[2] == 1 && srcs[0].ne[3] == 1;
+            is_matrix && ggml(srcs[0]).is_some_and(|t| t.is_ternary() || lower::dequant_type(t)) && f32(srcs[1])
+        }
+        Op::Rope(p) => f32(srcs[0]) && p.head_dim % 2 == 0 && p.n_rot <= p.head_dim,
+        Op::Attention(p) => {
+            let cache = |n: &Node| matches!(n.dtype, DType::Ggml(GgmlType::F32 | GgmlType::F16));
+            srcs[..3].iter().all(|n| f32(n))
+                && srcs[3..5].iter().all(|n| cache(n))
+                && srcs.len() == 6
+                && p.head_dim <= 256
+                && p.n_head % p.n_head_kv == 0
+                && p.n_head / p.n_head_kv <= 32
+        }
+        Op::RmsNorm { .. } | Op::Mul | Op::Add | Op::Scale { .. } | Op::GatedAct(_) => srcs.iter().all(|n| f32(n)),
+    }
+}
+
+/// Bytes a weight takes on the GPU once loaded (`load_weight`): ternary
+/// matrices repacked to 2 bits plus scales, Q8_0/Q4_0/Q6_K matrices as int8
+/// levels plus a scale per 16, others as stored.
+pub fn weight_bytes(desc: WeightDesc, file_bytes: usize) -> usize {
+    let (k, rows) = (desc.ne[0], desc.ne[1]);
+    let is_matrix = desc.ne[2] == 1 && desc.ne[3] == 1;
+    if desc.ty.is_ternary() && is_matrix {
+        let k_pad = k.next_multiple_of(layout::CHUNK);
+        let codes = rows.next_multiple_of(layout::ROW_ALIGN) * k_pad / 4;
+        // One scale per row, or one per 256-chunk for files whose blocks disagree.
+        codes.next_multiple_of(256) + rows * (k_pad / layout::CHUNK) * 4
+    } else if qlayout::supported(desc.ty) && is_matrix {
+        (k * rows).next_multiple_of(256) + k * rows / qlayout::GROUP * 4
+    } else {
+        file_bytes
+    }
+}
+
 impl Backend for CudaBackend {
     fn id(&self) -> BackendId {
         self.id
     }
 
     fn supports(&self, node: &Node, srcs: &[&Node]) -> bool {
-        let f32 = |n: &Node| n.dtype == DType::F32;
-        let ggml = |n: &Node| match n.dtype {
-            DType::Ggml(t) => Some(t),
-            DType::I32 => None,
-        };
-        match &node.op {
-            Op::Weight(_) | Op::Input(_) | Op::KvCache { .. } => true,
-            Op::GetRows => ggml(srcs[0]).is_some_and(lower::dequant_type),
-            Op::MulMat { .. } => {
-                let is_matrix = srcs[0].ne[2] == 1 && srcs[0].ne[3] == 1;
-                is_matrix && ggml(srcs[0]).is_some_and(|t| t.is_ternary() || lower::dequant_type(t)) && f32(srcs[1])
-            }
-            Op::Rope(p) => f32(srcs[0]) && p.head_dim % 2 == 0 && p.n_rot <= p.head_dim,
-            Op::Attention(p) => {
-                let cache = |n: &Node| matches!(n.dtype, DType::Ggml(GgmlType::F32 | GgmlType::F16));
-                srcs[..3].iter().all(|n| f32(n))
-                    && srcs[3..5].iter().all(|n| cache(n))
-                    && srcs.len() == 6
-                    && p.head_dim <= 256
-                    && p.n_head % p.n_head_kv == 0
-                    && p.n_head / p.n_head_kv <= 32
-            }
-            Op::RmsNorm { .. } | Op::Mul | Op::Add | Op::Scale { .. } | Op::GatedAct(_) => srcs.iter().all(|n| f32(n)),
-        }
+        supports(node, srcs)
     }
 
     fn alloc(&mut self, bytes: usize) -> Result<BufferId> {

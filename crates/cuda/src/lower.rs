@@ -266,7 +266,9 @@ impl Lower<'_> {
             return false;
         }
         let a = self.node_ref(readers[0]);
-        matches!(a.op, Op::Attention(_)) && (a.srcs[0] == id || a.srcs[1] == id) && a.srcs[5] == self.node_ref(id).srcs[1]
+        matches!(a.op, Op::Attention(_))
+            && (a.srcs[0] == id || a.srcs[1] == id)
+            && a.srcs[5] == self.node_ref(id).srcs[1]
     }
 
     fn rope(&mut self, id: NodeId) -> Result<(), Need> {
@@ -331,7 +333,8 @@ impl Lower<'_> {
             let q = self.quantize(dst, x, w, y, ne0, rows, true, eps);
             self.quant.insert(dst, q);
         } else {
-            let l = Launch::new(Kernel::RmsNorm, (rows as u32, 1, 1), 256).ptr(x).ptr(w).ptr(y).i32(ne0 as i32).f32(eps);
+            let l =
+                Launch::new(Kernel::RmsNorm, (rows as u32, 1, 1), 256).ptr(x).ptr(w).ptr(y).i32(ne0 as i32).f32(eps);
             self.out.push(l);
         }
         Ok(consumed)
@@ -339,7 +342,17 @@ impl Lower<'_> {
 
     /// Emits `norm_quant` for `rows` rows of `ne0` at `x`.
     #[allow(clippy::too_many_arguments)]
-    fn quantize(&mut self, _id: NodeId, x: u64, w: u64, y: u64, ne0: usize, rows: usize, norm: bool, eps: f32) -> Quant {
+    fn quantize(
+        &mut self,
+        _id: NodeId,
+        x: u64,
+        w: u64,
+        y: u64,
+        ne0: usize,
+        rows: usize,
+        norm: bool,
+        eps: f32,
+    ) -> Quant {
         let k_pad = ne0.next_multiple_of(256);
         let q = self.take(rows * k_pad);
         let d = self.take(rows * 4);
@@ -415,7 +428,12 @@ impl Lower<'_> {
                 let an = self.node_ref(a);
                 let same_rows = wg.ternary.map(|t| t.rows) == wu.ternary.map(|t| t.rows);
                 match an.op {
-                    Op::GatedAct(act) if an.srcs == [*g, *u] && self.uses[g.index()] == 1 && self.uses[u.index()] == 1 && same_rows => {
+                    Op::GatedAct(act)
+                        if an.srcs == [*g, *u]
+                            && self.uses[g.index()] == 1
+                            && self.uses[u.index()] == 1
+                            && same_rows =>
+                    {
                         Some((a, if act == Activation::Silu { 0 } else { 1 }))
                     }
                     _ => None,
@@ -427,7 +445,8 @@ impl Lower<'_> {
         for (gi, (mm, wm)) in group.iter().enumerate() {
             let tm = wm.ternary.expect("grouped only ternary weights");
             let last = gi + 1 == group.len();
-            let fused = if last && pair.is_none() { self.residual(*mm, nodes.get(i + consumed).copied())? } else { None };
+            let fused =
+                if last && pair.is_none() { self.residual(*mm, nodes.get(i + consumed).copied())? } else { None };
             let (out, res) = match fused {
                 Some((add, r)) => {
                     consumed += 1;
@@ -542,7 +561,10 @@ impl Lower<'_> {
         let (rq, rk) = (s[0], s[1]);
         let fusable = deferred(rq) && deferred(rk) && {
             let (nq, nk) = (self.node_ref(rq), self.node_ref(rk));
-            nq.op == nk.op && nq.srcs.get(2) == nk.srcs.get(2) && !self.overlaps(rq, nk.srcs[0]) && !self.overlaps(rq, s[2])
+            nq.op == nk.op
+                && nq.srcs.get(2) == nk.srcs.get(2)
+                && !self.overlaps(rq, nk.srcs[0])
+                && !self.overlaps(rq, s[2])
         };
         if fusable {
             let (nq, nk) = (self.node_ref(rq).clone(), self.node_ref(rk).clone());
@@ -596,25 +618,29 @@ impl Lower<'_> {
             && group <= 8;
         if tensor_cores {
             let smem = (32 * (p.head_dim + 8) + p.head_dim * 40) * 2;
-            let l = Launch::new(Kernel::FlashAttn, (p.n_head_kv as u32, n_tok.div_ceil(16) as u32, 1), 32 * group as u32)
-                .smem(smem)
-                .ptr(self.ptr(s[0])?)
-                .ptr(kcp)
-                .ptr(vcp)
-                .ptr(pos)
-                .ptr(self.ptr(id)?)
-                .i32(n_tok as i32)
-                .i32(p.n_head as i32)
-                .i32(p.n_head_kv as i32)
-                .i32(p.head_dim as i32)
-                .f32(p.scale);
+            let l =
+                Launch::new(Kernel::FlashAttn, (p.n_head_kv as u32, n_tok.div_ceil(16) as u32, 1), 32 * group as u32)
+                    .smem(smem)
+                    .ptr(self.ptr(s[0])?)
+                    .ptr(kcp)
+                    .ptr(vcp)
+                    .ptr(pos)
+                    .ptr(self.ptr(id)?)
+                    .i32(n_tok as i32)
+                    .i32(p.n_head as i32)
+                    .i32(p.n_head_kv as i32)
+                    .i32(p.head_dim as i32)
+                    .f32(p.scale);
             self.out.push(l);
             return Ok(());
         }
         // Decoding has one query per head, so it splits the keys finely to
         // fill the GPU; prompts have parallelism across tokens already.
-        let (min_split, max_splits) =
-            if n_tok <= GEMV_MAX_TOKENS { (ATT_SPLIT_DECODE, ATT_MAX_SPLITS_DECODE) } else { (ATT_SPLIT, ATT_MAX_SPLITS) };
+        let (min_split, max_splits) = if n_tok <= GEMV_MAX_TOKENS {
+            (ATT_SPLIT_DECODE, ATT_MAX_SPLITS_DECODE)
+        } else {
+            (ATT_SPLIT, ATT_MAX_SPLITS)
+        };
         let split = min_split.max(n_ctx.div_ceil(max_splits).next_multiple_of(min_split));
         let n_split = n_ctx.div_ceil(split);
         let part = if n_split > 1 { self.take(n_tok * p.n_head * n_split * (p.head_dim + 2) * 4) } else { 0 };

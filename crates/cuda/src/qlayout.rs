@@ -82,7 +82,12 @@ mod tests {
             let row_bytes = bytes.len() / rows;
             for r in 0..rows {
                 let mut want = vec![0f32; k];
-                tern_quant::dequantize_row(ty, &bytes[r * row_bytes..][..row_bytes], tern_quant::TensorScale::ONE, &mut want);
+                tern_quant::dequantize_row(
+                    ty,
+                    &bytes[r * row_bytes..][..row_bytes],
+                    tern_quant::TensorScale::ONE,
+                    &mut want,
+                );
                 for (e, &w) in want.iter().enumerate() {
                     let got = p.values[r * k + e] as f32 * p.scales[(r * k + e) / GROUP];
                     assert_eq!(got, w, "{ty} row {r} element {e}");

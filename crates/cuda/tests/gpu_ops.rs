@@ -117,7 +117,14 @@ fn run(b: &mut dyn Backend, g: &Graph, data: &HashMap<NodeId, Vec<u8>>, outputs:
 
 /// Runs `g` on the CPU and the GPU and checks every output within `bound`
 /// (relative to the CPU output's largest magnitude). Returns the worst error.
-fn compare(gpu: &mut CudaBackend, g: &Graph, data: &HashMap<NodeId, Vec<u8>>, outs: &[NodeId], bound: f64, what: &str) -> f64 {
+fn compare(
+    gpu: &mut CudaBackend,
+    g: &Graph,
+    data: &HashMap<NodeId, Vec<u8>>,
+    outs: &[NodeId],
+    bound: f64,
+    what: &str,
+) -> f64 {
     let mut cpu = CpuBackend::new(BackendId::CPU, 2);
     let want = run(&mut cpu, g, data, outs);
     let got = run(gpu, g, data, outs);
@@ -171,7 +178,8 @@ fn ternary_matmuls_match_cpu_for_every_format_and_shape() {
     let Some(mut gpu) = gpu() else { return };
     let mut rng = Rng(11);
     // (k, rows, tokens): odd rows, k not a multiple of 256, GEMV (≤ 8 tokens) and GEMM sizes.
-    let shapes = [(256, 1, 1), (512, 7, 3), (1280, 130, 8), (2560, 640, 1), (2560, 300, 9), (768, 129, 33), (2560, 2560, 100)];
+    let shapes =
+        [(256, 1, 1), (512, 7, 3), (1280, 130, 8), (2560, 640, 1), (2560, 300, 9), (768, 129, 33), (2560, 2560, 100)];
     let mut report = Vec::new();
     for ty in TERNARY {
         for &(k, rows, n) in &shapes {
@@ -183,7 +191,8 @@ fn ternary_matmuls_match_cpu_for_every_format_and_shape() {
             let x = g.weight(1, "x", GgmlType::F32, [k, n, 1, 1]);
             let y = g.mul_mat(w, x, Precision::Paired);
             g.mark_output(y);
-            let data = HashMap::from([(w, ternary_weight(ty, k, rows, false, &mut rng)), (x, bytes_f32(&rng.vec(k * n)))]);
+            let data =
+                HashMap::from([(w, ternary_weight(ty, k, rows, false, &mut rng)), (x, bytes_f32(&rng.vec(k * n)))]);
             let e = compare(&mut gpu, &g, &data, &[y], 0.0, &format!("{ty} k={k} rows={rows} n={n}"));
             report.push(format!("{ty} {k}x{rows} n={n}: {e:.1e}"));
         }
@@ -278,7 +287,8 @@ fn pointwise_norm_and_rope_match_cpu() {
     let Some(mut gpu) = gpu() else { return };
     let mut rng = Rng(9);
     let (hd, heads, n) = (64usize, 6usize, 7usize);
-    for (mode, n_rot, factors) in [(RopeMode::Neox, 64, false), (RopeMode::Norm, 64, true), (RopeMode::Neox, 32, false)] {
+    for (mode, n_rot, factors) in [(RopeMode::Neox, 64, false), (RopeMode::Norm, 64, true), (RopeMode::Neox, 32, false)]
+    {
         let mut g = Graph::new();
         let x = g.weight(0, "x", GgmlType::F32, [hd * heads, n, 1, 1]);
         let b = g.weight(1, "b", GgmlType::F32, [hd * heads, 1, 1, 1]);
@@ -336,14 +346,25 @@ fn attention_matches_cpu_across_splits_and_cache_types() {
             let kc = g.kv_cache(0, KvKind::K, cache_ty, [row, n_ctx, 1, 1]);
             let vc = g.kv_cache(0, KvKind::V, cache_ty, [row, n_ctx, 1, 1]);
             let pos = g.input(InputKind::Positions, n);
-            let p = AttentionParams { layer: 0, n_head: nh, n_head_kv: nkv, head_dim: hd, scale: 1.0 / (hd as f32).sqrt(), kv_pos };
+            let p = AttentionParams {
+                layer: 0,
+                n_head: nh,
+                n_head_kv: nkv,
+                head_dim: hd,
+                scale: 1.0 / (hd as f32).sqrt(),
+                kv_pos,
+            };
             // Rope on q and k, as models do: the GPU fuses it with the cache store.
             let r = RopeParams { mode: RopeMode::Neox, n_rot: hd, head_dim: hd, freq_base: 500000.0, freq_scale: 1.0 };
             let (qr, kr) = (g.rope(q, pos, None, r), g.rope(k, pos, None, r));
             let a = g.attention(qr, kr, v, kc, vc, pos, p);
             let cache = |rng: &mut Rng| {
                 let vals = rng.vec(row * n_ctx);
-                if cache_ty == GgmlType::F16 { f16_bytes(&vals) } else { bytes_f32(&vals) }
+                if cache_ty == GgmlType::F16 {
+                    f16_bytes(&vals)
+                } else {
+                    bytes_f32(&vals)
+                }
             };
             let positions: Vec<i32> = (kv_pos..kv_pos + n).map(|p| p as i32).collect();
             let data = HashMap::from([
@@ -360,7 +381,14 @@ fn attention_matches_cpu_across_splits_and_cache_types() {
                 (GgmlType::F16, false) => 2e-3,
                 _ => 1e-4,
             };
-            let e = compare(&mut gpu, &g, &data, &[a], bound, &format!("attention {hd}/{nh}/{nkv} pos {kv_pos} n {n} {cache_ty}"));
+            let e = compare(
+                &mut gpu,
+                &g,
+                &data,
+                &[a],
+                bound,
+                &format!("attention {hd}/{nh}/{nkv} pos {kv_pos} n {n} {cache_ty}"),
+            );
             eprintln!("attention hd={hd} heads={nh}/{nkv} kv_pos={kv_pos} n={n} {cache_ty}: {e:.1e}");
         }
     }
@@ -371,20 +399,36 @@ fn attention_matches_cpu_across_splits_and_cache_types() {
 fn timing_table_for_2b4t_shapes() {
     let Some(mut gpu) = gpu() else { return };
     let mut rng = Rng(1);
-    let mut lines = vec![format!("{} ({} SMs)", gpu.info().name, gpu.info().sm_count), "| kernel | shape k×rows | tokens | µs | GB/s |".into(), "|---|---|---|---|---|".into()];
-    let shapes = [("attn_q/o", 2560usize, 2560usize), ("attn_k/v", 2560, 640), ("ffn_gate/up", 2560, 6912), ("ffn_down", 6912, 2560)];
+    let mut lines = vec![
+        format!("{} ({} SMs)", gpu.info().name, gpu.info().sm_count),
+        "| kernel | shape k×rows | tokens | µs | GB/s |".into(),
+        "|---|---|---|---|---|".into(),
+    ];
+    let shapes = [
+        ("attn_q/o", 2560usize, 2560usize),
+        ("attn_k/v", 2560, 640),
+        ("ffn_gate/up", 2560, 6912),
+        ("ffn_down", 6912, 2560),
+    ];
     for &(name, k, rows) in &shapes {
         for n in [1usize, 512] {
             let mut g = Graph::new();
             let w = g.weight(0, "w", GgmlType::TQ2_0, [k, rows, 1, 1]);
             let x = g.weight(1, "x", GgmlType::F32, [k, n, 1, 1]);
             g.mul_mat(w, x, Precision::Paired);
-            let data = HashMap::from([(w, ternary_weight(GgmlType::TQ2_0, k, rows, false, &mut rng)), (x, bytes_f32(&rng.vec(k * n)))]);
+            let data = HashMap::from([
+                (w, ternary_weight(GgmlType::TQ2_0, k, rows, false, &mut rng)),
+                (x, bytes_f32(&rng.vec(k * n))),
+            ]);
             let ms = time(&mut gpu, &g, &data);
             let bytes = (k * rows / 4 + k * n + rows * n * 4) as f64;
             let what = if n == 1 { "W2A8 GEMV (+quantize)" } else { "int8 mma GEMM (+quantize)" };
             let tops = 2.0 * (k * rows * n) as f64 / (ms * 1e-3) / 1e12;
-            lines.push(format!("| {what} {name} | {k}×{rows} | {n} | {:.1} | {:.0} ({tops:.1} TOPS) |", ms * 1e3, bytes / (ms * 1e-3) / 1e9));
+            lines.push(format!(
+                "| {what} {name} | {k}×{rows} | {n} | {:.1} | {:.0} ({tops:.1} TOPS) |",
+                ms * 1e3,
+                bytes / (ms * 1e-3) / 1e9
+            ));
         }
     }
     for (ty, n) in [(GgmlType::Q6_K, 1usize), (GgmlType::F16, 1)] {
@@ -396,7 +440,11 @@ fn timing_table_for_2b4t_shapes() {
         let data = HashMap::from([(w, timing_bytes(ty, k, rows, &mut rng)), (x, bytes_f32(&rng.vec(k * n)))]);
         let ms = time(&mut gpu, &g, &data);
         let bytes = ty.tensor_bytes(&[k as u64, rows as u64]).unwrap() as f64;
-        lines.push(format!("| head {ty} GEMV | {k}×{rows} | {n} | {:.1} | {:.0} |", ms * 1e3, bytes / (ms * 1e-3) / 1e9));
+        lines.push(format!(
+            "| head {ty} GEMV | {k}×{rows} | {n} | {:.1} | {:.0} |",
+            ms * 1e3,
+            bytes / (ms * 1e-3) / 1e9
+        ));
     }
     eprintln!("{}", lines.join("\n"));
 }

@@ -6,6 +6,7 @@ mod generate;
 mod kv;
 pub mod npy;
 pub mod perplexity;
+pub mod planning;
 mod session;
 
 pub use error::{Error, Result};

@@ -9,12 +9,13 @@ use tern_cpu::CpuBackend;
 use tern_cuda::CudaBackend;
 use tern_gguf::{File, GgmlType};
 use tern_graph::Op;
-use tern_models::{Batch, Built, KvSpec, Model};
-use tern_sched::{Backends, Placement, PlacementRules, Schedule};
+use tern_models::{Batch, Built, Model};
+use tern_sched::{Backends, Placement, Schedule};
 use tern_tokenizer::Tokenizer;
 
 use crate::error::{Error, Result};
 use crate::kv::KvCache;
+use crate::planning;
 
 #[derive(Clone, Debug)]
 pub struct LoadOptions {
@@ -94,27 +95,19 @@ impl Session {
         let file = File::open(path)?;
         let model = Model::load(&file)?;
         let c = &model.config;
-        let mut ids: Vec<BackendId> = (0..opts.cpu_instances.max(1)).map(BackendId::cpu).collect();
         let mut notices = Vec::new();
-        let wants_gpu = opts.n_gpu_layers > 0 || opts.overrides.iter().any(|o| o.to_ascii_uppercase().contains("=CUDA"));
-        let gpus: Vec<BackendId> = match wants_gpu.then(tern_cuda::devices) {
-            Some(Ok(list)) => list.iter().map(|d| BackendId::cuda(d.index as u8)).collect(),
+        let wants_gpu =
+            opts.n_gpu_layers > 0 || opts.overrides.iter().any(|o| o.to_ascii_uppercase().contains("=CUDA"));
+        let gpu_info = match wants_gpu.then(tern_cuda::devices) {
+            Some(Ok(list)) => list,
             Some(Err(why)) => {
                 notices.push(format!("{why}; running on the CPU"));
                 Vec::new()
             }
             None => Vec::new(),
         };
-        ids.extend(&gpus);
-        let mut rules = PlacementRules::parse_overrides(&opts.overrides, &ids)?;
-        if let (n @ 1.., Some(&gpu)) = (opts.n_gpu_layers, gpus.first()) {
-            rules = rules.with_gpu_layers(n, gpu);
-        }
-        let placement = Placement::new(model.weights.table.names(), c.n_layer, &rules);
-        let on_gpu = placement.kv_homes.iter().any(|b| !b.is_host());
-        if on_gpu && [opts.k_type, opts.v_type].iter().any(|t| !matches!(t, GgmlType::F32 | GgmlType::F16)) {
-            return Err(Error::KvType("the CUDA backend keeps f16 or f32 caches (use -ctk f16 -ctv f16)".into()));
-        }
+        let gpus: Vec<BackendId> = gpu_info.iter().map(|d| BackendId::cuda(d.index as u8)).collect();
+        let (ids, placement) = planning::place(&model, opts, &gpus)?;
         let mut list: Vec<Box<dyn Backend>> = Vec::new();
         for id in ids.iter().filter(|id| id.is_host() || placement.backends().contains(id)) {
             list.push(if id.is_host() {
@@ -124,6 +117,20 @@ impl Session {
             });
         }
         let mut backends = Backends::new(list);
+        // Say so before loading anything if a device cannot hold its share.
+        if placement.backends().iter().any(|b| !b.is_host()) {
+            let kv = planning::kv_spec(&model, opts);
+            let built =
+                model.build_graph(&Batch { n_tokens: opts.n_batch.clamp(1, kv.n_ctx), kv_pos: 0, n_outputs: 1 }, &kv);
+            let schedule = Schedule::new(&built.graph, &placement, &backends);
+            let mut memory = planning::memory_use(&model, &placement, &kv, &schedule);
+            for m in &mut memory {
+                if let Some(info) = gpu_info.iter().find(|d| BackendId::cuda(d.index as u8) == m.backend) {
+                    m.capacity = Some(info.total_mem as u64);
+                }
+            }
+            planning::check_fit(&memory)?;
+        }
 
         let owner: Arc<dyn AsRef<[u8]> + Send + Sync> = Arc::new(FileBytes(file.clone()));
         let mut weight_locs = Vec::with_capacity(model.weights.table.entries.len());
@@ -146,8 +153,7 @@ impl Session {
                 return Err(Error::KvType(format!("{ty} (use f32, f16 or q8_0)")));
             }
         }
-        let n_ctx = if opts.n_ctx == 0 { c.n_ctx_train } else { opts.n_ctx };
-        let spec = KvSpec { k_type: opts.k_type, v_type: opts.v_type, n_ctx };
+        let spec = planning::kv_spec(&model, opts);
         let kv = KvCache::new(c, spec, &placement.kv_homes, &mut backends)?;
         let tokenizer = Tokenizer::from_metadata(&file.metadata).map(Arc::new).map_err(|e| e.to_string());
         Ok(Session {
@@ -194,18 +200,16 @@ impl Session {
 
     /// The backends that hold weights, as llama-bench prints them (`CPU`, `CUDA`, `CUDA,CPU`).
     pub fn backend_names(&self) -> String {
-        let kinds: Vec<&str> = self
-            .placement
-            .weights
-            .iter()
-            .map(|w| if w.backend.is_host() { "CPU" } else { "CUDA" })
-            .rev()
-            .fold(Vec::new(), |mut v, k| {
-                if !v.contains(&k) {
-                    v.push(k);
-                }
-                v
-            });
+        let kinds: Vec<&str> =
+            self.placement.weights.iter().map(|w| if w.backend.is_host() { "CPU" } else { "CUDA" }).rev().fold(
+                Vec::new(),
+                |mut v, k| {
+                    if !v.contains(&k) {
+                        v.push(k);
+                    }
+                    v
+                },
+            );
         kinds.join(",")
     }
 

@@ -144,7 +144,9 @@ impl Placement {
             .map(|&name| {
                 let hit = rules.overrides.iter().find(|o| o.pattern.is_match(name));
                 let by_layers = |gpu| match layer_of(name) {
-                    Some(l) if l >= first_gpu => Some((gpu, WeightReason::GpuLayers { n_gpu_layers: rules.n_gpu_layers })),
+                    Some(l) if l >= first_gpu => {
+                        Some((gpu, WeightReason::GpuLayers { n_gpu_layers: rules.n_gpu_layers }))
+                    }
                     None if output_on_gpu && (is_output(name) || (tied && name.starts_with("token_embd."))) => {
                         Some((gpu, WeightReason::OutputLayer))
                     }
@@ -220,6 +222,38 @@ mod tests {
         assert_eq!(on(&p), ["CUDA0", "CPU", "CPU", "CUDA0"]);
         assert_eq!(layer_of("blk.12.attn_q.weight"), Some(12));
         assert_eq!(layer_of("token_embd.weight"), None);
+    }
+
+    /// The 2B-4T tensor list: 30 layers, tied head.
+    #[test]
+    fn gpu_layers_on_the_2b4t_tensor_list() {
+        let per_layer = [
+            "attn_norm",
+            "attn_q",
+            "attn_k",
+            "attn_v",
+            "attn_sub_norm",
+            "attn_output",
+            "ffn_norm",
+            "ffn_gate",
+            "ffn_up",
+            "ffn_sub_norm",
+            "ffn_down",
+        ];
+        let mut names = vec!["token_embd.weight".to_string(), "output_norm.weight".to_string()];
+        for l in 0..30 {
+            names.extend(per_layer.iter().map(|t| format!("blk.{l}.{t}.weight")));
+        }
+        let gpu = BackendId::cuda(0);
+        let place = |n| {
+            Placement::new(names.iter().map(|s| s.as_str()), 30, &PlacementRules::default().with_gpu_layers(n, gpu))
+        };
+        let on_gpu = |p: &Placement| p.weights.iter().filter(|w| w.backend == gpu).count();
+        assert_eq!(on_gpu(&place(15)), 15 * 11);
+        assert!(place(15).weights.iter().filter(|w| w.backend == gpu).all(|w| layer_of(&w.name).unwrap() >= 15));
+        assert_eq!(on_gpu(&place(30)), 30 * 11, "all layers, not the output layer");
+        assert_eq!(on_gpu(&place(31)), 30 * 11 + 2, "past the layer count: output_norm and the tied token_embd");
+        assert_eq!(place(15).kv_homes.iter().filter(|h| **h == gpu).count(), 15);
     }
 
     #[test]

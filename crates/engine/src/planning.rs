@@ -1,0 +1,216 @@
+//! Placement planning without loading: which backend each weight and node
+//! gets, the splits, and how much memory every device needs. `--devices
+//! CUDA0=80GiB` plans for a machine this one need not be (the CUDA backend's
+//! capabilities and weight sizes are plain functions), so the whole planner
+//! runs and is tested in CPU-only CI; a real load checks the fit first too.
+
+use tern_backend::{Backend, BackendId, WeightDesc};
+use tern_cpu::CpuBackend;
+use tern_gguf::{File, GgmlType};
+use tern_models::{Batch, Built, KvSpec, Model};
+use tern_sched::{Backends, Placement, PlacementRules, Schedule, VirtualBackend};
+
+use crate::error::{Error, Result};
+use crate::session::LoadOptions;
+
+/// A device of the planned machine and its memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceSpec {
+    pub id: BackendId,
+    pub bytes: u64,
+}
+
+/// Parses `CUDA0=80GiB,CUDA1=24GB` (units B, KB/KiB, MB/MiB, GB/GiB, TB/TiB).
+pub fn parse_devices(s: &str) -> std::result::Result<Vec<DeviceSpec>, String> {
+    s.split(',')
+        .filter(|p| !p.trim().is_empty())
+        .map(|part| {
+            let (name, size) =
+                part.split_once('=').ok_or_else(|| format!("device {part:?} is not of the form NAME=SIZE"))?;
+            let id: BackendId = name.parse()?;
+            if id.is_host() {
+                return Err(format!("device {name:?}: only GPUs (CUDA0, CUDA1, ...) are planned"));
+            }
+            Ok(DeviceSpec { id, bytes: parse_size(size).ok_or_else(|| format!("device {name}: bad size {size:?}"))? })
+        })
+        .collect()
+}
+
+fn parse_size(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: f64 = num.parse().ok()?;
+    let scale: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "kb" => 1e3,
+        "kib" | "k" => 1024.0,
+        "mb" => 1e6,
+        "mib" | "m" => 1024.0 * 1024.0,
+        "gb" => 1e9,
+        "gib" | "g" => 1024.0 * 1024.0 * 1024.0,
+        "tb" => 1e12,
+        "tib" | "t" => 1024f64.powi(4),
+        _ => return None,
+    };
+    (n >= 0.0).then_some((n * scale) as u64)
+}
+
+/// Memory one backend needs for a plan.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemoryUse {
+    pub backend: BackendId,
+    /// Weights as this backend stores them (repacked layouts included).
+    pub weights: u64,
+    pub kv: u64,
+    /// Per-step tensors of the largest micro-batch.
+    pub arena: u64,
+    /// The device's memory, when known.
+    pub capacity: Option<u64>,
+}
+
+impl MemoryUse {
+    pub fn need(&self) -> u64 {
+        self.weights + self.kv + self.arena
+    }
+}
+
+/// The placement a load uses: `-ot` rules over the CPU instances and `gpus`,
+/// then `-ngl` on the first GPU.
+pub(crate) fn place(model: &Model, opts: &LoadOptions, gpus: &[BackendId]) -> Result<(Vec<BackendId>, Placement)> {
+    let mut ids: Vec<BackendId> = (0..opts.cpu_instances.max(1)).map(BackendId::cpu).collect();
+    ids.extend(gpus);
+    let mut rules = PlacementRules::parse_overrides(&opts.overrides, &ids)?;
+    if let (n @ 1.., Some(&gpu)) = (opts.n_gpu_layers, gpus.first()) {
+        rules = rules.with_gpu_layers(n, gpu);
+    }
+    let placement = Placement::new(model.weights.table.names(), model.config.n_layer, &rules);
+    let on_gpu = placement.kv_homes.iter().any(|b| !b.is_host());
+    if on_gpu && [opts.k_type, opts.v_type].iter().any(|t| !matches!(t, GgmlType::F32 | GgmlType::F16)) {
+        return Err(Error::KvType("the CUDA backend keeps f16 or f32 caches (use -ctk f16 -ctv f16)".into()));
+    }
+    Ok((ids, placement))
+}
+
+pub(crate) fn kv_spec(model: &Model, opts: &LoadOptions) -> KvSpec {
+    let n_ctx = if opts.n_ctx == 0 { model.config.n_ctx_train } else { opts.n_ctx };
+    KvSpec { k_type: opts.k_type, v_type: opts.v_type, n_ctx }
+}
+
+fn desc(info: &tern_gguf::TensorInfo) -> WeightDesc {
+    let mut ne = [1usize; 4];
+    for (d, &n) in ne.iter_mut().zip(&info.ne) {
+        *d = n as usize;
+    }
+    WeightDesc { ty: info.ty, ne }
+}
+
+/// Memory per backend for `placement`, with `schedule` the plan of the
+/// largest micro-batch.
+pub(crate) fn memory_use(model: &Model, placement: &Placement, kv: &KvSpec, schedule: &Schedule) -> Vec<MemoryUse> {
+    let c = &model.config;
+    let row = (c.head_dim * c.n_head_kv) as u64;
+    let cache = |ty: GgmlType| ty.tensor_bytes(&[row, kv.n_ctx as u64]).unwrap_or(0);
+    placement
+        .backends()
+        .into_iter()
+        .map(|b| {
+            let weights = model
+                .weights
+                .table
+                .entries
+                .iter()
+                .zip(&placement.weights)
+                .filter(|(_, p)| p.backend == b)
+                .map(|(info, _)| {
+                    if b.is_host() {
+                        info.nbytes
+                    } else {
+                        tern_cuda::weight_bytes(desc(info), info.nbytes as usize) as u64
+                    }
+                })
+                .sum();
+            let layers = placement.kv_homes.iter().filter(|h| **h == b).count() as u64;
+            let arena = schedule.memory.arena_bytes.get(&b).copied().unwrap_or(0) as u64;
+            MemoryUse { backend: b, weights, kv: layers * (cache(kv.k_type) + cache(kv.v_type)), arena, capacity: None }
+        })
+        .collect()
+}
+
+/// Fails when a device with a known capacity cannot hold its share.
+pub(crate) fn check_fit(memory: &[MemoryUse]) -> Result<()> {
+    for m in memory {
+        if let Some(have) = m.capacity {
+            if m.need() > have {
+                return Err(Error::DoesNotFit { backend: m.backend.to_string(), need: m.need(), have });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A plan: the model's placement, the graph and schedule of a decoding step,
+/// and the memory each backend needs.
+pub struct DevicePlan {
+    pub model: Model,
+    pub placement: Placement,
+    /// One token in, one row of logits out.
+    pub step: Built,
+    pub schedule: Schedule,
+    pub memory: Vec<MemoryUse>,
+}
+
+/// Plans `path` for a machine with `devices`, loading no weights and needing
+/// no GPU. Fails if a device's share does not fit in its memory.
+pub fn plan_for(path: impl AsRef<std::path::Path>, opts: &LoadOptions, devices: &[DeviceSpec]) -> Result<DevicePlan> {
+    let file = File::open(path)?;
+    let model = Model::load(&file)?;
+    let gpus: Vec<BackendId> = devices.iter().map(|d| d.id).collect();
+    let (ids, placement) = place(&model, opts, &gpus)?;
+    let backends = planning_backends(&ids);
+    let kv = kv_spec(&model, opts);
+    let schedule_of = |n_tokens: usize| {
+        let built = model.build_graph(&Batch { n_tokens, kv_pos: 0, n_outputs: 1 }, &kv);
+        let schedule = Schedule::new(&built.graph, &placement, &backends);
+        (built, schedule)
+    };
+    let (_, largest) = schedule_of(opts.n_batch.clamp(1, kv.n_ctx));
+    let mut memory = memory_use(&model, &placement, &kv, &largest);
+    for m in &mut memory {
+        m.capacity = devices.iter().find(|d| d.id == m.backend).map(|d| d.bytes);
+    }
+    check_fit(&memory)?;
+    let (step, schedule) = schedule_of(1);
+    Ok(DevicePlan { model, placement, step, schedule, memory })
+}
+
+/// Stand-ins that answer `supports` like the real backends.
+fn planning_backends(ids: &[BackendId]) -> Backends {
+    let list = ids
+        .iter()
+        .map(|&id| -> Box<dyn Backend> {
+            if id.is_host() {
+                Box::new(CpuBackend::new(id, 1))
+            } else {
+                Box::new(VirtualBackend::new(id, tern_cuda::supports))
+            }
+        })
+        .collect();
+    Backends::new(list)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_lists_parse() {
+        let d = parse_devices("CUDA0=80GiB,cuda1=24GB").unwrap();
+        assert_eq!(d[0], DeviceSpec { id: BackendId::cuda(0), bytes: 80 << 30 });
+        assert_eq!(d[1], DeviceSpec { id: BackendId::cuda(1), bytes: 24_000_000_000 });
+        assert_eq!(parse_devices("CUDA0=512MiB").unwrap()[0].bytes, 512 << 20);
+        for bad in ["CUDA0", "GPU0=1GiB", "CUDA0=lots", "CPU=1GiB", "CUDA0=1XB"] {
+            assert!(parse_devices(bad).is_err(), "{bad}");
+        }
+    }
+}

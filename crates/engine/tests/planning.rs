@@ -1,0 +1,100 @@
+//! The planner without a GPU: `--devices` stands in for the machine, so
+//! `-ngl` boundaries, `-ot` precedence, the tied-output rule, the memory fit
+//! and the errors are all checked in CPU-only CI.
+
+use std::path::PathBuf;
+
+use tern_backend::BackendId;
+use tern_engine::planning::{parse_devices, plan_for, DevicePlan};
+use tern_engine::LoadOptions;
+use tern_sched::{layer_of, NodeReason, WeightReason};
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/compact/models").join(name)
+}
+
+fn opts(ngl: usize, ot: &[&str]) -> LoadOptions {
+    LoadOptions {
+        n_ctx: 256,
+        n_threads: 1,
+        n_gpu_layers: ngl,
+        overrides: ot.iter().map(|s| s.to_string()).collect(),
+        ..LoadOptions::default()
+    }
+}
+
+fn plan(ngl: usize, ot: &[&str], devices: &str) -> tern_engine::Result<DevicePlan> {
+    plan_for(fixture("b158-e512-tq2_0.gguf"), &opts(ngl, ot), &parse_devices(devices).unwrap())
+}
+
+fn on(p: &DevicePlan, name: &str) -> (BackendId, WeightReason) {
+    let w = p.placement.weights.iter().find(|w| w.name == name).unwrap_or_else(|| panic!("no tensor {name}"));
+    (w.backend, w.reason.clone())
+}
+
+const GPU: &str = "CUDA0=8GiB";
+
+#[test]
+fn gpu_layers_take_the_last_layers_then_the_output() {
+    let n_layer = plan(0, &[], GPU).unwrap().model.config.n_layer;
+    assert!(n_layer >= 2);
+    for ngl in 0..=n_layer + 1 {
+        let p = plan(ngl, &[], GPU).unwrap();
+        for w in &p.placement.weights {
+            let want_gpu = match layer_of(&w.name) {
+                Some(l) => l + ngl >= n_layer,
+                // Only past the layer count: the output layer, and the tied embedding it reads.
+                None => ngl > n_layer,
+            };
+            assert_eq!(!w.backend.is_host(), want_gpu, "-ngl {ngl}: {} on {}", w.name, w.backend);
+        }
+        // Each offloaded layer keeps its KV cache with it.
+        for (l, home) in p.placement.kv_homes.iter().enumerate() {
+            assert_eq!(!home.is_host(), l + ngl >= n_layer, "-ngl {ngl}: cache of layer {l}");
+        }
+    }
+    let p = plan(n_layer + 1, &[], GPU).unwrap();
+    assert_eq!(on(&p, "token_embd.weight"), (BackendId::cuda(0), WeightReason::OutputLayer));
+    assert!(!p.placement.weights.iter().any(|w| w.name == "output.weight"), "this fixture has a tied head");
+    // Fully offloaded, a decoding step is one GPU split; only the step inputs are copied.
+    assert_eq!(p.schedule.splits.len(), 1);
+    assert!(p.schedule.assigned.iter().all(|a| a.backend == BackendId::cuda(0) || a.reason == NodeReason::HostInput));
+}
+
+#[test]
+fn overrides_win_over_gpu_layers_and_errors_name_the_backends() {
+    let p = plan(99, &["ffn_.*=CPU"], GPU).unwrap();
+    let (b, reason) = on(&p, "blk.0.ffn_up.weight");
+    assert_eq!(b, BackendId::CPU);
+    assert_eq!(reason, WeightReason::Override { pattern: "ffn_.*".into() });
+    assert_eq!(on(&p, "blk.0.attn_q.weight").0, BackendId::cuda(0));
+    // The FFN matmuls then run where their weights are: splits alternate.
+    assert!(p.schedule.splits.len() > 2, "{} splits", p.schedule.splits.len());
+
+    let err = |ot: &str, devices: &str| plan(0, &[ot], devices).err().map(|e| e.to_string()).unwrap_or_default();
+    let e = err("ffn(=CUDA0", GPU);
+    assert!(e.contains("bad regex"), "{e}");
+    let e = err("ffn=CUDA1", GPU);
+    assert!(e.contains("unknown backend") && e.contains("CPU, CUDA0"), "{e}");
+    // Without a planned GPU, CUDA0 is not a valid name.
+    let e = plan_for(fixture("b158-e512-tq2_0.gguf"), &opts(0, &["ffn=CUDA0"]), &[]).err().unwrap().to_string();
+    assert!(e.contains("valid backends: CPU"), "{e}");
+}
+
+#[test]
+fn a_plan_that_does_not_fit_says_so_before_loading() {
+    let e = plan(99, &[], "CUDA0=64KiB").err().expect("must not fit").to_string();
+    assert!(e.contains("does not fit") && e.contains("CUDA0"), "{e}");
+    let p = plan(99, &[], GPU).unwrap();
+    let gpu = p.memory.iter().find(|m| m.backend == BackendId::cuda(0)).unwrap();
+    assert!(gpu.weights > 0 && gpu.kv > 0 && gpu.arena > 0, "{gpu:?}");
+    assert_eq!(gpu.capacity, Some(8 << 30));
+}
+
+#[test]
+fn q8_caches_are_refused_on_the_gpu() {
+    let mut o = opts(99, &[]);
+    o.k_type = tern_gguf::GgmlType::Q8_0;
+    let e = plan_for(fixture("b158-e512-tq2_0.gguf"), &o, &parse_devices(GPU).unwrap()).err().unwrap().to_string();
+    assert!(e.contains("f16 or f32"), "{e}");
+}
