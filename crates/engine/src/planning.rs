@@ -115,7 +115,7 @@ pub(crate) fn memory_use(model: &Model, placement: &Placement, kv: &KvSpec, sche
         .backends()
         .into_iter()
         .map(|b| {
-            let weights = model
+            let weights: u64 = model
                 .weights
                 .table
                 .entries
@@ -130,6 +130,19 @@ pub(crate) fn memory_use(model: &Model, placement: &Placement, kv: &KvSpec, sche
                     }
                 })
                 .sum();
+            let head_copy: u64 = placement
+                .head_copy
+                .filter(|c| c.backend == b)
+                .map(|c| {
+                    let info = &model.weights.table.entries[c.weight];
+                    if b.is_host() {
+                        info.nbytes
+                    } else {
+                        tern_cuda::weight_bytes(desc(info), info.nbytes as usize) as u64
+                    }
+                })
+                .unwrap_or(0);
+            let weights = weights + head_copy;
             let layers = placement.kv_homes.iter().filter(|h| **h == b).count() as u64;
             let arena = schedule.memory.arena_bytes.get(&b).copied().unwrap_or(0) as u64;
             MemoryUse { backend: b, weights, kv: layers * (cache(kv.k_type) + cache(kv.v_type)), arena, capacity: None }

@@ -78,6 +78,8 @@ pub struct Session {
     pub placement: Placement,
     backends: Backends,
     weight_locs: Vec<TensorLoc>,
+    /// The tied head's device copy of `token_embd`: (its backend, where).
+    head_copy: Option<(BackendId, TensorLoc)>,
     kv: KvCache,
     pos: usize,
     n_batch: usize,
@@ -134,6 +136,7 @@ impl Session {
 
         let owner: Arc<dyn AsRef<[u8]> + Send + Sync> = Arc::new(FileBytes(file.clone()));
         let mut weight_locs = Vec::with_capacity(model.weights.table.entries.len());
+        let mut head_copy = None;
         for (info, place) in model.weights.table.entries.iter().zip(&placement.weights) {
             let range = info.offset as usize..(info.offset + info.nbytes) as usize;
             let mut ne = [1usize; 4];
@@ -141,8 +144,18 @@ impl Session {
                 *d = n as usize;
             }
             let desc = WeightDesc { ty: info.ty, ne };
-            let loaded = backends.get_mut(place.backend)?.load_weight(HostBytes::new(owner.clone(), range), desc)?;
-            if !loaded.aliases_host {
+            let loaded =
+                backends.get_mut(place.backend)?.load_weight(HostBytes::new(owner.clone(), range.clone()), desc)?;
+            let copy = placement.head_copy.filter(|c| c.weight == weight_locs.len());
+            let copy_aliases = match copy {
+                Some(c) => {
+                    let l = backends.get_mut(c.backend)?.load_weight(HostBytes::new(owner.clone(), range), desc)?;
+                    head_copy = Some((c.backend, l.loc));
+                    l.aliases_host
+                }
+                None => false,
+            };
+            if !loaded.aliases_host && !copy_aliases {
                 file.release(info.offset, info.nbytes);
             }
             weight_locs.push(loaded.loc);
@@ -162,6 +175,7 @@ impl Session {
             placement,
             backends,
             weight_locs,
+            head_copy,
             kv,
             pos: 0,
             n_batch: opts.n_batch.max(1),
@@ -278,8 +292,12 @@ impl Session {
             (built.inputs.output_rows, rows.as_slice()),
         ];
         let (weights, kv, backends) = (&self.weight_locs, &self.kv, &mut self.backends);
-        let leaf = |op: &Op| match *op {
-            Op::Weight(i) => weights.get(i).copied(),
+        let (copy, placement) = (self.head_copy, &self.placement);
+        let leaf = |op: &Op, on: BackendId| match *op {
+            Op::Weight(i) => match (copy, placement.head_copy) {
+                (Some((b, loc)), Some(c)) if c.weight == i && b == on => Some(loc),
+                _ => weights.get(i).copied(),
+            },
             Op::KvCache { layer, kind } => {
                 kv.layers.get(layer).map(|(k, v)| if kind == tern_graph::KvKind::K { *k } else { *v })
             }

@@ -43,7 +43,9 @@ fn gpu_layers_take_the_last_layers_then_the_output() {
         for w in &p.placement.weights {
             let want_gpu = match layer_of(&w.name) {
                 Some(l) => l + ngl >= n_layer,
-                // Only past the layer count: the output layer, and the tied embedding it reads.
+                // The tied embedding stays on the host for the row lookup.
+                None if w.name.starts_with("token_embd.") => false,
+                // The output layer, only past the layer count.
                 None => ngl > n_layer,
             };
             assert_eq!(!w.backend.is_host(), want_gpu, "-ngl {ngl}: {} on {}", w.name, w.backend);
@@ -54,11 +56,45 @@ fn gpu_layers_take_the_last_layers_then_the_output() {
         }
     }
     let p = plan(n_layer + 1, &[], GPU).unwrap();
-    assert_eq!(on(&p, "token_embd.weight"), (BackendId::cuda(0), WeightReason::OutputLayer));
     assert!(!p.placement.weights.iter().any(|w| w.name == "output.weight"), "this fixture has a tied head");
-    // Fully offloaded, a decoding step is one GPU split; only the step inputs are copied.
+    assert_eq!(on(&p, "token_embd.weight"), (BackendId::CPU, WeightReason::Default));
+    assert_eq!(on(&p, "output_norm.weight"), (BackendId::cuda(0), WeightReason::OutputLayer));
+    // The head's matmul reads a device copy of token_embd; the lookup stays on the host.
+    let g = &p.step.graph;
+    let head = g.outputs[0];
+    let head_w = g.node(head).srcs[0];
+    assert_eq!(p.schedule.assigned[head.index()].backend, BackendId::cuda(0));
+    assert_eq!(p.schedule.assigned[head_w.index()].reason, NodeReason::HeadCopy);
+    let lookup = g.nodes.iter().position(|n| matches!(n.op, tern_graph::Op::GetRows)).unwrap();
+    assert_eq!(p.schedule.assigned[lookup].backend, BackendId::CPU);
+    // The copy is counted in the GPU's memory.
+    let with_copy = p.memory.iter().find(|m| m.backend == BackendId::cuda(0)).unwrap().weights;
+    let without =
+        plan(n_layer, &[], GPU).unwrap().memory.iter().find(|m| m.backend == BackendId::cuda(0)).unwrap().weights;
+    assert!(with_copy > without);
+    // With token_embd pinned to the GPU there is no copy and a step is one GPU split.
+    let p = plan(n_layer + 1, &["token_embd=CUDA0"], GPU).unwrap();
+    assert_eq!(p.placement.head_copy, None);
     assert_eq!(p.schedule.splits.len(), 1);
     assert!(p.schedule.assigned.iter().all(|a| a.backend == BackendId::cuda(0) || a.reason == NodeReason::HostInput));
+}
+
+/// The tied head on a second CPU instance (standing in for a GPU): the
+/// lookup reads token_embd on CPU, the head matmul its copy on CPU1, and the
+/// logits are those of one CPU.
+#[test]
+fn tied_head_copy_runs_and_matches() {
+    let path = fixture("b158-e512-tq2_0.gguf");
+    let ids = [510, 296, 387, 388, 44, 322, 361, 380];
+    let mut o = opts(0, &["output_norm=CPU1"]);
+    o.cpu_instances = 2;
+    let mut split = tern_engine::Session::load(&path, &o).unwrap();
+    assert_eq!(split.placement.head_copy.map(|c| c.backend), Some(BackendId::cpu(1)));
+    let (built, schedule) = split.plan(1, 1);
+    assert_eq!(schedule.assigned[built.logits.index()].backend, BackendId::cpu(1));
+    let got = split.eval(&ids, tern_engine::Logits::All).unwrap();
+    let want = tern_engine::Session::load(&path, &opts(0, &[])).unwrap().eval(&ids, tern_engine::Logits::All).unwrap();
+    assert_eq!(got, want);
 }
 
 #[test]

@@ -1,8 +1,9 @@
 //! Node assignment: every graph node gets a backend and the reason for it.
 //!
 //! Passes, in order:
-//! 1. leaves live where their data is (weights by placement, caches at their
-//!    layer's home, step inputs on the host);
+//! 1. leaves live where their data is (weights by placement, the tied head's
+//!    matmul operand at its device copy, caches at their layer's home, step
+//!    inputs on the host);
 //! 2. an op that writes a cache runs where the cache lives;
 //! 3. an op that reads a weight runs where the weight lives;
 //! 4. any other op follows its first computed input.
@@ -32,6 +33,8 @@ pub enum NodeReason {
     InputLives,
     /// The preferred backend cannot run the op; the host does.
     Fallback,
+    /// The tied head's matmul reads a device copy of `token_embd`.
+    HeadCopy,
 }
 
 impl fmt::Display for NodeReason {
@@ -44,6 +47,7 @@ impl fmt::Display for NodeReason {
             NodeReason::WeightLives => "weight lives here",
             NodeReason::InputLives => "input lives here",
             NodeReason::Fallback => "unsupported there, host fallback",
+            NodeReason::HeadCopy => "device copy of the tied head",
         })
     }
 }
@@ -56,12 +60,22 @@ pub struct Assigned {
 
 /// Assigns every node of `graph`. `backends` answers `supports`.
 pub fn assign(graph: &Graph, placement: &Placement, backends: &[&dyn Backend]) -> Vec<Assigned> {
+    // Weight leaves a matmul reads (the head's use of a tied token_embd).
+    let mut read_by_matmul = vec![false; graph.nodes.len()];
+    for n in &graph.nodes {
+        if let (Op::MulMat { .. }, Some(w)) = (&n.op, n.srcs.first()) {
+            read_by_matmul[w.index()] = true;
+        }
+    }
     let mut out: Vec<Assigned> = Vec::with_capacity(graph.nodes.len());
-    for node in &graph.nodes {
+    for (id, node) in graph.nodes.iter().enumerate() {
         let on = |backend, reason| Assigned { backend, reason };
         let src_backend = |i: usize| out[node.srcs[i].index()].backend;
         let a = match &node.op {
-            Op::Weight(i) => on(placement.weights[*i].backend, NodeReason::Weight),
+            Op::Weight(i) => match placement.head_copy {
+                Some(c) if c.weight == *i && read_by_matmul[id] => on(c.backend, NodeReason::HeadCopy),
+                _ => on(placement.weights[*i].backend, NodeReason::Weight),
+            },
             Op::KvCache { layer, .. } => on(placement.kv_homes[*layer], NodeReason::Cache),
             Op::Input(_) => on(BackendId::CPU, NodeReason::HostInput),
             Op::Attention(p) => on(placement.kv_homes[p.layer], NodeReason::CacheLives),

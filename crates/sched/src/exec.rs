@@ -87,13 +87,13 @@ impl Backends {
     }
 
     /// Runs `graph` under `schedule`. `leaf` gives the location of weight and
-    /// cache leaves; `inputs` are the bytes of the step inputs. Returns the
-    /// bytes of each graph output.
+    /// cache leaves on the backend a leaf is assigned to; `inputs` are the
+    /// bytes of the step inputs. Returns the bytes of each graph output.
     pub fn run(
         &mut self,
         graph: &Graph,
         schedule: &Schedule,
-        leaf: &dyn Fn(&Op) -> Option<TensorLoc>,
+        leaf: &dyn Fn(&Op, BackendId) -> Option<TensorLoc>,
         inputs: &[(NodeId, &[u8])],
     ) -> Result<Vec<Vec<u8>>, Error> {
         let mut arena_of = BTreeMap::new();
@@ -110,7 +110,8 @@ impl Backends {
                     Some(TensorLoc { buffer: arena_of[&backend], offset, nbytes: node.nbytes() })
                 }
                 (Op::Weight(_) | Op::KvCache { .. }, None) => {
-                    Some(leaf(&node.op).ok_or(Error::UnboundLeaf { node: id.0, op: node.op.name() })?)
+                    let backend = schedule.assigned[id.index()].backend;
+                    Some(leaf(&node.op, backend).ok_or(Error::UnboundLeaf { node: id.0, op: node.op.name() })?)
                 }
                 _ => None,
             };

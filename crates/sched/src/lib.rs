@@ -12,5 +12,5 @@ mod virtual_backend;
 pub use assign::{assign, split, Assigned, Copy, NodeReason, Split};
 pub use exec::{Backends, Error, Schedule};
 pub use memory::{plan_memory, MemoryPlan, ARENA_ALIGN};
-pub use placement::{layer_of, Override, Placement, PlacementRules, RuleError, WeightPlace, WeightReason};
+pub use placement::{layer_of, HeadCopy, Override, Placement, PlacementRules, RuleError, WeightPlace, WeightReason};
 pub use virtual_backend::{Supports, VirtualBackend};

@@ -120,6 +120,16 @@ pub struct WeightPlace {
     pub reason: WeightReason,
 }
 
+/// A second, device-resident copy of a tied head (`token_embd` read by the
+/// output matmul): the embedding lookup stays where `token_embd` lives, and
+/// the head's matmul runs beside the offloaded output layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeadCopy {
+    /// Index of `token_embd` in the weight table.
+    pub weight: usize,
+    pub backend: BackendId,
+}
+
 /// The placement of every weight, plus the home of each layer's KV cache.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Placement {
@@ -127,19 +137,21 @@ pub struct Placement {
     pub weights: Vec<WeightPlace>,
     /// Backend holding each layer's KV cache.
     pub kv_homes: Vec<BackendId>,
+    pub head_copy: Option<HeadCopy>,
 }
 
 impl Placement {
     /// Places weights by name under `rules`: `-ot` rules first, then `-ngl`,
     /// else the host. Each offloaded layer keeps its KV cache on the GPU.
-    /// With a tied head (no `output.weight`), offloading the output layer
-    /// offloads `token_embd` too, so the head's matmul runs on the GPU.
+    /// With a tied head (no `output.weight`), `token_embd` stays put for the
+    /// row lookup, and when the output layer (`output_norm`) lives elsewhere
+    /// the head gets a copy of it there ([`HeadCopy`]).
     pub fn new<'a>(names: impl IntoIterator<Item = &'a str>, n_layer: usize, rules: &PlacementRules) -> Placement {
         let names: Vec<&str> = names.into_iter().collect();
         let first_gpu = rules.first_gpu_layer(n_layer);
         let output_on_gpu = rules.gpu.is_some() && rules.n_gpu_layers > n_layer;
         let tied = !names.iter().any(|n| n.starts_with("output."));
-        let weights = names
+        let weights: Vec<WeightPlace> = names
             .iter()
             .map(|&name| {
                 let hit = rules.overrides.iter().find(|o| o.pattern.is_match(name));
@@ -147,9 +159,7 @@ impl Placement {
                     Some(l) if l >= first_gpu => {
                         Some((gpu, WeightReason::GpuLayers { n_gpu_layers: rules.n_gpu_layers }))
                     }
-                    None if output_on_gpu && (is_output(name) || (tied && name.starts_with("token_embd."))) => {
-                        Some((gpu, WeightReason::OutputLayer))
-                    }
+                    None if output_on_gpu && is_output(name) => Some((gpu, WeightReason::OutputLayer)),
                     _ => None,
                 };
                 let (backend, reason) = match (hit, rules.gpu.and_then(by_layers)) {
@@ -166,7 +176,13 @@ impl Placement {
                 _ => BackendId::CPU,
             })
             .collect();
-        Placement { weights, kv_homes }
+        let backend_of =
+            |n: &str| weights.iter().position(|w: &WeightPlace| w.name.starts_with(n)).map(|i| (i, weights[i].backend));
+        let head_copy = match (tied, backend_of("token_embd."), backend_of("output_norm.")) {
+            (true, Some((weight, embd)), Some((_, head))) if embd != head => Some(HeadCopy { weight, backend: head }),
+            _ => None,
+        };
+        Placement { weights, kv_homes, head_copy }
     }
 
     /// All backends that hold something.
@@ -186,7 +202,7 @@ mod tests {
 
     fn rules(specs: &[&str]) -> Result<PlacementRules, RuleError> {
         let v: Vec<String> = specs.iter().map(|s| s.to_string()).collect();
-        PlacementRules::parse_overrides(&v, &[BackendId::CPU, BackendId::cpu(1)])
+        PlacementRules::parse_overrides(&v, &[BackendId::CPU, BackendId::cpu(1), BackendId::cuda(0)])
     }
 
     #[test]
@@ -212,14 +228,17 @@ mod tests {
         assert_eq!(on(&place(1)), ["CPU", "CPU", "CUDA0", "CPU"]);
         assert_eq!(place(1).kv_homes, [BackendId::CPU, gpu]);
         assert_eq!(on(&place(2)), ["CPU", "CUDA0", "CUDA0", "CPU"]);
-        // Past the layer count the output layer follows; the head is tied, so token_embd too.
-        assert_eq!(on(&place(3)), ["CUDA0", "CUDA0", "CUDA0", "CUDA0"]);
-        assert_eq!(place(3).weights[0].reason, WeightReason::OutputLayer);
+        // Past the layer count the output layer follows; the tied token_embd
+        // stays for the lookup and the head gets a copy on the GPU.
+        assert_eq!(on(&place(3)), ["CPU", "CUDA0", "CUDA0", "CUDA0"]);
+        assert_eq!(place(3).head_copy, Some(HeadCopy { weight: 0, backend: gpu }));
+        assert_eq!(place(2).head_copy, None);
         // -ot wins over -ngl.
-        let mut r = rules(&["ffn_up=CPU"]).unwrap().with_gpu_layers(99, gpu);
-        r.gpu = Some(gpu);
+        let mut r = rules(&["ffn_up=CPU", "token_embd=CUDA0"]).unwrap();
+        r = r.with_gpu_layers(99, gpu);
         let p = Placement::new(names, 2, &r);
         assert_eq!(on(&p), ["CUDA0", "CPU", "CPU", "CUDA0"]);
+        assert_eq!(p.head_copy, None, "token_embd is on the GPU already");
         assert_eq!(layer_of("blk.12.attn_q.weight"), Some(12));
         assert_eq!(layer_of("token_embd.weight"), None);
     }
@@ -252,7 +271,8 @@ mod tests {
         assert_eq!(on_gpu(&place(15)), 15 * 11);
         assert!(place(15).weights.iter().filter(|w| w.backend == gpu).all(|w| layer_of(&w.name).unwrap() >= 15));
         assert_eq!(on_gpu(&place(30)), 30 * 11, "all layers, not the output layer");
-        assert_eq!(on_gpu(&place(31)), 30 * 11 + 2, "past the layer count: output_norm and the tied token_embd");
+        assert_eq!(on_gpu(&place(31)), 30 * 11 + 1, "past the layer count: output_norm");
+        assert_eq!(place(31).head_copy, Some(HeadCopy { weight: 0, backend: gpu }), "and a copy of the tied head");
         assert_eq!(place(15).kv_homes.iter().filter(|h| **h == gpu).count(), 15);
     }
 
@@ -260,8 +280,8 @@ mod tests {
     fn bad_rules_are_clear_errors() {
         assert!(matches!(rules(&["ffn("]), Err(RuleError::Syntax { .. })));
         assert!(matches!(rules(&["ffn(=CPU"]), Err(RuleError::Regex { .. })));
-        match rules(&["ffn=CUDA0"]) {
-            Err(RuleError::UnknownBackend { valid, .. }) => assert_eq!(valid, "CPU, CPU1"),
+        match rules(&["ffn=CUDA1"]) {
+            Err(RuleError::UnknownBackend { valid, .. }) => assert_eq!(valid, "CPU, CPU1, CUDA0"),
             other => panic!("{other:?}"),
         }
     }
