@@ -57,6 +57,9 @@ pub struct Args {
     /// Layers offloaded to the GPU (`-ngl`; comma list) [default: 0].
     #[arg(long = "n-gpu-layers", value_name = "N,...")]
     pub n_gpu_layers: Vec<String>,
+    /// Pin tensors to a backend (`-ot REGEX=BACKEND`; repeatable, comma lists allowed).
+    #[arg(long = "override-tensor", value_name = "REGEX=BACKEND")]
+    pub override_tensor: Vec<String>,
     /// Flash attention (`-fa`): accepted for llama-bench compatibility; tern's
     /// attention is always the fused flash-style kernel.
     #[arg(long = "flash-attn", value_name = "0|1")]
@@ -211,6 +214,7 @@ pub struct Instance {
     pub type_v: String,
     pub threads: usize,
     pub ngl: usize,
+    pub overrides: Vec<String>,
 }
 
 impl Instance {
@@ -225,6 +229,7 @@ impl Instance {
             v_type,
             n_batch: self.n_ubatch,
             n_gpu_layers: self.ngl,
+            overrides: self.overrides.clone(),
             ..LoadOptions::default()
         };
         let path = &models[self.model].path;
@@ -284,7 +289,8 @@ fn plan(a: &Args) -> Result<Plan, CliError> {
                         // As in llama.cpp, a micro-batch never exceeds the batch.
                         let n_ubatch = ub.min(n_batch);
                         let (type_k, type_v) = (type_k.clone(), type_v.clone());
-                        let inst = Instance { model, n_batch, n_ubatch, type_k, type_v, threads: t, ngl };
+                        let overrides = a.override_tensor.clone();
+                        let inst = Instance { model, n_batch, n_ubatch, type_k, type_v, threads: t, ngl, overrides };
                         if !instances.contains(&inst) {
                             instances.push(inst);
                         }
