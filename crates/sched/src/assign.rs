@@ -6,7 +6,10 @@
 //!    inputs on the host);
 //! 2. an op that writes a cache runs where the cache lives;
 //! 3. an op that reads a weight runs where the weight lives;
-//! 4. any other op follows its first computed input.
+//! 4. any other op follows a computed input: one on a device if there is one
+//!    (so the residual stream stays on the GPU once a layer's output is there,
+//!    instead of bouncing back to where the embedding was looked up), else
+//!    the first.
 //!
 //! A backend that cannot run the chosen op hands it to the host.
 
@@ -82,8 +85,9 @@ pub fn assign(graph: &Graph, placement: &Placement, backends: &[&dyn Backend]) -
             _ => match node.srcs.iter().position(|s| matches!(graph.node(*s).op, Op::Weight(_))) {
                 Some(w) => on(src_backend(w), NodeReason::WeightLives),
                 None => {
-                    let first = node.srcs.iter().position(|s| !graph.node(*s).op.is_leaf()).unwrap_or(0);
-                    on(src_backend(first), NodeReason::InputLives)
+                    let computed = || (0..node.srcs.len()).filter(|&i| !graph.node(node.srcs[i]).op.is_leaf());
+                    let pick = computed().find(|&i| !src_backend(i).is_host()).or_else(|| computed().next()).unwrap_or(0);
+                    on(src_backend(pick), NodeReason::InputLives)
                 }
             },
         };
