@@ -67,6 +67,18 @@ fn gpu_layers_take_the_last_layers_then_the_output() {
     assert_eq!(p.schedule.assigned[head_w.index()].reason, NodeReason::HeadCopy);
     let lookup = g.nodes.iter().position(|n| matches!(n.op, tern_graph::Op::GetRows)).unwrap();
     assert_eq!(p.schedule.assigned[lookup].backend, BackendId::CPU);
+    // A prompt-sized lookup reads the device copy as well (batch ≥ 32).
+    let kv = tern_models::KvSpec { k_type: tern_gguf::GgmlType::F16, v_type: tern_gguf::GgmlType::F16, n_ctx: 256 };
+    let big = p.model.build_graph(&tern_models::Batch { n_tokens: 64, kv_pos: 0, n_outputs: 1 }, &kv);
+    let backends = tern_sched::Backends::new(vec![
+        Box::new(tern_cpu::CpuBackend::new(BackendId::CPU, 1)),
+        Box::new(tern_sched::VirtualBackend::new(BackendId::cuda(0), tern_cuda::supports)),
+    ]);
+    let s = tern_sched::Schedule::new(&big.graph, &p.placement, &backends);
+    let lookup = big.graph.nodes.iter().position(|n| matches!(n.op, tern_graph::Op::GetRows)).unwrap();
+    assert_eq!(s.assigned[lookup].backend, BackendId::cuda(0));
+    let table = big.graph.nodes[lookup].srcs[0];
+    assert_eq!(s.assigned[table.index()].reason, NodeReason::HeadCopyBatch);
     // The copy is counted in the GPU's memory.
     let with_copy = p.memory.iter().find(|m| m.backend == BackendId::cuda(0)).unwrap().weights;
     let without =

@@ -38,7 +38,14 @@ pub enum NodeReason {
     Fallback,
     /// The tied head's matmul reads a device copy of `token_embd`.
     HeadCopy,
+    /// A lookup of at least [`OFFLOAD_MIN_BATCH`] rows reads the device copy
+    /// too, rather than copying the looked-up rows over.
+    HeadCopyBatch,
 }
+
+/// Batch size from which work on a host-resident weight is worth doing on
+/// the device (llama.cpp's default offload rule).
+pub const OFFLOAD_MIN_BATCH: usize = 32;
 
 impl fmt::Display for NodeReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -51,6 +58,7 @@ impl fmt::Display for NodeReason {
             NodeReason::InputLives => "input lives here",
             NodeReason::Fallback => "unsupported there, host fallback",
             NodeReason::HeadCopy => "device copy of the tied head",
+            NodeReason::HeadCopyBatch => "device copy of the tied head, batch >= 32",
         })
     }
 }
@@ -63,11 +71,15 @@ pub struct Assigned {
 
 /// Assigns every node of `graph`. `backends` answers `supports`.
 pub fn assign(graph: &Graph, placement: &Placement, backends: &[&dyn Backend]) -> Vec<Assigned> {
-    // Weight leaves a matmul reads (the head's use of a tied token_embd).
+    // Weight leaves a matmul reads (the head's use of a tied token_embd), and
+    // those a large lookup reads.
     let mut read_by_matmul = vec![false; graph.nodes.len()];
+    let mut big_lookup = vec![false; graph.nodes.len()];
     for n in &graph.nodes {
-        if let (Op::MulMat { .. }, Some(w)) = (&n.op, n.srcs.first()) {
-            read_by_matmul[w.index()] = true;
+        match (&n.op, n.srcs.first()) {
+            (Op::MulMat { .. }, Some(w)) => read_by_matmul[w.index()] = true,
+            (Op::GetRows, Some(w)) if n.ne[1] >= OFFLOAD_MIN_BATCH => big_lookup[w.index()] = true,
+            _ => {}
         }
     }
     let mut out: Vec<Assigned> = Vec::with_capacity(graph.nodes.len());
@@ -77,6 +89,7 @@ pub fn assign(graph: &Graph, placement: &Placement, backends: &[&dyn Backend]) -
         let a = match &node.op {
             Op::Weight(i) => match placement.head_copy {
                 Some(c) if c.weight == *i && read_by_matmul[id] => on(c.backend, NodeReason::HeadCopy),
+                Some(c) if c.weight == *i && big_lookup[id] => on(c.backend, NodeReason::HeadCopyBatch),
                 _ => on(placement.weights[*i].backend, NodeReason::Weight),
             },
             Op::KvCache { layer, .. } => on(placement.kv_homes[*layer], NodeReason::Cache),
@@ -86,7 +99,8 @@ pub fn assign(graph: &Graph, placement: &Placement, backends: &[&dyn Backend]) -
                 Some(w) => on(src_backend(w), NodeReason::WeightLives),
                 None => {
                     let computed = || (0..node.srcs.len()).filter(|&i| !graph.node(node.srcs[i]).op.is_leaf());
-                    let pick = computed().find(|&i| !src_backend(i).is_host()).or_else(|| computed().next()).unwrap_or(0);
+                    let pick =
+                        computed().find(|&i| !src_backend(i).is_host()).or_else(|| computed().next()).unwrap_or(0);
                     on(src_backend(pick), NodeReason::InputLives)
                 }
             },
