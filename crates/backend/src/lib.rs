@@ -5,6 +5,7 @@
 //! nodes and where every tensor lives (a [`TensorLoc`] in some buffer); the
 //! backend only allocates, moves bytes, and computes the nodes it is handed.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::ops::Range;
 use std::str::FromStr;
@@ -132,6 +133,27 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// Time a backend spent computing, by op and by labelled matmul (`--profile`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OpProfile {
+    /// Per op (or kernel) name: (nanoseconds, count).
+    pub by_op: BTreeMap<String, (u64, u64)>,
+    /// Per matmul, by the weight it reads: (nanoseconds, count).
+    pub by_label: BTreeMap<String, (u64, u64)>,
+}
+
+impl OpProfile {
+    pub fn add(map: &mut BTreeMap<String, (u64, u64)>, key: &str, ns: u64) {
+        let e = map.entry(key.to_string()).or_default();
+        e.0 += ns;
+        e.1 += 1;
+    }
+
+    pub fn total_ns(&self) -> u64 {
+        self.by_op.values().map(|v| v.0).sum()
+    }
+}
+
 /// A compute device. Kept deliberately small: what a device can run, how its
 /// memory is filled and read, and running a list of nodes.
 pub trait Backend: Send {
@@ -158,6 +180,15 @@ pub trait Backend: Send {
     /// for this call: every source and destination of `nodes` is present, and
     /// sources computed elsewhere already point at copies in this backend.
     fn compute(&mut self, graph: &Graph, nodes: &[NodeId], locs: &[Option<TensorLoc>]) -> Result<()>;
+
+    /// Starts (or stops) recording per-op times. A device that runs
+    /// asynchronously may synchronise after every op while it records.
+    fn set_profiling(&mut self, _on: bool) {}
+
+    /// The times recorded since the last call.
+    fn take_profile(&mut self) -> OpProfile {
+        OpProfile::default()
+    }
 }
 
 #[cfg(test)]

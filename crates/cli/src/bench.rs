@@ -79,6 +79,9 @@ pub struct Args {
     /// Context of --sweep [default: 4096].
     #[arg(short = 'c', long = "ctx-size", value_name = "N")]
     pub ctx_size: Option<String>,
+    /// Print where each test's time went (by backend, op and matmul; copies, sync).
+    #[arg(long = "profile")]
+    pub profile: bool,
     /// Measure the machine's memory read bandwidth (1 thread and -t threads) instead.
     #[arg(long = "mem-bw")]
     pub mem_bw: bool,
@@ -244,6 +247,7 @@ pub struct Plan {
     pub threads: Vec<usize>,
     pub format: Format,
     pub warmup: bool,
+    pub profile: bool,
 }
 
 fn plan(a: &Args) -> Result<Plan, CliError> {
@@ -299,7 +303,7 @@ fn plan(a: &Args) -> Result<Plan, CliError> {
             }
         }
     }
-    Ok(Plan { models, instances, threads, format, warmup: !a.no_warmup })
+    Ok(Plan { models, instances, threads, format, warmup: !a.no_warmup, profile: a.profile })
 }
 
 /// A pp, tg or pp+tg test.
@@ -443,8 +447,15 @@ fn run_tests(plan: &Plan, tests: &[Test], reps: usize) -> Result<(), CliError> {
             }
             let test_time = utc_now();
             let mut samples_ns = Vec::with_capacity(reps);
+            // The timed runs are profiled on their own; the numbers in the table include that cost.
+            session.set_profiling(plan.profile);
             for _ in 0..reps {
                 samples_ns.push(test.run(&mut session, &prompt, tok, inst.n_batch)?);
+            }
+            if plan.profile {
+                eprintln!("\n{} {}:", plan.models[inst.model].desc, test.name());
+                crate::profile::print(&session.take_profile());
+                session.set_profiling(false);
             }
             let n_tok = (test.n_prompt + test.n_gen) as f64;
             let ns: Vec<f64> = samples_ns.iter().map(|&s| s as f64).collect();

@@ -9,6 +9,7 @@ mod info;
 mod info_plan;
 mod json;
 mod perplexity;
+mod profile;
 
 mod quantize;
 mod run;

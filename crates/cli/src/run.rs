@@ -139,6 +139,9 @@ pub struct Args {
     /// Tokens to generate.
     #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
     pub n_predict: usize,
+    /// Print where the time went (by backend, op and matmul; copies, sync, graph building).
+    #[arg(long)]
+    pub profile: bool,
 }
 
 /// Prints the timing line every generating command ends with.
@@ -170,6 +173,7 @@ pub fn main(a: Args) -> Result<(), CliError> {
     }
     let mut decoder = tok.stream_decoder(false);
     let mut sampler = a.sampling.sampler();
+    session.set_profiling(a.profile);
     let mut out = std::io::stdout().lock();
     let _ = write!(out, "{}", a.prompt);
     let _ = out.flush();
@@ -180,5 +184,8 @@ pub fn main(a: Args) -> Result<(), CliError> {
     })?;
     let _ = writeln!(out, "{}", decoder.finish());
     print_timing(&stats);
+    if a.profile {
+        crate::profile::print(&session.take_profile());
+    }
     Ok(())
 }

@@ -175,3 +175,14 @@ fn run_is_reproducible_for_a_seed() {
     assert!(a.starts_with("And God said"));
     assert_ne!(a, c, "different seeds gave the same 12 sampled tokens");
 }
+
+#[test]
+fn profile_shows_where_the_time_went() {
+    let out =
+        tern(&["run", "-m", &model("b158-e512-tq2_0.gguf"), "-p", "hello", "-n", "6", "--seed", "1", "--profile"]);
+    ok(&out);
+    let err = String::from_utf8_lossy(&out.stderr);
+    for what in ["profile:", "graph build", "copies", "CPU compute", "sync + readback", "mul_mat", "slowest matmuls"] {
+        assert!(err.contains(what), "{what} missing:\n{err}");
+    }
+}

@@ -8,7 +8,9 @@ pub mod kernels;
 mod ops;
 pub mod pool;
 
-use tern_backend::{Backend, BackendId, BufferId, Error, HostBytes, LoadedWeight, Result, TensorLoc, WeightDesc};
+use tern_backend::{
+    Backend, BackendId, BufferId, Error, HostBytes, LoadedWeight, OpProfile, Result, TensorLoc, WeightDesc,
+};
 use tern_graph::{DType, Graph, Node, NodeId, Op};
 use tern_quant::ternary::rows::Packing;
 use tern_quant::GgmlType;
@@ -23,13 +25,14 @@ pub struct CpuBackend {
     pool: Pool,
     isa: Isa,
     buffers: Buffers,
+    profile: Option<OpProfile>,
 }
 
 impl CpuBackend {
     /// A CPU backend named `id` (`CPU`, `CPU1`, ...) computing on `n_threads`
     /// threads with the best kernels the processor has (see `isa::active`).
     pub fn new(id: BackendId, n_threads: usize) -> CpuBackend {
-        CpuBackend { id, pool: Pool::new(n_threads), isa: isa::active(), buffers: Buffers::default() }
+        CpuBackend { id, pool: Pool::new(n_threads), isa: isa::active(), buffers: Buffers::default(), profile: None }
     }
 
     pub fn isa(&self) -> Isa {
@@ -114,12 +117,29 @@ impl Backend for CpuBackend {
             };
             let dst = view(id)?;
             let srcs = node.srcs.iter().map(|&s| view(s)).collect::<Result<Vec<_>>>()?;
+            let start = self.profile.as_ref().map(|_| std::time::Instant::now());
             // SAFETY: the memory plan gives every live tensor its own bytes, so
             // `dst` never overlaps a source it reads, and mmapped weights are
             // only read. Caches are written only by the attention op of their layer.
             unsafe { ops::run(node, dst, &srcs, &cx) }
+            if let (Some(p), Some(t)) = (self.profile.as_mut(), start) {
+                let ns = t.elapsed().as_nanos() as u64;
+                OpProfile::add(&mut p.by_op, node.op.name(), ns);
+                if let (Op::MulMat { .. }, Some(w)) = (&node.op, node.srcs.first()) {
+                    let label = graph.node(*w).label.as_deref().unwrap_or("?");
+                    OpProfile::add(&mut p.by_label, label.trim_end_matches(".weight"), ns);
+                }
+            }
         }
         Ok(())
+    }
+
+    fn set_profiling(&mut self, on: bool) {
+        self.profile = on.then(OpProfile::default);
+    }
+
+    fn take_profile(&mut self) -> OpProfile {
+        self.profile.as_mut().map(std::mem::take).unwrap_or_default()
     }
 }
 

@@ -24,7 +24,9 @@ pub mod qlayout;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 
-use tern_backend::{Backend, BackendId, BufferId, Error, HostBytes, LoadedWeight, Result, TensorLoc, WeightDesc};
+use tern_backend::{
+    Backend, BackendId, BufferId, Error, HostBytes, LoadedWeight, OpProfile, Result, TensorLoc, WeightDesc,
+};
 use tern_graph::{DType, Graph, Node, NodeId, Op};
 use tern_quant::GgmlType;
 
@@ -315,7 +317,7 @@ impl Drop for CudaBackend {
                 self.id, s.computes, s.launches, s.last_launches, s.captures, s.replays
             );
         }
-        if let Some(p) = &self.profile {
+        if let Some(p) = self.profile.as_ref().filter(|_| env_flag("TERN_CUDA_PROFILE", false)) {
             let n = p.computes.max(1) as f64;
             eprintln!(
                 "{} profile: {} computes, GPU {:.3} ms and host (lowering) {:.3} ms per compute",
@@ -399,6 +401,22 @@ impl Backend for CudaBackend {
 
     fn supports(&self, node: &Node, srcs: &[&Node]) -> bool {
         supports(node, srcs)
+    }
+
+    fn set_profiling(&mut self, on: bool) {
+        self.profile = on.then(Profile::default);
+    }
+
+    /// Kernel times by kernel (matmuls are fused per layer here, so there is no
+    /// per-weight breakdown).
+    fn take_profile(&mut self) -> OpProfile {
+        let mut out = OpProfile::default();
+        if let Some(p) = self.profile.as_mut() {
+            for (k, (ms, count)) in p.per_kernel.drain() {
+                out.by_op.insert(format!("{k:?}"), ((ms * 1e6) as u64, count));
+            }
+        }
+        out
     }
 
     fn alloc(&mut self, bytes: usize) -> Result<BufferId> {

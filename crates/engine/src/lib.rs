@@ -12,4 +12,4 @@ mod session;
 pub use error::{Error, Result};
 pub use generate::{generate, GenStats};
 pub use kv::parse_kv_type;
-pub use session::{LoadOptions, Logits, Session};
+pub use session::{LoadOptions, Logits, Profile, Session};

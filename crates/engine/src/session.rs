@@ -90,6 +90,26 @@ pub struct Session {
     /// cache position only through the attention parameters, which are
     /// patched per step, so decoding builds its graph once.
     plans: std::collections::HashMap<(usize, usize), (Built, Schedule)>,
+    profile: Option<StepProfile>,
+}
+
+/// Where evaluation time went since profiling started (`--profile`).
+#[derive(Clone, Debug, Default)]
+pub struct Profile {
+    pub evals: u64,
+    /// Wall time of the evaluation steps.
+    pub total_ns: u64,
+    /// Building graphs and schedules (once per batch shape).
+    pub graph_ns: u64,
+    pub run: tern_sched::RunProfile,
+    pub backends: Vec<(BackendId, tern_backend::OpProfile)>,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct StepProfile {
+    evals: u64,
+    total_ns: u64,
+    graph_ns: u64,
 }
 
 impl Session {
@@ -182,6 +202,7 @@ impl Session {
             tokenizer,
             notices,
             plans: std::collections::HashMap::new(),
+            profile: None,
         })
     }
 
@@ -227,6 +248,19 @@ impl Session {
         kinds.join(",")
     }
 
+    /// Starts or stops recording where evaluation time goes.
+    pub fn set_profiling(&mut self, on: bool) {
+        self.profile = on.then(StepProfile::default);
+        self.backends.set_profiling(on);
+    }
+
+    /// The times recorded since the last call.
+    pub fn take_profile(&mut self) -> Profile {
+        let step = self.profile.as_mut().map(std::mem::take).unwrap_or_default();
+        let (run, backends) = self.backends.take_profile();
+        Profile { evals: step.evals, total_ns: step.total_ns, graph_ns: step.graph_ns, run, backends }
+    }
+
     pub fn kv_bytes(&self) -> usize {
         self.kv.bytes()
     }
@@ -267,6 +301,7 @@ impl Session {
     }
 
     fn eval_chunk(&mut self, tokens: &[u32], rows: &[i32]) -> Result<Vec<f32>> {
+        let start = std::time::Instant::now();
         let key = (tokens.len(), rows.len());
         if !self.plans.contains_key(&key) {
             if self.plans.len() >= 16 {
@@ -274,6 +309,9 @@ impl Session {
             }
             let plan = self.plan(tokens.len(), rows.len());
             self.plans.insert(key, plan);
+            if let Some(p) = self.profile.as_mut() {
+                p.graph_ns += start.elapsed().as_nanos() as u64;
+            }
         }
         let (built, schedule) = self.plans.get_mut(&key).expect("inserted above");
         for node in &mut built.graph.nodes {
@@ -305,6 +343,10 @@ impl Session {
         };
         let out = backends.run(&built.graph, schedule, &leaf, &inputs)?;
         self.pos += tokens.len();
+        if let Some(p) = self.profile.as_mut() {
+            p.evals += 1;
+            p.total_ns += start.elapsed().as_nanos() as u64;
+        }
         Ok(out[0].chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
     }
 }

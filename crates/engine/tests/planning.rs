@@ -146,3 +146,23 @@ fn q8_caches_are_refused_on_the_gpu() {
     let e = plan_for(fixture("b158-e512-tq2_0.gguf"), &o, &parse_devices(GPU).unwrap()).err().unwrap().to_string();
     assert!(e.contains("f16 or f32"), "{e}");
 }
+
+/// A split run's profile: both backends compute, copies carry bytes, and the
+/// matmuls are named by their weights.
+#[test]
+fn profile_of_a_split_run() {
+    let mut o = opts(0, &["blk\\.1\\.=CPU1"]);
+    o.cpu_instances = 2;
+    let mut s = tern_engine::Session::load(fixture("b158-e512-tq2_0.gguf"), &o).unwrap();
+    s.set_profiling(true);
+    s.eval(&[510, 296, 387, 388], tern_engine::Logits::Last).unwrap();
+    s.eval(&[44], tern_engine::Logits::Last).unwrap();
+    let p = s.take_profile();
+    assert_eq!(p.evals, 2);
+    assert!(p.run.copy_bytes > 0 && p.run.compute_ns.len() == 2, "{:?}", p.run);
+    let cpu1 = &p.backends.iter().find(|(b, _)| *b == BackendId::cpu(1)).unwrap().1;
+    assert!(cpu1.by_label.keys().all(|k| k.starts_with("blk.1.")), "{:?}", cpu1.by_label.keys());
+    assert!(cpu1.by_op.contains_key("mul_mat"), "{:?}", cpu1.by_op.keys());
+    // Taking the profile starts a new one.
+    assert_eq!(s.take_profile().evals, 0);
+}

@@ -5,7 +5,9 @@
 
 use std::collections::BTreeMap;
 
-use tern_backend::{Backend, BackendId, BufferId, TensorLoc};
+use std::time::Instant;
+
+use tern_backend::{Backend, BackendId, BufferId, OpProfile, TensorLoc};
 use tern_graph::{Graph, NodeId, Op};
 
 use crate::assign::{assign, split, Assigned, Split};
@@ -51,11 +53,49 @@ impl Schedule {
 pub struct Backends {
     list: Vec<Box<dyn Backend>>,
     arenas: BTreeMap<BackendId, (BufferId, usize)>,
+    profile: Option<RunProfile>,
+}
+
+/// Where `run` spent its time (`--profile`). Compute on an asynchronous
+/// device is only the launching, unless the device records per-op times
+/// (it then waits for each op); its remaining time shows as readback.
+#[derive(Clone, Debug, Default)]
+pub struct RunProfile {
+    pub runs: u64,
+    /// Writing the step inputs.
+    pub input_ns: u64,
+    /// Copies between backends, and their bytes.
+    pub copy_ns: u64,
+    pub copy_bytes: u64,
+    /// `Backend::compute` per backend.
+    pub compute_ns: BTreeMap<BackendId, u64>,
+    /// Reading the outputs back, which waits for the devices.
+    pub readback_ns: u64,
 }
 
 impl Backends {
     pub fn new(list: Vec<Box<dyn Backend>>) -> Backends {
-        Backends { list, arenas: BTreeMap::new() }
+        Backends { list, arenas: BTreeMap::new(), profile: None }
+    }
+
+    /// Starts or stops recording times, here and in every backend.
+    pub fn set_profiling(&mut self, on: bool) {
+        self.profile = on.then(RunProfile::default);
+        for b in &mut self.list {
+            b.set_profiling(on);
+        }
+    }
+
+    /// The times recorded since the last call, with each backend's per-op times.
+    pub fn take_profile(&mut self) -> (RunProfile, Vec<(BackendId, OpProfile)>) {
+        let run = self.profile.as_mut().map(std::mem::take).unwrap_or_default();
+        (run, self.list.iter_mut().map(|b| (b.id(), b.take_profile())).collect())
+    }
+
+    fn book(&mut self, f: impl FnOnce(&mut RunProfile)) {
+        if let Some(p) = self.profile.as_mut() {
+            f(p);
+        }
     }
 
     pub fn ids(&self) -> Vec<BackendId> {
@@ -116,6 +156,7 @@ impl Backends {
                 _ => None,
             };
         }
+        let t = Instant::now();
         for &(id, bytes) in inputs {
             let loc = home[id.index()].ok_or(Error::UnboundLeaf { node: id.0, op: "input" })?;
             if bytes.len() != loc.nbytes {
@@ -123,10 +164,16 @@ impl Backends {
             }
             self.get_mut(schedule.assigned[id.index()].backend)?.write(loc, bytes)?;
         }
+        self.book(|p| {
+            p.runs += 1;
+            p.input_ns += t.elapsed().as_nanos() as u64;
+        });
 
         let mut staging = Vec::new();
         for (si, s) in schedule.splits.iter().enumerate() {
             let mut locs = home.clone();
+            let t = Instant::now();
+            let mut copied = 0;
             for (ci, c) in s.copies.iter().enumerate() {
                 let src = home[c.src.index()].ok_or(Error::UnboundLeaf { node: c.src.0, op: "copy source" })?;
                 let dst = TensorLoc {
@@ -138,9 +185,18 @@ impl Backends {
                 self.get(c.from)?.read(src, &mut staging)?;
                 self.get_mut(s.backend)?.write(dst, &staging)?;
                 locs[c.src.index()] = Some(dst);
+                copied += src.nbytes;
             }
+            let t_compute = Instant::now();
+            self.book(|p| {
+                p.copy_ns += (t_compute - t).as_nanos() as u64;
+                p.copy_bytes += copied as u64;
+            });
             self.get_mut(s.backend)?.compute(graph, &s.nodes, &locs)?;
+            let backend = s.backend;
+            self.book(|p| *p.compute_ns.entry(backend).or_default() += t_compute.elapsed().as_nanos() as u64);
         }
+        let t = Instant::now();
 
         let mut outputs = Vec::with_capacity(graph.outputs.len());
         for &o in &graph.outputs {
@@ -149,6 +205,7 @@ impl Backends {
             self.get(schedule.assigned[o.index()].backend)?.read(loc, &mut bytes)?;
             outputs.push(bytes);
         }
+        self.book(|p| p.readback_ns += t.elapsed().as_nanos() as u64);
         Ok(outputs)
     }
 }

@@ -10,7 +10,7 @@ mod placement;
 mod virtual_backend;
 
 pub use assign::{assign, split, Assigned, Copy, NodeReason, Split, OFFLOAD_MIN_BATCH};
-pub use exec::{Backends, Error, Schedule};
+pub use exec::{Backends, Error, RunProfile, Schedule};
 pub use memory::{plan_memory, MemoryPlan, ARENA_ALIGN};
 pub use placement::{layer_of, HeadCopy, Override, Placement, PlacementRules, RuleError, WeightPlace, WeightReason};
 pub use virtual_backend::{Supports, VirtualBackend};
