@@ -423,10 +423,11 @@ fn run_tests(plan: &Plan, tests: &[Test], reps: usize) -> Result<(), CliError> {
     cols.push(Col::new("test", 15, false));
     cols.push(Col::new("t/s", 20, false));
     let mut json_out = None;
-    match plan.format {
-        Format::Md => emit(&md_header(&cols)),
-        Format::Csv => {} // its header comes with the first row's field names
-        Format::Json => json_out = Some(JsonArray::start()),
+    // The markdown header waits for the first model to load, so a bad flag
+    // gives one error line and no half table.
+    let mut md_started = false;
+    if let Format::Json = plan.format {
+        json_out = Some(JsonArray::start());
     }
     let mut csv_rows = 0;
     let cpu = cpu_info();
@@ -486,6 +487,9 @@ fn run_tests(plan: &Plan, tests: &[Test], reps: usize) -> Result<(), CliError> {
             ];
             match plan.format {
                 Format::Md => {
+                    if !std::mem::replace(&mut md_started, true) {
+                        emit(&md_header(&cols));
+                    }
                     let mut cells = vec![
                         m.desc.clone(),
                         fmt_size(m.size),
