@@ -10,6 +10,9 @@
 
 use std::path::{Path, PathBuf};
 
+mod common;
+
+use common::distance;
 use tern_engine::{npy, LoadOptions, Logits, Session};
 use tern_gguf::GgmlType;
 
@@ -43,39 +46,6 @@ fn manifest() -> Vec<Row> {
 
 fn load_npy(path: &Path) -> (Vec<usize>, Vec<f32>) {
     npy::read_f32(path).unwrap_or_else(|e| panic!("fixture: {e}"))
-}
-
-fn log_softmax(row: &[f32]) -> Vec<f64> {
-    let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
-    let lse = row.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln() + max;
-    row.iter().map(|&v| v as f64 - lse).collect()
-}
-
-fn argmax(row: &[f32]) -> usize {
-    (0..row.len()).fold(0, |b, i| if row[i] > row[b] { i } else { b })
-}
-
-#[derive(Debug)]
-struct Distance {
-    mean_kl: f64,
-    max_abs: f64,
-    top1: f64,
-}
-
-/// KL(reference ‖ ours), max |Δ| and top-1 agreement over rows of `n_vocab`.
-fn distance(reference: &[f32], ours: &[f32], n_vocab: usize) -> Distance {
-    assert_eq!(reference.len(), ours.len());
-    let rows = reference.len() / n_vocab;
-    let (mut kl, mut max_abs, mut same) = (0.0, 0.0f64, 0);
-    for (p, q) in reference.chunks_exact(n_vocab).zip(ours.chunks_exact(n_vocab)) {
-        let (lp, lq) = (log_softmax(p), log_softmax(q));
-        kl += lp.iter().zip(&lq).map(|(a, b)| a.exp() * (a - b)).sum::<f64>();
-        for (a, b) in p.iter().zip(q) {
-            max_abs = max_abs.max((*a as f64 - *b as f64).abs());
-        }
-        same += (argmax(p) == argmax(q)) as usize;
-    }
-    Distance { mean_kl: kl / rows as f64, max_abs, top1: same as f64 / rows as f64 }
 }
 
 fn eval(model: &Path, ids: &[u32], opts: &LoadOptions) -> Vec<f32> {

@@ -16,6 +16,9 @@
 
 use std::path::{Path, PathBuf};
 
+mod common;
+
+use common::argmax;
 use tern_engine::{npy, LoadOptions, Logits, Session};
 use tern_gguf::GgmlType;
 
@@ -47,29 +50,10 @@ fn opts(ngl: usize) -> LoadOptions {
     }
 }
 
-fn log_softmax(row: &[f32]) -> Vec<f64> {
-    let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
-    let lse = row.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln() + max;
-    row.iter().map(|&v| v as f64 - lse).collect()
-}
-
-fn argmax(row: &[f32]) -> usize {
-    (0..row.len()).fold(0, |b, i| if row[i] > row[b] { i } else { b })
-}
-
 /// (mean KL, max |Δ|, top-1 agreement).
 fn distance(a: &[f32], b: &[f32], n_vocab: usize) -> (f64, f64, f64) {
-    let rows = a.len() / n_vocab;
-    let (mut kl, mut max_abs, mut same) = (0.0, 0.0f64, 0);
-    for (p, q) in a.chunks_exact(n_vocab).zip(b.chunks_exact(n_vocab)) {
-        let (lp, lq) = (log_softmax(p), log_softmax(q));
-        kl += lp.iter().zip(&lq).map(|(x, y)| x.exp() * (x - y)).sum::<f64>();
-        for (x, y) in p.iter().zip(q) {
-            max_abs = max_abs.max((*x as f64 - *y as f64).abs());
-        }
-        same += (argmax(p) == argmax(q)) as usize;
-    }
-    (kl / rows as f64, max_abs, same as f64 / rows as f64)
+    let d = common::distance(a, b, n_vocab);
+    (d.mean_kl, d.max_abs, d.top1)
 }
 
 fn greedy(model: &Path, prompt: &[u32], n: usize, ngl: usize) -> Vec<u32> {
