@@ -18,6 +18,8 @@ pub mod kernels;
 pub mod launch;
 pub mod layout;
 mod lower;
+#[cfg(test)]
+mod lower_tests;
 pub mod nvrtc;
 pub mod qlayout;
 

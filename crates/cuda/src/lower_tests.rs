@@ -1,0 +1,179 @@
+//! The lowering's fusions, checked on the host: a BitNet layer becomes the
+//! launch sequence the kernels expect, and overlapping tensors turn a fusion
+//! off. No GPU is needed (the pointers are never dereferenced).
+
+use tern_backend::TensorLoc;
+use tern_graph::{Activation, AttentionParams, Graph, InputKind, KvKind, NodeId, Op, Precision, RopeMode, RopeParams};
+use tern_quant::GgmlType;
+
+use crate::kernels::Kernel;
+use crate::launch::Arg;
+use crate::lower::{lower, Scratch};
+use crate::{Buffers, DevBuf, TernaryShape, Weight};
+
+const E: usize = 256; // n_embd
+const F: usize = 512; // n_ff
+const HD: usize = 64;
+
+struct Layer {
+    g: Graph,
+    x: NodeId,
+    norm_out: NodeId,
+}
+
+/// One BitNet block (attention with sub-norm, relu² FFN with sub-norm).
+fn layer(n: usize) -> Layer {
+    let mut g = Graph::new();
+    let w = |g: &mut Graph, i, name: &str, ty, k, rows| g.weight(i, name, ty, [k, rows, 1, 1]);
+    let x = w(&mut g, 0, "x", GgmlType::F32, E, n);
+    let pos = g.input(InputKind::Positions, n);
+    let (wn, wsub, wn2, wfs) = (
+        w(&mut g, 1, "attn_norm", GgmlType::F32, E, 1),
+        w(&mut g, 2, "attn_sub_norm", GgmlType::F32, E, 1),
+        w(&mut g, 3, "ffn_norm", GgmlType::F32, E, 1),
+        w(&mut g, 4, "ffn_sub_norm", GgmlType::F32, F, 1),
+    );
+    let t = GgmlType::TQ2_0;
+    let (wq, wk, wv, wo) = (
+        w(&mut g, 5, "q", t, E, E),
+        w(&mut g, 6, "k", t, E, 128),
+        w(&mut g, 7, "v", t, E, 128),
+        w(&mut g, 8, "o", t, E, E),
+    );
+    let (wg, wu, wd) = (w(&mut g, 9, "gate", t, E, F), w(&mut g, 10, "up", t, E, F), w(&mut g, 11, "down", t, F, E));
+    let kc = g.kv_cache(0, KvKind::K, GgmlType::F16, [128, 256, 1, 1]);
+    let vc = g.kv_cache(0, KvKind::V, GgmlType::F16, [128, 256, 1, 1]);
+    let p = Precision::Paired;
+    let n1 = g.rms_norm(x, 1e-5);
+    let h = g.mul(n1, wn);
+    let (q, k, v) = (g.mul_mat(wq, h, p), g.mul_mat(wk, h, p), g.mul_mat(wv, h, p));
+    let r = RopeParams { mode: RopeMode::Neox, n_rot: HD, head_dim: HD, freq_base: 1e4, freq_scale: 1.0 };
+    let (qr, kr) = (g.rope(q, pos, None, r), g.rope(k, pos, None, r));
+    let ap = AttentionParams { layer: 0, n_head: 4, n_head_kv: 2, head_dim: HD, scale: 0.125, kv_pos: 0 };
+    let a = g.attention(qr, kr, v, kc, vc, pos, ap);
+    let s = g.rms_norm(a, 1e-5);
+    let s = g.mul(s, wsub);
+    let o = g.mul_mat(wo, s, p);
+    let res = g.add(x, o);
+    let n2 = g.rms_norm(res, 1e-5);
+    let h2 = g.mul(n2, wn2);
+    let (gt, up) = (g.mul_mat(wg, h2, p), g.mul_mat(wu, h2, p));
+    let act = g.gated_act(gt, up, Activation::Relu2);
+    let f = g.rms_norm(act, 1e-5);
+    let f = g.mul(f, wfs);
+    let d = g.mul_mat(wd, f, p);
+    let out = g.add(res, d);
+    g.mark_output(out);
+    Layer { g, x, norm_out: h }
+}
+
+/// Fake device memory: every node its own range of buffer 0, weights their
+/// own buffers with GPU-layout metadata. `alias` puts one node's bytes on another's.
+fn bind(g: &Graph, alias: Option<(NodeId, NodeId)>) -> (Buffers, Vec<Option<TensorLoc>>) {
+    let mut bufs = Buffers::default();
+    let arena = bufs.insert(DevBuf { ptr: 1 << 40, bytes: 1 << 30, weight: None });
+    let mut locs = vec![None; g.nodes.len()];
+    let mut offset = 0;
+    for id in g.ids() {
+        let n = g.node(id);
+        let loc = match n.op {
+            Op::Weight(_) if n.label.as_deref() != Some("x") => {
+                let ty = match n.dtype {
+                    tern_graph::DType::Ggml(t) => t,
+                    tern_graph::DType::I32 => unreachable!(),
+                };
+                let ternary = ty.is_ternary().then_some(TernaryShape { k_pad: n.ne[0], rows: n.ne[1], groups: 1 });
+                let ptr = (1 << 41) + (id.0 as u64) * (1 << 24);
+                let weight = Weight { ty, ptr_codes: ptr, ptr_scales: ptr + 4096, ternary, q8: false };
+                let buffer = bufs.insert(DevBuf { ptr, bytes: 1 << 24, weight: Some(weight) });
+                TensorLoc { buffer, offset: 0, nbytes: n.nbytes() }
+            }
+            _ => {
+                let loc = TensorLoc { buffer: arena, offset, nbytes: n.nbytes() };
+                offset += n.nbytes().next_multiple_of(256);
+                loc
+            }
+        };
+        locs[id.index()] = Some(loc);
+    }
+    if let Some((a, b)) = alias {
+        locs[a.index()] = Some(TensorLoc { nbytes: locs[a.index()].unwrap().nbytes, ..locs[b.index()].unwrap() });
+    }
+    (bufs, locs)
+}
+
+fn launches(l: &Layer, alias: Option<(NodeId, NodeId)>) -> Vec<crate::launch::Launch> {
+    let (bufs, locs) = bind(&l.g, alias);
+    let nodes: Vec<NodeId> = l.g.ids().filter(|id| !l.g.node(*id).op.is_leaf()).collect();
+    let scratch = Scratch { base: 1 << 42, cap: 1 << 30, counters: 1 << 43, counters_cap: 1 << 20 };
+    match lower(&l.g, &nodes, &locs, &bufs, scratch) {
+        Ok(l) => l.launches,
+        Err(e) => panic!("{e:?}"),
+    }
+}
+
+fn kernels(ls: &[crate::launch::Launch]) -> Vec<Kernel> {
+    ls.iter().map(|l| l.kernel).collect()
+}
+
+fn batch(l: &crate::launch::Launch) -> crate::launch::TernaryBatch {
+    l.args.iter().find_map(|a| if let Arg::Batch(b) = a { Some(*b) } else { None }).expect("a batch argument")
+}
+
+#[test]
+fn decoding_a_layer_takes_ten_launches() {
+    use Kernel::*;
+    let ls = launches(&layer(1), None);
+    let want = [
+        NormQuant,    // attn_norm + weight + int8
+        TernaryGemv1, // q, k, v in one launch
+        RopeStore,    // rope of q and k, cache store
+        Attention,    // flash-decoding with its merge
+        NormQuant,    // attn_sub_norm
+        TernaryGemv1, // attn_output + residual
+        NormQuant,    // ffn_norm
+        TernaryGemv1, // gate and up + relu²
+        NormQuant,    // ffn_sub_norm
+        TernaryGemv1, // ffn_down + residual
+    ];
+    assert_eq!(kernels(&ls), want);
+    assert_eq!(batch(&ls[1]).n, 3);
+    // The GEMV's last argument is the paired activation: relu² (1) for gate/up, none (-1) elsewhere.
+    assert_eq!(ls[7].args.last(), Some(&Arg::I32(1)));
+    assert_eq!(ls[1].args.last(), Some(&Arg::I32(-1)));
+    for i in [5, 9] {
+        assert_ne!(batch(&ls[i]).m[0].res, 0, "launch {i} adds the residual");
+    }
+    assert_eq!(batch(&ls[7]).n, 2, "gate and up");
+}
+
+#[test]
+fn a_prompt_uses_the_gemm_and_tensor_core_attention() {
+    use Kernel::*;
+    let ls = launches(&layer(64), None);
+    let want = [
+        NormQuant,
+        TernaryGemm,
+        RopeStore,
+        FlashAttn,
+        NormQuant,
+        TernaryGemm,
+        NormQuant,
+        TernaryGemm,
+        GatedAct,
+        NormQuant,
+        TernaryGemm,
+    ];
+    assert_eq!(kernels(&ls), want);
+    assert_eq!(batch(&ls[1]).n, 3);
+    assert_eq!(batch(&ls[7]).n, 2);
+}
+
+#[test]
+fn overlapping_bytes_turn_the_norm_fusion_off() {
+    use Kernel::*;
+    // The normalised row would be written over the row the kernel reads.
+    let l = layer(1);
+    let ls = launches(&l, Some((l.norm_out, l.x)));
+    assert_eq!(kernels(&ls)[..4], [RmsNorm, Binary, NormQuant, TernaryGemv1]);
+}
