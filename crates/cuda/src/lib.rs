@@ -541,3 +541,30 @@ impl Backend for CudaBackend {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The planner's sizes bound what `load_weight` allocates.
+    #[test]
+    fn weight_bytes_cover_the_repacked_layouts() {
+        let (k, rows) = (768, 130);
+        let x: Vec<f32> = (0..k * rows).map(|i| ((i * 37) % 3) as f32 - 1.0).collect();
+        for ty in [GgmlType::TQ2_0, GgmlType::IQ2_BN, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::F16] {
+            let mut bytes = vec![0u8; ty.tensor_bytes(&[k as u64, rows as u64]).unwrap() as usize];
+            tern_quant::quantize_tensor(ty, &x, k, &mut bytes);
+            let desc = WeightDesc { ty, ne: [k, rows, 1, 1] };
+            let actual = if ty.is_ternary() {
+                let t = GpuTernary::pack(ty, &bytes, k, rows);
+                t.codes.len().next_multiple_of(256) + t.scales.len() * 4
+            } else if qlayout::supported(ty) {
+                let q = qlayout::pack(ty, &bytes, k, rows);
+                q.values.len().next_multiple_of(256) + q.scales.len() * 4
+            } else {
+                bytes.len()
+            };
+            assert!(weight_bytes(desc, bytes.len()) >= actual, "{ty}: {} < {actual}", weight_bytes(desc, bytes.len()));
+        }
+    }
+}
