@@ -33,6 +33,87 @@ fn weighted_rows_loop(acc: &mut [f32], rescale: f32, w: &[f32], rows: &[f32]) {
     }
 }
 
+/// Attention heads processed together: the heads of one GQA group share
+/// their keys and values, so each loaded key or value vector feeds `Q` heads.
+pub const HEADS: usize = 4;
+
+/// [`scores_transposed_loop`] for `HEADS` queries against the same keys: each
+/// `kt` row is loaded once for all of them. Each query's sums run in the same
+/// order as the single-query loop, so results are identical.
+#[inline(always)]
+fn scores_heads_loop<const P: usize>(qs: [&[f32]; HEADS], kt: &[f32], scale: f32, out: &mut [[f32; P]; HEADS]) {
+    let mut acc = [[0f32; P]; HEADS];
+    for (d, row) in kt.chunks_exact(P).take(qs[0].len()).enumerate() {
+        for h in 0..HEADS {
+            let qd = qs[h][d];
+            for j in 0..P {
+                acc[h][j] = qd.mul_add(row[j], acc[h][j]);
+            }
+        }
+    }
+    for (o, a) in out.iter_mut().zip(acc) {
+        for (o, a) in o.iter_mut().zip(a) {
+            *o = a * scale;
+        }
+    }
+}
+
+/// Dimensions per pass of [`weighted_rows_heads_loop`]: `HEADS` accumulators
+/// of this many floats stay in registers.
+const DIM_CHUNK: usize = 64;
+
+/// [`weighted_rows_loop`] for `HEADS` accumulators over the same rows, a
+/// chunk of `C` dimensions at a time (a constant, so the `HEADS × C`
+/// accumulators stay in registers); each element sees the same operations in
+/// the same order as the single loop.
+#[inline(always)]
+fn weighted_rows_chunk<const C: usize>(
+    accs: &mut [&mut [f32]; HEADS],
+    c0: usize,
+    rescale: [f32; HEADS],
+    w: [&[f32]; HEADS],
+    rows: &[f32],
+) {
+    let hd = accs[0].len();
+    let mut acc = [[0f32; C]; HEADS];
+    for h in 0..HEADS {
+        for i in 0..C {
+            acc[h][i] = accs[h][c0 + i] * rescale[h];
+        }
+    }
+    for (j, row) in rows.chunks_exact(hd).take(w[0].len()).enumerate() {
+        let r: &[f32; C] = row[c0..c0 + C].try_into().expect("a whole chunk");
+        for h in 0..HEADS {
+            let wj = w[h][j];
+            for i in 0..C {
+                acc[h][i] = wj.mul_add(r[i], acc[h][i]);
+            }
+        }
+    }
+    for h in 0..HEADS {
+        accs[h][c0..c0 + C].copy_from_slice(&acc[h]);
+    }
+}
+
+#[inline(always)]
+fn weighted_rows_heads_loop(accs: [&mut [f32]; HEADS], rescale: [f32; HEADS], w: [&[f32]; HEADS], rows: &[f32]) {
+    let mut accs = accs;
+    let hd = accs[0].len();
+    let mut c0 = 0;
+    while c0 + DIM_CHUNK <= hd {
+        weighted_rows_chunk::<DIM_CHUNK>(&mut accs, c0, rescale, w, rows);
+        c0 += DIM_CHUNK;
+    }
+    while c0 + 16 <= hd {
+        weighted_rows_chunk::<16>(&mut accs, c0, rescale, w, rows);
+        c0 += 16;
+    }
+    while c0 < hd {
+        weighted_rows_chunk::<1>(&mut accs, c0, rescale, w, rows);
+        c0 += 1;
+    }
+}
+
 /// `e^x` for `x ≤ 0` (softmax after subtracting the max), as a polynomial the
 /// compiler vectorises: `x = n·ln2 + f` (Cody–Waite), `e^f` by its degree-7
 /// Taylor polynomial (|f| ≤ ln2/2), `2^n` through the exponent bits. Relative
@@ -55,6 +136,45 @@ fn exp_shifted_loop(xs: &mut [f32], shift: f32) {
     for x in xs.iter_mut() {
         *x = exp_neg(*x - shift);
     }
+}
+
+/// Lanes of the reductions below: independent partial results the compiler
+/// keeps in one vector, combined at the end in a fixed order.
+const LANES: usize = 16;
+
+/// `max(xs)` (−∞ for none), lane-parallel.
+#[inline(always)]
+fn max_loop(xs: &[f32]) -> f32 {
+    let mut m = [f32::NEG_INFINITY; LANES];
+    let chunks = xs.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for i in 0..LANES {
+            m[i] = m[i].max(c[i]);
+        }
+    }
+    for (i, &x) in tail.iter().enumerate() {
+        m[i] = m[i].max(x);
+    }
+    m.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b))
+}
+
+/// `xs = e^(xs − shift)`, returning `Σ xs` summed lane by lane.
+#[inline(always)]
+fn exp_shifted_sum_loop(xs: &mut [f32], shift: f32) -> f32 {
+    let mut s = [0f32; LANES];
+    let mut chunks = xs.chunks_exact_mut(LANES);
+    for c in &mut chunks {
+        for i in 0..LANES {
+            c[i] = exp_neg(c[i] - shift);
+            s[i] += c[i];
+        }
+    }
+    for (i, x) in chunks.into_remainder().iter_mut().enumerate() {
+        *x = exp_neg(*x - shift);
+        s[i] += *x;
+    }
+    s.iter().sum()
 }
 
 /// Instantiates a loop at each SIMD level and dispatches on `isa`.
@@ -99,9 +219,60 @@ per_isa! {
 }
 
 per_isa! {
+    /// [`scores_transposed`] for the `HEADS` heads of a group at once.
+    pub fn scores_transposed_heads(qs: [&[f32]; HEADS], kt: &[f32], scale: f32, out: &mut [[f32; 64]; HEADS]) =>
+        scores_heads_loop(qs, kt, scale, out), scores_heads_loop(qs, kt, scale, out),
+        scores_heads_loop(qs, kt, scale, out)
+}
+
+per_isa! {
+    /// [`weighted_rows`] for the `HEADS` heads of a group at once (same rows).
+    pub fn weighted_rows_heads(accs: [&mut [f32]; HEADS], rescale: [f32; HEADS], w: [&[f32]; HEADS], rows: &[f32]) =>
+        weighted_rows_heads_loop(accs, rescale, w, rows), weighted_rows_heads_loop(accs, rescale, w, rows),
+        weighted_rows_heads_loop(accs, rescale, w, rows)
+}
+
+per_isa! {
     /// `x = e^(x − shift)` for every element, `shift ≥ max(x)`.
     pub fn exp_shifted(xs: &mut [f32], shift: f32) =>
         exp_shifted_loop(xs, shift), exp_shifted_loop(xs, shift), exp_shifted_loop(xs, shift)
+}
+
+/// Instantiates a value-returning loop at each SIMD level (see `per_isa`).
+macro_rules! per_isa_ret {
+    ($(#[$doc:meta])* pub fn $name:ident($($arg:ident: $ty:ty),*) -> $ret:ty => $body:expr) => {
+        $(#[$doc])*
+        pub fn $name($($arg: $ty,)* isa: Isa) -> $ret {
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "avx512f")]
+            unsafe fn avx512($($arg: $ty),*) -> $ret {
+                $body
+            }
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "avx2,fma")]
+            unsafe fn avx2($($arg: $ty),*) -> $ret {
+                $body
+            }
+            match isa {
+                // SAFETY: the caller's `isa` is available on this processor.
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx512 => unsafe { avx512($($arg),*) },
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx2 => unsafe { avx2($($arg),*) },
+                _ => $body,
+            }
+        }
+    };
+}
+
+per_isa_ret! {
+    /// The largest element (−∞ for none).
+    pub fn max(xs: &[f32]) -> f32 => max_loop(xs)
+}
+
+per_isa_ret! {
+    /// `x = e^(x − shift)` for every element, `shift ≥ max(x)`; returns their sum.
+    pub fn exp_shifted_sum(xs: &mut [f32], shift: f32) -> f32 => exp_shifted_sum_loop(xs, shift)
 }
 
 #[cfg(test)]
@@ -122,6 +293,52 @@ mod tests {
                 let want = (x as f64).exp();
                 let rel = if x < -87.0 { g as f64 * 1e30 } else { (g as f64 - want).abs() / want };
                 assert!(rel < 3e-7, "{isa:?} exp({x}) = {g}, want {want}");
+            }
+        }
+    }
+
+    #[test]
+    fn lane_reductions_match_f64() {
+        for n in [0usize, 1, 15, 16, 17, 64, 100] {
+            let xs: Vec<f32> = (0..n).map(|i| -(((i * 29) % 97) as f32) * 0.1).collect();
+            for isa in isas() {
+                let want_max = xs.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+                assert_eq!(max(&xs, isa), want_max, "{isa:?} n={n}");
+                let mut e = xs.clone();
+                let sum = exp_shifted_sum(&mut e, 0.0, isa);
+                let want: f64 = xs.iter().map(|&x| (x as f64).exp()).sum();
+                assert!((sum as f64 - want).abs() <= 1e-6 * want.max(1e-30), "{isa:?} n={n}: {sum} vs {want}");
+                assert!(e.iter().zip(&xs).all(|(g, x)| (*g as f64 - (*x as f64).exp()).abs() < 3e-7));
+            }
+        }
+    }
+
+    /// The grouped kernels give exactly the single-head kernels' results.
+    #[test]
+    fn grouped_heads_match_single_heads_bit_for_bit() {
+        for (d, n) in [(1, 3), (64, 64), (100, 17), (128, 40), (72, 64)] {
+            let v = |k: usize, m: usize| -> Vec<f32> { (0..k).map(|i| ((i * m % 23) as f32 - 11.0) * 0.13).collect() };
+            let qs: Vec<Vec<f32>> = (0..HEADS).map(|h| v(d, 7 + h)).collect();
+            let rows = v(d * n, 5);
+            let ws: Vec<Vec<f32>> = (0..HEADS).map(|h| v(n, 3 + h)).collect();
+            let kt = v(d * 64, 11);
+            for isa in isas() {
+                let mut grouped = [[0f32; 64]; HEADS];
+                scores_transposed_heads([&qs[0], &qs[1], &qs[2], &qs[3]], &kt, 0.7, &mut grouped, isa);
+                let mut accs: Vec<Vec<f32>> = (0..HEADS).map(|h| v(d, 13 + h)).collect();
+                let mut singles = accs.clone();
+                let rescale = [0.5, 1.0, 0.25, 0.75];
+                {
+                    let [a, b, c, e] = &mut accs[..] else { unreachable!() };
+                    weighted_rows_heads([a, b, c, e], rescale, [&ws[0], &ws[1], &ws[2], &ws[3]], &rows, isa);
+                }
+                for h in 0..HEADS {
+                    let mut one = [0f32; 64];
+                    scores_transposed(&qs[h], &kt, 0.7, &mut one, isa);
+                    assert_eq!(one, grouped[h], "{isa:?} d={d} head {h} scores");
+                    weighted_rows(&mut singles[h], rescale[h], &ws[h], &rows, isa);
+                    assert_eq!(singles[h], accs[h], "{isa:?} d={d} n={n} head {h} values");
+                }
             }
         }
     }

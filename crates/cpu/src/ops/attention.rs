@@ -143,6 +143,17 @@ impl Task {
         }
     }
 
+    /// Folds a block of scores into query `qi`'s running softmax: turns them
+    /// into weights (in place) and returns the factor that rescales what was
+    /// accumulated under the old max.
+    fn online_softmax(&mut self, qi: usize, scores: &mut [f32], isa: Isa) -> f32 {
+        let new_max = self.max[qi].max(vec::max(scores, isa));
+        let rescale = (self.max[qi] - new_max).exp();
+        self.max[qi] = new_max;
+        self.sum[qi] = self.sum[qi] * rescale + vec::exp_shifted_sum(scores, new_max, isa);
+        rescale
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn run(
         &mut self,
@@ -183,21 +194,31 @@ impl Task {
                 if visible == 0 {
                     continue;
                 }
-                for h in 0..group {
+                let qv = |h: usize| &q[t * width + (g * group + h) * hd..][..hd];
+                // Whole groups of HEADS heads share each K and V load; the rest go one by one.
+                let grouped = group / vec::HEADS * vec::HEADS;
+                for h0 in (0..grouped).step_by(vec::HEADS) {
+                    let qi0 = ti * group + h0;
+                    let mut scores = [[0f32; POSITIONS]; vec::HEADS];
+                    vec::scores_transposed_heads(std::array::from_fn(|i| qv(h0 + i)), &self.kt, p.scale, &mut scores, isa);
+                    let mut rescale = [0f32; vec::HEADS];
+                    for (i, sc) in scores.iter_mut().enumerate() {
+                        rescale[i] = self.online_softmax(qi0 + i, &mut sc[..visible], isa);
+                    }
+                    let mut accs = self.acc[qi0 * hd..(qi0 + vec::HEADS) * hd].chunks_exact_mut(hd);
+                    let accs = std::array::from_fn(|_| accs.next().expect("HEADS accumulators"));
+                    let w = std::array::from_fn(|i| &scores[i][..visible]);
+                    vec::weighted_rows_heads(accs, rescale, w, &self.vrows[..visible * hd], isa);
+                }
+                for h in grouped..group {
                     let qi = ti * group + h;
-                    let qv = &q[t * width + (g * group + h) * hd..][..hd];
                     let all: &mut [f32; POSITIONS] = (&mut self.scores[..]).try_into().expect("POSITIONS scores");
-                    vec::scores_transposed(qv, &self.kt, p.scale, all, isa);
-                    let scores = &mut self.scores[..visible];
-                    let block_max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
-                    let new_max = self.max[qi].max(block_max);
-                    // Rescale what was accumulated under the old max, then add this block.
-                    let rescale = (self.max[qi] - new_max).exp();
-                    self.max[qi] = new_max;
-                    vec::exp_shifted(scores, new_max, isa);
+                    vec::scores_transposed(qv(h), &self.kt, p.scale, all, isa);
+                    let mut scores = std::mem::take(&mut self.scores);
+                    let rescale = self.online_softmax(qi, &mut scores[..visible], isa);
                     let acc = &mut self.acc[qi * hd..(qi + 1) * hd];
-                    self.sum[qi] = self.sum[qi] * rescale + scores.iter().sum::<f32>();
-                    vec::weighted_rows(acc, rescale, scores, &self.vrows[..visible * hd], isa);
+                    vec::weighted_rows(acc, rescale, &scores[..visible], &self.vrows[..visible * hd], isa);
+                    self.scores = scores;
                 }
             }
         }
