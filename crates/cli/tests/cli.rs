@@ -186,3 +186,25 @@ fn profile_shows_where_the_time_went() {
         assert!(err.contains(what), "{what} missing:\n{err}");
     }
 }
+
+#[test]
+fn gpu_flags_without_a_gpu_run_on_the_cpu_and_say_so() {
+    if tern_cuda::devices().is_ok() {
+        eprintln!("skipped: this machine has a GPU");
+        return;
+    }
+    let out = tern(&["run", "-m", &model("b158-e512-tq2_0.gguf"), "-p", "hello", "-n", "4", "-ngl", "99"]);
+    ok(&out);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("warning:") && err.contains("running on the CPU"), "{err}");
+    // Planning needs no GPU at all; bad device lists are one clear error.
+    let m = model("b158-e512-tq2_0.gguf");
+    let plan = ok(&tern(&["info", "-m", &m, "--plan", "-ngl", "99", "--devices", "CUDA0=1GiB"]));
+    assert!(plan.contains("CUDA0") && plan.contains("of 1.00 GiB"), "{plan}");
+    for bad in ["CUDA0", "CUDA0=lots", "GPU0=1GiB"] {
+        let e = fails_cleanly(&tern(&["info", "-m", &m, "--plan", "--devices", bad]));
+        assert!(e.contains("--devices"), "{e}");
+    }
+    let e = fails_cleanly(&tern(&["info", "-m", &m, "--plan", "-ngl", "99", "--devices", "CUDA0=1KiB"]));
+    assert!(e.contains("does not fit"), "{e}");
+}

@@ -200,7 +200,13 @@ impl Task {
                 for h0 in (0..grouped).step_by(vec::HEADS) {
                     let qi0 = ti * group + h0;
                     let mut scores = [[0f32; POSITIONS]; vec::HEADS];
-                    vec::scores_transposed_heads(std::array::from_fn(|i| qv(h0 + i)), &self.kt, p.scale, &mut scores, isa);
+                    vec::scores_transposed_heads(
+                        std::array::from_fn(|i| qv(h0 + i)),
+                        &self.kt,
+                        p.scale,
+                        &mut scores,
+                        isa,
+                    );
                     let mut rescale = [0f32; vec::HEADS];
                     for (i, sc) in scores.iter_mut().enumerate() {
                         rescale[i] = self.online_softmax(qi0 + i, &mut sc[..visible], isa);
