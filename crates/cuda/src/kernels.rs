@@ -130,3 +130,19 @@ impl Kernels {
         self.funcs[k as usize]
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `Kernels::get` indexes by discriminant: ALL must list the variants in order.
+    #[test]
+    fn all_lists_every_kernel_in_declaration_order() {
+        for (i, k) in Kernel::ALL.iter().enumerate() {
+            assert_eq!(*k as usize, i, "{k:?}");
+        }
+        for (module, _) in Kernel::ALL.iter().map(|k| k.symbol()) {
+            assert!(SOURCES.iter().any(|(name, _)| *name == module), "{module} is not a source");
+        }
+    }
+}
