@@ -107,7 +107,7 @@ fn desc(info: &tern_gguf::TensorInfo) -> WeightDesc {
 
 /// Memory per backend for `placement`, with `schedule` the plan of the
 /// largest micro-batch.
-pub(crate) fn memory_use(model: &Model, placement: &Placement, kv: &KvSpec, schedule: &Schedule) -> Vec<MemoryUse> {
+fn memory_use(model: &Model, placement: &Placement, kv: &KvSpec, schedule: &Schedule) -> Vec<MemoryUse> {
     let c = &model.config;
     let row = (c.head_dim * c.n_head_kv) as u64;
     let cache = |ty: GgmlType| ty.tensor_bytes(&[row, kv.n_ctx as u64]).unwrap_or(0);
@@ -150,16 +150,27 @@ pub(crate) fn memory_use(model: &Model, placement: &Placement, kv: &KvSpec, sche
         .collect()
 }
 
-/// Fails when a device with a known capacity cannot hold its share.
-pub(crate) fn check_fit(memory: &[MemoryUse]) -> Result<()> {
-    for m in memory {
-        if let Some(have) = m.capacity {
-            if m.need() > have {
-                return Err(Error::DoesNotFit { backend: m.backend.to_string(), need: m.need(), have });
-            }
+/// Memory per backend for the largest micro-batch (`n_batch` tokens) with
+/// each device's `capacity`; fails when a device cannot hold its share.
+pub(crate) fn check_memory(
+    model: &Model,
+    placement: &Placement,
+    kv: &KvSpec,
+    backends: &Backends,
+    n_batch: usize,
+    capacity: impl Fn(BackendId) -> Option<u64>,
+) -> Result<Vec<MemoryUse>> {
+    let batch = Batch { n_tokens: n_batch.min(kv.n_ctx).max(1), kv_pos: 0, n_outputs: 1 };
+    let built = model.build_graph(&batch, kv);
+    let schedule = Schedule::new(&built.graph, placement, backends);
+    let mut memory = memory_use(model, placement, kv, &schedule);
+    for m in &mut memory {
+        m.capacity = capacity(m.backend);
+        if let Some(have) = m.capacity.filter(|&have| m.need() > have) {
+            return Err(Error::DoesNotFit { backend: m.backend.to_string(), need: m.need(), have });
         }
     }
-    Ok(())
+    Ok(memory)
 }
 
 /// A plan: the model's placement, the graph and schedule of a decoding step,
@@ -182,18 +193,10 @@ pub fn plan_for(path: impl AsRef<std::path::Path>, opts: &LoadOptions, devices: 
     let (ids, placement) = place(&model, opts, &gpus)?;
     let backends = planning_backends(&ids);
     let kv = kv_spec(&model, opts);
-    let schedule_of = |n_tokens: usize| {
-        let built = model.build_graph(&Batch { n_tokens, kv_pos: 0, n_outputs: 1 }, &kv);
-        let schedule = Schedule::new(&built.graph, &placement, &backends);
-        (built, schedule)
-    };
-    let (_, largest) = schedule_of(opts.n_batch.clamp(1, kv.n_ctx));
-    let mut memory = memory_use(&model, &placement, &kv, &largest);
-    for m in &mut memory {
-        m.capacity = devices.iter().find(|d| d.id == m.backend).map(|d| d.bytes);
-    }
-    check_fit(&memory)?;
-    let (step, schedule) = schedule_of(1);
+    let capacity = |b: BackendId| devices.iter().find(|d| d.id == b).map(|d| d.bytes);
+    let memory = check_memory(&model, &placement, &kv, &backends, opts.n_batch, capacity)?;
+    let step = model.build_graph(&Batch { n_tokens: 1, kv_pos: 0, n_outputs: 1 }, &kv);
+    let schedule = Schedule::new(&step.graph, &placement, &backends);
     Ok(DevicePlan { model, placement, step, schedule, memory })
 }
 

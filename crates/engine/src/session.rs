@@ -38,6 +38,13 @@ pub struct LoadOptions {
     pub n_gpu_layers: usize,
 }
 
+impl LoadOptions {
+    /// Whether these options ask for a GPU (`-ngl`, or `-ot` to a CUDA device).
+    pub fn wants_gpu(&self) -> bool {
+        self.n_gpu_layers > 0 || self.overrides.iter().any(|o| o.to_ascii_uppercase().contains("=CUDA"))
+    }
+}
+
 impl Default for LoadOptions {
     fn default() -> LoadOptions {
         let n_threads = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -78,8 +85,8 @@ pub struct Session {
     pub placement: Placement,
     backends: Backends,
     weight_locs: Vec<TensorLoc>,
-    /// The tied head's device copy of `token_embd`: (its backend, where).
-    head_copy: Option<(BackendId, TensorLoc)>,
+    /// Where the tied head's copy of `token_embd` lives (on `placement.head_copy`'s backend).
+    head_copy: Option<TensorLoc>,
     kv: KvCache,
     pos: usize,
     n_batch: usize,
@@ -118,9 +125,7 @@ impl Session {
         let model = Model::load(&file)?;
         let c = &model.config;
         let mut notices = Vec::new();
-        let wants_gpu =
-            opts.n_gpu_layers > 0 || opts.overrides.iter().any(|o| o.to_ascii_uppercase().contains("=CUDA"));
-        let gpu_info = match wants_gpu.then(tern_cuda::devices) {
+        let gpu_info = match opts.wants_gpu().then(tern_cuda::devices) {
             Some(Ok(list)) => list,
             Some(Err(why)) => {
                 notices.push(format!("{why}; running on the CPU"));
@@ -142,16 +147,10 @@ impl Session {
         // Say so before loading anything if a device cannot hold its share.
         if placement.backends().iter().any(|b| !b.is_host()) {
             let kv = planning::kv_spec(&model, opts);
-            let built =
-                model.build_graph(&Batch { n_tokens: opts.n_batch.clamp(1, kv.n_ctx), kv_pos: 0, n_outputs: 1 }, &kv);
-            let schedule = Schedule::new(&built.graph, &placement, &backends);
-            let mut memory = planning::memory_use(&model, &placement, &kv, &schedule);
-            for m in &mut memory {
-                if let Some(info) = gpu_info.iter().find(|d| BackendId::cuda(d.index as u8) == m.backend) {
-                    m.capacity = Some(info.total_mem as u64);
-                }
-            }
-            planning::check_fit(&memory)?;
+            let capacity = |b: BackendId| {
+                gpu_info.iter().find(|d| BackendId::cuda(d.index as u8) == b).map(|d| d.total_mem as u64)
+            };
+            planning::check_memory(&model, &placement, &kv, &backends, opts.n_batch, capacity)?;
         }
 
         let owner: Arc<dyn AsRef<[u8]> + Send + Sync> = Arc::new(FileBytes(file.clone()));
@@ -170,7 +169,7 @@ impl Session {
             let copy_aliases = match copy {
                 Some(c) => {
                     let l = backends.get_mut(c.backend)?.load_weight(HostBytes::new(owner.clone(), range), desc)?;
-                    head_copy = Some((c.backend, l.loc));
+                    head_copy = Some(l.loc);
                     l.aliases_host
                 }
                 None => false,
@@ -333,7 +332,7 @@ impl Session {
         let (copy, placement) = (self.head_copy, &self.placement);
         let leaf = |op: &Op, on: BackendId| match *op {
             Op::Weight(i) => match (copy, placement.head_copy) {
-                (Some((b, loc)), Some(c)) if c.weight == i && b == on => Some(loc),
+                (Some(loc), Some(c)) if c.weight == i && c.backend == on => Some(loc),
                 _ => weights.get(i).copied(),
             },
             Op::KvCache { layer, kind } => {
