@@ -467,50 +467,33 @@ impl Lower<'_> {
             mats[0].out = self.ptr(act)?;
             consumed += 1;
         }
-        if n_tok <= GEMV_MAX_TOKENS {
-            let mut b = TernaryBatch { n: mats.len() as i32, ..Default::default() };
-            let mut blocks = 0;
-            // In pair mode the blocks cover the first matrix; each warp does both rows.
-            let covered = if pair.is_some() { 1 } else { mats.len() };
-            for (k, m) in mats.iter().enumerate() {
-                b.m[k] = *m;
-                b.block_start[k] = blocks;
-                if k < covered {
-                    blocks += (m.rows as usize).div_ceil(8) as i32;
-                }
-            }
-            b.block_start[mats.len()] = blocks;
+        let (kernel, rows_per_block, covered, grid_y, threads) = if n_tok <= GEMV_MAX_TOKENS {
             let kernel = if n_tok == 1 { Kernel::TernaryGemv1 } else { Kernel::TernaryGemv };
-            let l = Launch::new(kernel, (blocks as u32, 1, 1), 256)
-                .arg(Arg::Batch(b))
-                .i32(q.k_pad as i32)
-                .ptr(q.q)
-                .ptr(q.d)
-                .ptr(q.lsum)
-                .i32(n_tok as i32)
-                .i32(pair.map_or(-1, |(_, a)| a));
-            self.out.push(l);
+            // In pair mode the blocks cover the first matrix; each warp does both rows.
+            (kernel, 8, if pair.is_some() { 1 } else { mats.len() }, 1, 256)
         } else {
-            let mut b = TernaryBatch { n: mats.len() as i32, ..Default::default() };
-            let mut blocks = 0;
-            for (k, m) in mats.iter().enumerate() {
-                b.m[k] = *m;
-                b.block_start[k] = blocks;
-                blocks += (m.rows as usize).div_ceil(crate::layout::ROW_ALIGN) as i32;
-            }
-            b.block_start[mats.len()] = blocks;
-            {
-                let grid = (blocks as u32, n_tok.div_ceil(32) as u32, 1);
-                let l = Launch::new(Kernel::TernaryGemm, grid, 128)
-                    .arg(Arg::Batch(b))
-                    .i32(q.k_pad as i32)
-                    .ptr(q.q)
-                    .ptr(q.d)
-                    .ptr(q.lsum)
-                    .i32(n_tok as i32);
-                self.out.push(l);
+            (Kernel::TernaryGemm, crate::layout::ROW_ALIGN, mats.len(), n_tok.div_ceil(32), 128)
+        };
+        let mut b = TernaryBatch { n: mats.len() as i32, ..Default::default() };
+        let mut blocks = 0;
+        for (k, m) in mats.iter().enumerate() {
+            b.m[k] = *m;
+            b.block_start[k] = blocks;
+            if k < covered {
+                blocks += (m.rows as usize).div_ceil(rows_per_block) as i32;
             }
         }
+        b.block_start[mats.len()] = blocks;
+        let l = Launch::new(kernel, (blocks as u32, grid_y as u32, 1), threads)
+            .arg(Arg::Batch(b))
+            .i32(q.k_pad as i32)
+            .ptr(q.q)
+            .ptr(q.d)
+            .ptr(q.lsum)
+            .i32(n_tok as i32);
+        // The GEMV also takes the paired activation (-1: none).
+        let l = if kernel == Kernel::TernaryGemm { l } else { l.i32(pair.map_or(-1, |(_, a)| a)) };
+        self.out.push(l);
         Ok(consumed)
     }
 

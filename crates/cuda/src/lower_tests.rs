@@ -145,6 +145,12 @@ fn decoding_a_layer_takes_ten_launches() {
         assert_ne!(batch(&ls[i]).m[0].res, 0, "launch {i} adds the residual");
     }
     assert_eq!(batch(&ls[7]).n, 2, "gate and up");
+    // One warp per row, 8 rows a block: q, k, v need 32 + 16 + 16 blocks;
+    // paired gate/up cover the gate's 512 rows only.
+    assert_eq!(ls[1].grid, (64, 1, 1));
+    assert_eq!(batch(&ls[1]).block_start, [0, 32, 48, 64]);
+    assert_eq!(ls[7].grid, (64, 1, 1));
+    assert_eq!(ls[1].block, 256);
 }
 
 #[test]
@@ -167,6 +173,11 @@ fn a_prompt_uses_the_gemm_and_tensor_core_attention() {
     assert_eq!(kernels(&ls), want);
     assert_eq!(batch(&ls[1]).n, 3);
     assert_eq!(batch(&ls[7]).n, 2);
+    // 128-row tiles (q: 2, k: 1, v: 1) by 32-token tiles; the GEMM takes no activation argument.
+    assert_eq!(ls[1].grid, (4, 2, 1));
+    assert_eq!(batch(&ls[1]).block_start, [0, 2, 3, 4]);
+    assert_eq!((ls[1].block, ls[1].args.last()), (128, Some(&Arg::I32(64))));
+    assert_eq!(ls[7].grid, (8, 2, 1));
 }
 
 #[test]
