@@ -131,13 +131,6 @@ fn exp_neg(x: f32) -> f32 {
     f32::from_bits(((n as i32 + 127) << 23) as u32) * p
 }
 
-#[inline(always)]
-fn exp_shifted_loop(xs: &mut [f32], shift: f32) {
-    for x in xs.iter_mut() {
-        *x = exp_neg(*x - shift);
-    }
-}
-
 /// Lanes of the reductions below: independent partial results the compiler
 /// keeps in one vector, combined at the end in a fixed order.
 const LANES: usize = 16;
@@ -177,80 +170,21 @@ fn exp_shifted_sum_loop(xs: &mut [f32], shift: f32) -> f32 {
     s.iter().sum()
 }
 
-/// Instantiates a loop at each SIMD level and dispatches on `isa`.
+/// Instantiates a loop at each SIMD level (the same body compiled with each
+/// level's target features; the plain build is the scalar twin) and
+/// dispatches on `isa`.
 macro_rules! per_isa {
-    ($(#[$doc:meta])* pub fn $name:ident($($arg:ident: $ty:ty),*) => $body512:expr, $body2:expr, $scalar:expr) => {
+    ($(#[$doc:meta])* pub fn $name:ident($($arg:ident: $ty:ty),*) $(-> $ret:ty)? => $body:expr) => {
         $(#[$doc])*
-        pub fn $name($($arg: $ty,)* isa: Isa) {
+        pub fn $name($($arg: $ty,)* isa: Isa) $(-> $ret)? {
             #[cfg(target_arch = "x86_64")]
             #[target_feature(enable = "avx512f")]
-            unsafe fn avx512($($arg: $ty),*) {
-                $body512
-            }
-            #[cfg(target_arch = "x86_64")]
-            #[target_feature(enable = "avx2,fma")]
-            unsafe fn avx2($($arg: $ty),*) {
-                $body2
-            }
-            match isa {
-                // SAFETY: the caller's `isa` is available on this processor.
-                #[cfg(target_arch = "x86_64")]
-                Isa::Avx512 => unsafe { avx512($($arg),*) },
-                #[cfg(target_arch = "x86_64")]
-                Isa::Avx2 => unsafe { avx2($($arg),*) },
-                _ => $scalar,
-            }
-        }
-    };
-}
-
-per_isa! {
-    /// Attention scores of `q` against 64 keys stored transposed (`[q.len()][64]`).
-    pub fn scores_transposed(q: &[f32], kt: &[f32], scale: f32, out: &mut [f32; 64]) =>
-        scores_transposed_loop(q, kt, scale, out), scores_transposed_loop(q, kt, scale, out),
-        scores_transposed_loop(q, kt, scale, out)
-}
-
-per_isa! {
-    /// `acc = acc·rescale + Σ_j w[j]·rows[j]` (attention's value accumulation).
-    pub fn weighted_rows(acc: &mut [f32], rescale: f32, w: &[f32], rows: &[f32]) =>
-        weighted_rows_loop(acc, rescale, w, rows), weighted_rows_loop(acc, rescale, w, rows),
-        weighted_rows_loop(acc, rescale, w, rows)
-}
-
-per_isa! {
-    /// [`scores_transposed`] for the `HEADS` heads of a group at once.
-    pub fn scores_transposed_heads(qs: [&[f32]; HEADS], kt: &[f32], scale: f32, out: &mut [[f32; 64]; HEADS]) =>
-        scores_heads_loop(qs, kt, scale, out), scores_heads_loop(qs, kt, scale, out),
-        scores_heads_loop(qs, kt, scale, out)
-}
-
-per_isa! {
-    /// [`weighted_rows`] for the `HEADS` heads of a group at once (same rows).
-    pub fn weighted_rows_heads(accs: [&mut [f32]; HEADS], rescale: [f32; HEADS], w: [&[f32]; HEADS], rows: &[f32]) =>
-        weighted_rows_heads_loop(accs, rescale, w, rows), weighted_rows_heads_loop(accs, rescale, w, rows),
-        weighted_rows_heads_loop(accs, rescale, w, rows)
-}
-
-per_isa! {
-    /// `x = e^(x − shift)` for every element, `shift ≥ max(x)`.
-    pub fn exp_shifted(xs: &mut [f32], shift: f32) =>
-        exp_shifted_loop(xs, shift), exp_shifted_loop(xs, shift), exp_shifted_loop(xs, shift)
-}
-
-/// Instantiates a value-returning loop at each SIMD level (see `per_isa`).
-macro_rules! per_isa_ret {
-    ($(#[$doc:meta])* pub fn $name:ident($($arg:ident: $ty:ty),*) -> $ret:ty => $body:expr) => {
-        $(#[$doc])*
-        pub fn $name($($arg: $ty,)* isa: Isa) -> $ret {
-            #[cfg(target_arch = "x86_64")]
-            #[target_feature(enable = "avx512f")]
-            unsafe fn avx512($($arg: $ty),*) -> $ret {
+            unsafe fn avx512($($arg: $ty),*) $(-> $ret)? {
                 $body
             }
             #[cfg(target_arch = "x86_64")]
             #[target_feature(enable = "avx2,fma")]
-            unsafe fn avx2($($arg: $ty),*) -> $ret {
+            unsafe fn avx2($($arg: $ty),*) $(-> $ret)? {
                 $body
             }
             match isa {
@@ -265,12 +199,36 @@ macro_rules! per_isa_ret {
     };
 }
 
-per_isa_ret! {
+per_isa! {
+    /// Attention scores of `q` against 64 keys stored transposed (`[q.len()][64]`).
+    pub fn scores_transposed(q: &[f32], kt: &[f32], scale: f32, out: &mut [f32; 64]) =>
+        scores_transposed_loop(q, kt, scale, out)
+}
+
+per_isa! {
+    /// `acc = acc·rescale + Σ_j w[j]·rows[j]` (attention's value accumulation).
+    pub fn weighted_rows(acc: &mut [f32], rescale: f32, w: &[f32], rows: &[f32]) =>
+        weighted_rows_loop(acc, rescale, w, rows)
+}
+
+per_isa! {
+    /// [`scores_transposed`] for the `HEADS` heads of a group at once.
+    pub fn scores_transposed_heads(qs: [&[f32]; HEADS], kt: &[f32], scale: f32, out: &mut [[f32; 64]; HEADS]) =>
+        scores_heads_loop(qs, kt, scale, out)
+}
+
+per_isa! {
+    /// [`weighted_rows`] for the `HEADS` heads of a group at once (same rows).
+    pub fn weighted_rows_heads(accs: [&mut [f32]; HEADS], rescale: [f32; HEADS], w: [&[f32]; HEADS], rows: &[f32]) =>
+        weighted_rows_heads_loop(accs, rescale, w, rows)
+}
+
+per_isa! {
     /// The largest element (−∞ for none).
     pub fn max(xs: &[f32]) -> f32 => max_loop(xs)
 }
 
-per_isa_ret! {
+per_isa! {
     /// `x = e^(x − shift)` for every element, `shift ≥ max(x)`; returns their sum.
     pub fn exp_shifted_sum(xs: &mut [f32], shift: f32) -> f32 => exp_shifted_sum_loop(xs, shift)
 }
@@ -288,7 +246,7 @@ mod tests {
         let xs: Vec<f32> = (0..2000).map(|i| -(i as f32) * 0.05).collect();
         for isa in isas() {
             let mut got = xs.clone();
-            exp_shifted(&mut got, 0.0, isa);
+            exp_shifted_sum(&mut got, 0.0, isa);
             for (&x, &g) in xs.iter().zip(&got) {
                 let want = (x as f64).exp();
                 let rel = if x < -87.0 { g as f64 * 1e30 } else { (g as f64 - want).abs() / want };
