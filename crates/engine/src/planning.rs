@@ -7,8 +7,9 @@
 use tern_backend::{Backend, BackendId, WeightDesc};
 use tern_cpu::CpuBackend;
 use tern_gguf::{File, GgmlType};
+use tern_graph::Op;
 use tern_models::{Batch, Built, KvSpec, Model};
-use tern_sched::{Backends, Placement, PlacementRules, Schedule, VirtualBackend};
+use tern_sched::{Backends, NodeReason, Placement, PlacementRules, Schedule, VirtualBackend};
 
 use crate::error::{Error, Result};
 use crate::session::LoadOptions;
@@ -163,6 +164,18 @@ pub(crate) fn check_memory(
     let batch = Batch { n_tokens: n_batch.min(kv.n_ctx).max(1), kv_pos: 0, n_outputs: 1 };
     let built = model.build_graph(&batch, kv);
     let schedule = Schedule::new(&built.graph, placement, backends);
+    // Attention runs where its layer's cache lives; a fallback elsewhere would
+    // update a copy of the cache and lose the new rows.
+    for (node, a) in built.graph.nodes.iter().zip(&schedule.assigned) {
+        if let (Op::Attention(p), NodeReason::Fallback) = (&node.op, a.reason) {
+            let home = placement.kv_homes[p.layer];
+            return Err(Error::Device(format!(
+                "{home} cannot run the attention of layer {} (head_dim {}, {} heads over {} KV heads); keep that \
+                 layer on the CPU (lower -ngl)",
+                p.layer, p.head_dim, p.n_head, p.n_head_kv
+            )));
+        }
+    }
     let mut memory = memory_use(model, placement, kv, &schedule);
     for m in &mut memory {
         m.capacity = capacity(m.backend);
