@@ -172,6 +172,14 @@ pub trait Backend: Send {
     /// backend may alias `bytes`; a device uploads (and may repack) them.
     fn load_weight(&mut self, bytes: HostBytes, desc: WeightDesc) -> Result<LoadedWeight>;
 
+    /// Keeps a second copy of a host-resident weight for the ops that the
+    /// offload policy moves here. A device keeps it in (pinned) host memory
+    /// in its own layout and streams it in whenever an op reads it; a host
+    /// backend simply loads it.
+    fn load_staged(&mut self, bytes: HostBytes, desc: WeightDesc) -> Result<LoadedWeight> {
+        self.load_weight(bytes, desc)
+    }
+
     fn write(&mut self, dst: TensorLoc, data: &[u8]) -> Result<()>;
 
     fn read(&self, src: TensorLoc, out: &mut [u8]) -> Result<()>;

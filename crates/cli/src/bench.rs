@@ -60,6 +60,8 @@ pub struct Args {
     /// Pin tensors to a backend (`-ot REGEX=BACKEND`; repeatable, comma lists allowed).
     #[arg(long = "override-tensor", value_name = "REGEX=BACKEND")]
     pub override_tensor: Vec<String>,
+    #[command(flatten)]
+    pub offload: crate::run::OffloadArgs,
     /// Flash attention (`-fa`): accepted for llama-bench compatibility; tern's
     /// attention is always the fused flash-style kernel.
     #[arg(long = "flash-attn", value_name = "0|1")]
@@ -218,6 +220,7 @@ pub struct Instance {
     pub threads: usize,
     pub ngl: usize,
     pub overrides: Vec<String>,
+    pub offload: crate::run::OffloadArgs,
 }
 
 impl Instance {
@@ -225,7 +228,7 @@ impl Instance {
     pub fn load(&self, models: &[ModelInfo], n_ctx: usize) -> Result<Session, CliError> {
         let kv = |s: &str| parse_kv_type(s).ok_or_else(|| CliError(format!("unknown cache type {s:?}")));
         let (k_type, v_type) = (kv(&self.type_k)?, kv(&self.type_v)?);
-        let opts = LoadOptions {
+        let mut opts = LoadOptions {
             n_ctx,
             n_threads: self.threads,
             k_type,
@@ -235,6 +238,7 @@ impl Instance {
             overrides: self.overrides.clone(),
             ..LoadOptions::default()
         };
+        self.offload.apply(&mut opts)?;
         let path = &models[self.model].path;
         Session::load(path, &opts).map_err(|e| CliError(format!("{}: {e}", path.display())))
     }
@@ -294,7 +298,9 @@ fn plan(a: &Args) -> Result<Plan, CliError> {
                         let n_ubatch = ub.min(n_batch);
                         let (type_k, type_v) = (type_k.clone(), type_v.clone());
                         let overrides = a.override_tensor.clone();
-                        let inst = Instance { model, n_batch, n_ubatch, type_k, type_v, threads: t, ngl, overrides };
+                        let offload = a.offload.clone();
+                        let inst =
+                            Instance { model, n_batch, n_ubatch, type_k, type_v, threads: t, ngl, overrides, offload };
                         if !instances.contains(&inst) {
                             instances.push(inst);
                         }

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use tern_backend::BackendId;
-use tern_engine::planning::{parse_devices, plan_for, DeviceSpec, MemoryUse};
+use tern_engine::planning::{parse_devices, plan_for, DeviceSpec, MemoryUse, OffloadEstimate};
 use tern_graph::Op;
 
 use crate::json;
@@ -22,6 +22,11 @@ pub struct Plan {
     nodes: BTreeMap<(String, String), usize>,
     splits: Vec<(String, usize, usize)>, // backend, nodes, copies
     copy_bytes: usize,
+    policy: String,
+    prompt_tokens: usize,
+    prompt_nodes: BTreeMap<(String, String), usize>,
+    prompt_copy_bytes: usize,
+    offload: OffloadEstimate,
 }
 
 impl Plan {
@@ -76,7 +81,34 @@ impl Plan {
         }
         let splits = schedule.splits.iter().map(|s| (s.backend.to_string(), s.nodes.len(), s.copies.len())).collect();
         let copy_bytes = schedule.copy_bytes(&built.graph);
-        Ok(Plan { memory: plan.memory, weights, bytes_per_token, nodes, splits, copy_bytes })
+        let mut prompt_nodes = BTreeMap::new();
+        for (node, a) in plan.prompt.graph.nodes.iter().zip(&plan.prompt_schedule.assigned) {
+            if !node.op.is_leaf() {
+                *prompt_nodes.entry((a.backend.to_string(), a.reason.to_string())).or_insert(0) += 1;
+            }
+        }
+        let p = &plan.placement.offload;
+        let rates = if p.cost.measured { "measured" } else { "assumed" };
+        let policy = format!(
+            "{p}; cost model ({rates}): host link {:.0} GB/s, CPU {:.2} TMAC/s and {:.0} GB/s, GPU {:.0} TMAC/s",
+            p.cost.h2d_bytes_per_s / 1e9,
+            p.cost.cpu_macs_per_s / 1e12,
+            p.cost.cpu_bytes_per_s / 1e9,
+            p.cost.gpu_macs_per_s / 1e12
+        );
+        Ok(Plan {
+            memory: plan.memory,
+            weights,
+            bytes_per_token,
+            nodes,
+            splits,
+            copy_bytes,
+            policy,
+            prompt_tokens: plan.prompt.graph.node(plan.prompt.inputs.tokens).ne[0],
+            prompt_nodes,
+            prompt_copy_bytes: plan.prompt_schedule.copy_bytes(&plan.prompt.graph),
+            offload: plan.offload,
+        })
     }
 
     pub fn print(&self) {
@@ -96,12 +128,31 @@ impl Plan {
         for (i, (backend, n, copies)) in self.splits.iter().enumerate() {
             println!("    split {i}: {backend:<7} {n:>4} nodes, {copies} inputs copied in");
         }
+        let o = &self.offload;
+        println!("\nprompt micro-batch ({} tokens), offload policy {}:", self.prompt_tokens, self.policy);
+        for ((backend, reason), n) in &self.prompt_nodes {
+            println!("  {backend:<7} {n:>5} nodes  ({reason})");
+        }
+        println!("  {} bytes copied between backends per micro-batch", self.prompt_copy_bytes);
+        if o.matmuls > 0 {
+            println!(
+                "  {} of {} matmuls on staged host weights offloaded, streaming {} bytes per micro-batch",
+                o.offloaded, o.matmuls, o.streamed_bytes
+            );
+            println!(
+                "  cost model for those matmuls: {:.2} ms on the CPU, {:.2} ms offloaded (streaming included)",
+                o.cpu_s * 1e3,
+                o.offload_s * 1e3
+            );
+        }
         println!("\nmemory (weights as stored on the backend, KV cache, per-step arena):");
         let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
         for m in &self.memory {
             let cap = m.capacity.map_or(String::new(), |c| format!(" of {:.2} GiB", gib(c)));
+            let staged =
+                if m.staged > 0 { format!(" (+ {:.3} GiB staged in pinned host memory)", gib(m.staged)) } else { String::new() };
             println!(
-                "  {:<7} weights {:.3} GiB, KV {:.3} GiB, arena {:.3} GiB: {:.3} GiB{cap}",
+                "  {:<7} weights {:.3} GiB, KV {:.3} GiB, arena {:.3} GiB: {:.3} GiB{cap}{staged}",
                 m.backend.to_string(),
                 gib(m.weights),
                 gib(m.kv),
@@ -152,12 +203,33 @@ impl Plan {
                     ("weight_bytes", m.weights.to_string()),
                     ("kv_bytes", m.kv.to_string()),
                     ("arena_bytes", m.arena.to_string()),
+                    ("staged_bytes", m.staged.to_string()),
                     ("capacity_bytes", m.capacity.map_or("null".to_string(), |c| c.to_string())),
                 ])
             })
             .collect();
+        let prompt_nodes: Vec<String> = self
+            .prompt_nodes
+            .iter()
+            .map(|((b, r), n)| {
+                json::object(&[("backend", json::string(b)), ("reason", json::string(r)), ("nodes", n.to_string())])
+            })
+            .collect();
+        let o = &self.offload;
+        let prompt = json::object(&[
+            ("tokens", self.prompt_tokens.to_string()),
+            ("policy", json::string(&self.policy)),
+            ("nodes", json::array(&prompt_nodes)),
+            ("copy_bytes", self.prompt_copy_bytes.to_string()),
+            ("staged_matmuls", o.matmuls.to_string()),
+            ("offloaded_matmuls", o.offloaded.to_string()),
+            ("streamed_bytes", o.streamed_bytes.to_string()),
+            ("cpu_ms", format!("{:.3}", o.cpu_s * 1e3)),
+            ("offload_ms", format!("{:.3}", o.offload_s * 1e3)),
+        ]);
         json::object(&[
             ("memory", json::array(&memory)),
+            ("prompt", prompt),
             ("weights", json::array(&weights)),
             ("per_token", json::array(&per_token)),
             ("nodes", json::array(&nodes)),

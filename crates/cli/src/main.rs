@@ -54,8 +54,9 @@ impl<E: std::fmt::Display> From<E> for CliError {
 
 /// llama.cpp spells some long options with one dash (`-ot`, `-ctk`); clap's
 /// short flags are one letter, so those spellings are rewritten first.
-const SINGLE_DASH_LONG: [(&str, &str); 7] = [
+const SINGLE_DASH_LONG: [(&str, &str); 8] = [
     ("-ot", "--override-tensor"),
+    ("-op", "--offload-policy"),
     ("-ngl", "--n-gpu-layers"),
     ("-fa", "--flash-attn"),
     ("-ctk", "--cache-type-k"),

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use tern_engine::{generate, parse_kv_type, LoadOptions, Session};
 use tern_sampling::{Sampler, SamplerConfig};
+use tern_sched::OffloadPolicy;
 
 use crate::CliError;
 
@@ -41,6 +42,47 @@ pub struct ModelArgs {
     /// Layers to offload to the GPU (`-ngl`); past the layer count the output layer too.
     #[arg(long = "n-gpu-layers", default_value_t = 0)]
     pub n_gpu_layers: usize,
+    #[command(flatten)]
+    pub offload: OffloadArgs,
+}
+
+/// The offload policy and the MoE placement shortcuts (shared with `bench`).
+#[derive(clap::Args, Clone, Debug, Default, PartialEq, Eq)]
+pub struct OffloadArgs {
+    /// Offload policy (`-op`): OP,0|1|auto pairs, OP a name (mul_mat, mul_mat_id,
+    /// moe_up_gate, all) or an ik_llama.cpp op number. Ops on host weights run on
+    /// the GPU, streaming the weight in, from --offload-batch tokens (1), when the
+    /// cost model says it is faster (auto), or never (0). Default: all,1.
+    #[arg(long = "offload-policy", value_name = "OP,MODE")]
+    pub offload_policy: Vec<String>,
+    /// Tokens per micro-batch from which ops on host weights are offloaded [default: 32].
+    #[arg(long = "offload-batch", value_name = "N")]
+    pub offload_batch: Option<usize>,
+    /// Keep every MoE expert tensor on the CPU (`-ot` rules apply first).
+    #[arg(long = "cpu-moe")]
+    pub cpu_moe: bool,
+    /// Keep the MoE expert tensors of the first N layers on the CPU.
+    #[arg(long = "n-cpu-moe", value_name = "N")]
+    pub n_cpu_moe: Option<usize>,
+}
+
+impl OffloadArgs {
+    /// Sets the policy and appends the MoE rules after the `-ot` ones.
+    pub fn apply(&self, opts: &mut LoadOptions) -> Result<(), CliError> {
+        opts.offload = OffloadPolicy::parse(&self.offload_policy)?;
+        if let Some(b) = self.offload_batch {
+            opts.offload.min_batch = b.max(1);
+        }
+        let layers = match (self.cpu_moe, self.n_cpu_moe) {
+            (true, _) => Some(None),
+            (false, Some(n)) => Some(Some(n)),
+            (false, None) => None,
+        };
+        if let Some(first) = layers {
+            opts.overrides.extend(tern_sched::moe_overrides(first));
+        }
+        Ok(())
+    }
 }
 
 impl ModelArgs {
@@ -89,6 +131,7 @@ impl ModelArgs {
         opts.v_type = kv(&self.cache_type_v)?;
         opts.overrides = self.override_tensor.clone();
         opts.n_gpu_layers = self.n_gpu_layers;
+        self.offload.apply(&mut opts)?;
         Ok(opts)
     }
 }

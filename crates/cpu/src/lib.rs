@@ -3,6 +3,7 @@
 //! the per-format dot products come from `tern-quant`.
 
 mod buffer;
+mod calibrate;
 pub mod isa;
 pub mod kernels;
 mod ops;
@@ -14,6 +15,8 @@ use tern_backend::{
 use tern_graph::{DType, Graph, Node, NodeId, Op};
 use tern_quant::ternary::rows::Packing;
 use tern_quant::GgmlType;
+
+pub use calibrate::Rates;
 
 use buffer::{Buffers, Storage};
 use isa::Isa;

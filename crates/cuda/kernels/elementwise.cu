@@ -87,3 +87,19 @@ extern "C" __global__ void rope(const float* x, float* out, const int* pos, cons
         oh[b] = (float)(x0 * s + x1 * c);
     }
 }
+
+// Streams a staged weight from pinned host memory (mapped into the device's
+// address space) into device memory: the copy an offloaded matmul does first.
+// Four 16-byte loads in flight per thread keep the host link busy.
+extern "C" __global__ void copy_in(const uint4* __restrict__ src, uint4* __restrict__ dst, u64 n16) {
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    for (; i + 3 * stride < n16; i += 4 * stride) {
+        uint4 a = src[i], b = src[i + stride], c = src[i + 2 * stride], d = src[i + 3 * stride];
+        dst[i] = a;
+        dst[i + stride] = b;
+        dst[i + 2 * stride] = c;
+        dst[i + 3 * stride] = d;
+    }
+    for (; i < n16; i += stride) dst[i] = src[i];
+}

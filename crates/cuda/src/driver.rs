@@ -132,6 +132,28 @@ impl Gpu {
         }
     }
 
+    /// Pinned host memory that kernels can read over the host link: the
+    /// host pointer and the device's address of the same bytes.
+    pub fn alloc_mapped(&self, bytes: usize) -> DResult<(*mut u8, u64)> {
+        self.bind()?;
+        let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
+        let host = unsafe { result::malloc_host(bytes.max(1), flags) }.map_err(err)?;
+        let mut dev: sys::CUdeviceptr = 0;
+        let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, host, 0) };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            let _ = unsafe { result::free_host(host) };
+            return Err(format!("cuMemHostGetDevicePointer: {r:?}"));
+        }
+        Ok((host as *mut u8, dev))
+    }
+
+    pub fn free_mapped(&self, host: *mut u8) {
+        if self.bind().is_ok() {
+            let _ = unsafe { result::stream::synchronize(self.stream) };
+            let _ = unsafe { result::free_host(host as *mut c_void) };
+        }
+    }
+
     pub fn mem_info(&self) -> DResult<(usize, usize)> {
         self.bind()?;
         result::mem_get_info().map_err(err)

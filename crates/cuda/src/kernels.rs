@@ -45,10 +45,11 @@ pub enum Kernel {
     RopeStore,
     Attention,
     FlashAttn,
+    CopyIn,
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 18] = [
+    pub const ALL: [Kernel; 19] = [
         Kernel::GetRows,
         Kernel::RmsNorm,
         Kernel::Binary,
@@ -67,6 +68,7 @@ impl Kernel {
         Kernel::RopeStore,
         Kernel::Attention,
         Kernel::FlashAttn,
+        Kernel::CopyIn,
     ];
 
     /// (source module, entry point).
@@ -90,6 +92,7 @@ impl Kernel {
             Kernel::RopeStore => ("attention", "rope_store"),
             Kernel::Attention => ("attention", "attention"),
             Kernel::FlashAttn => ("attention", "flash_attn"),
+            Kernel::CopyIn => ("elementwise", "copy_in"),
         }
     }
 }

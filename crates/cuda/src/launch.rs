@@ -48,11 +48,15 @@ pub struct Launch {
     /// Dynamic shared memory, bytes.
     pub smem: u32,
     pub args: Vec<Arg>,
+    /// Starts only once the previous launch has finished (no programmatic
+    /// dependent launch): for launches around a weight being streamed in,
+    /// since the kernels read their weights before `pdl_wait`.
+    pub serial: bool,
 }
 
 impl Launch {
     pub fn new(kernel: Kernel, grid: (u32, u32, u32), block: u32) -> Launch {
-        Launch { kernel, grid, block, smem: 0, args: Vec::with_capacity(12) }
+        Launch { kernel, grid, block, smem: 0, args: Vec::with_capacity(12), serial: false }
     }
 
     pub fn smem(mut self, bytes: usize) -> Launch {
@@ -80,6 +84,11 @@ impl Launch {
         self
     }
 
+    pub fn serial(mut self) -> Launch {
+        self.serial = true;
+        self
+    }
+
     pub fn arg(mut self, a: Arg) -> Launch {
         self.args.push(a);
         self
@@ -97,6 +106,6 @@ impl Launch {
                 Arg::Batch(v) => v as *const TernaryBatch as *mut c_void,
             })
             .collect();
-        gpu.launch(kernels.get(self.kernel), self.grid, self.block, self.smem, &mut params, pdl)
+        gpu.launch(kernels.get(self.kernel), self.grid, self.block, self.smem, &mut params, pdl && !self.serial)
     }
 }

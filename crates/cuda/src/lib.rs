@@ -57,12 +57,18 @@ pub(crate) struct Weight {
     pub ternary: Option<TernaryShape>,
     /// Stored as int8 levels with a scale per 16 (`qlayout.rs`).
     pub q8: bool,
+    /// For a staged copy kept in mapped host memory: the bytes (codes, then
+    /// scales) that a launch list streams into device memory before reading.
+    pub staged: Option<usize>,
 }
 
 pub(crate) struct DevBuf {
+    /// The device's address (for mapped host memory, its device alias).
     pub ptr: u64,
     pub bytes: usize,
     pub weight: Option<Weight>,
+    /// The host address of mapped host memory; 0 for device memory.
+    pub host: usize,
 }
 
 #[derive(Default)]
@@ -139,6 +145,8 @@ pub struct CudaBackend {
     scratch: Scratch,
     scratch_buf: Option<u64>,
     counters_buf: Option<u64>,
+    /// Ring of device memory that staged weights are streamed into.
+    staging_buf: Option<u64>,
     /// Lowered launch lists by the fingerprint of (nodes, locations), with
     /// their captured graph once one exists.
     plans: HashMap<u64, Plan>,
@@ -177,6 +185,7 @@ impl CudaBackend {
             scratch: Scratch::default(),
             scratch_buf: None,
             counters_buf: None,
+            staging_buf: None,
             plans: HashMap::new(),
             use_graphs: env_flag("TERN_CUDA_GRAPHS", true),
             pdl,
@@ -214,6 +223,39 @@ impl CudaBackend {
         Ok(times[times.len() / 2])
     }
 
+    /// The rate at which staged weights stream in (the copy kernel reading
+    /// mapped host memory), bytes per second: the best of three 64 MiB copies
+    /// after a warm-up. The offload policy's `auto` mode weighs it.
+    pub fn measure_h2d(&mut self) -> Result<f64> {
+        let bytes = 64 << 20;
+        let (host, src) = self.gpu.alloc_mapped(bytes).map_err(|m| self.dev_err(m))?;
+        let dst = match self.alloc_raw(bytes) {
+            Ok(d) => d,
+            Err(e) => {
+                self.gpu.free_mapped(host);
+                return Err(e);
+            }
+        };
+        let copy = Launch::new(kernels::Kernel::CopyIn, (1024, 1, 1), 256).ptr(src).ptr(dst).u64(bytes as u64 / 16);
+        let timed = (|| -> std::result::Result<f64, String> {
+            let (start, end) = (self.gpu.event()?, self.gpu.event()?);
+            let mut best = f64::INFINITY;
+            for rep in 0..4 {
+                self.gpu.record(&start)?;
+                copy.run(&self.gpu, &self.kernels, false)?;
+                self.gpu.record(&end)?;
+                let s = start.elapsed_ms(&end)? as f64 / 1e3;
+                if rep > 0 {
+                    best = best.min(s);
+                }
+            }
+            Ok(bytes as f64 / best.max(1e-9))
+        })();
+        self.gpu.free(dst);
+        self.gpu.free_mapped(host);
+        timed.map_err(|m| self.dev_err(m))
+    }
+
     /// Modules NVRTC compiled while opening (0 when all came from the cache).
     pub fn kernels_compiled(&self) -> usize {
         self.kernels.compiled
@@ -238,6 +280,26 @@ impl CudaBackend {
             Some(b) if loc.offset + loc.nbytes <= b.bytes => Ok(b.ptr + loc.offset as u64),
             _ => Err(self.dev_err(format!("invalid tensor location {loc:?}"))),
         }
+    }
+
+    fn free_buf(&self, b: &DevBuf) {
+        if b.host != 0 {
+            self.gpu.free_mapped(b.host as *mut u8);
+        } else {
+            self.gpu.free(b.ptr);
+        }
+    }
+
+    fn grow_staging(&mut self, bytes: usize) -> Result<()> {
+        self.plans.clear();
+        if let Some(p) = self.staging_buf.take() {
+            self.gpu.free(p);
+        }
+        let p = self.alloc_raw(bytes)?;
+        self.staging_buf = Some(p);
+        self.scratch.stage_base = p;
+        self.scratch.stage_cap = bytes;
+        Ok(())
     }
 
     fn grow_scratch(&mut self, bytes: usize) -> Result<()> {
@@ -342,8 +404,10 @@ impl Drop for CudaBackend {
             }
         }
         self.plans.clear();
-        let ptrs: Vec<u64> = self.buffers.list.iter().flatten().map(|b| b.ptr).collect();
-        for p in ptrs.into_iter().chain(self.scratch_buf).chain(self.counters_buf) {
+        for b in self.buffers.list.iter().flatten() {
+            self.free_buf(b);
+        }
+        for p in [self.scratch_buf, self.counters_buf, self.staging_buf].into_iter().flatten() {
             self.gpu.free(p);
         }
     }
@@ -376,6 +440,12 @@ pub fn supports(node: &Node, srcs: &[&Node]) -> bool {
         }
         Op::RmsNorm { .. } | Op::Mul | Op::Add | Op::Scale { .. } | Op::GatedAct(_) => srcs.iter().all(|n| f32(n)),
     }
+}
+
+/// Whether a host-resident weight can be staged for offloaded matmuls
+/// ([`Backend::load_staged`]): ternary matrices, which the GEMM streams in.
+pub fn streams(desc: WeightDesc) -> bool {
+    desc.ty.is_ternary() && desc.ne[2] == 1 && desc.ne[3] == 1
 }
 
 /// Bytes a weight takes on the GPU once loaded (`load_weight`): ternary
@@ -423,14 +493,14 @@ impl Backend for CudaBackend {
 
     fn alloc(&mut self, bytes: usize) -> Result<BufferId> {
         let ptr = self.alloc_raw(bytes)?;
-        Ok(self.buffers.insert(DevBuf { ptr, bytes, weight: None }))
+        Ok(self.buffers.insert(DevBuf { ptr, bytes, weight: None, host: 0 }))
     }
 
     fn free(&mut self, buffer: BufferId) {
         if let Some(b) = self.buffers.list.get_mut(buffer.0 as usize).and_then(|b| b.take()) {
             // Plans hold device pointers, and the buffer id may come back with another.
             self.plans.clear();
-            self.gpu.free(b.ptr);
+            self.free_buf(&b);
         }
     }
 
@@ -452,6 +522,7 @@ impl Backend for CudaBackend {
                 ptr_scales: ptr + scale_off as u64,
                 ternary: Some(shape),
                 q8: false,
+                staged: None,
             };
             (ptr, total, w)
         } else if qlayout::supported(desc.ty) && is_matrix {
@@ -463,15 +534,57 @@ impl Backend for CudaBackend {
             let scales: Vec<u8> = q.scales.iter().flat_map(|s| s.to_le_bytes()).collect();
             self.gpu.upload(ptr, levels).map_err(|m| self.dev_err(m))?;
             self.gpu.upload(ptr + scale_off as u64, &scales).map_err(|m| self.dev_err(m))?;
-            let w = Weight { ty: desc.ty, ptr_codes: ptr, ptr_scales: ptr + scale_off as u64, ternary: None, q8: true };
+            let w = Weight {
+                ty: desc.ty,
+                ptr_codes: ptr,
+                ptr_scales: ptr + scale_off as u64,
+                ternary: None,
+                q8: true,
+                staged: None,
+            };
             (ptr, total, w)
         } else {
             let ptr = self.alloc_raw(data.len())?;
             self.gpu.upload(ptr, data).map_err(|m| self.dev_err(m))?;
-            (ptr, data.len(), Weight { ty: desc.ty, ptr_codes: ptr, ptr_scales: 0, ternary: None, q8: false })
+            let w = Weight { ty: desc.ty, ptr_codes: ptr, ptr_scales: 0, ternary: None, q8: false, staged: None };
+            (ptr, data.len(), w)
         };
         // The location's size is the file's, which is what the graph's byte counts use.
-        let buffer = self.buffers.insert(DevBuf { ptr, bytes: total.max(data.len()), weight: Some(weight) });
+        let buffer = self.buffers.insert(DevBuf { ptr, bytes: total.max(data.len()), weight: Some(weight), host: 0 });
+        Ok(LoadedWeight { loc: TensorLoc { buffer, offset: 0, nbytes: data.len() }, aliases_host: false })
+    }
+
+    /// Ternary matrices only ([`streams`]): repacked into the GPU layout in
+    /// mapped host memory, which the matmul's launch list streams in.
+    fn load_staged(&mut self, bytes: HostBytes, desc: WeightDesc) -> Result<LoadedWeight> {
+        let data = bytes.as_slice();
+        if !streams(desc) {
+            let types = format!("{} {:?}", desc.ty, desc.ne);
+            return Err(Error::Unsupported { backend: self.id, op: "staged weight", types });
+        }
+        let t = GpuTernary::pack(desc.ty, data, desc.ne[0], desc.ne[1]);
+        let scale_off = t.codes.len().next_multiple_of(256);
+        // Whole 16-byte words, which the copy kernel moves.
+        let total = (scale_off + t.scales.len() * 4).next_multiple_of(16);
+        let (host, dev) = self.gpu.alloc_mapped(total).map_err(|m| self.dev_err(m))?;
+        // SAFETY: `alloc_mapped` returned `total` bytes of host memory that nothing else uses yet.
+        let mem = unsafe { std::slice::from_raw_parts_mut(host, total) };
+        mem[..t.codes.len()].copy_from_slice(&t.codes);
+        mem[t.codes.len()..scale_off].fill(0);
+        for (d, s) in mem[scale_off..].chunks_exact_mut(4).zip(&t.scales) {
+            d.copy_from_slice(&s.to_le_bytes());
+        }
+        mem[scale_off + t.scales.len() * 4..].fill(0);
+        let w = Weight {
+            ty: desc.ty,
+            ptr_codes: dev,
+            ptr_scales: dev + scale_off as u64,
+            ternary: Some(TernaryShape { k_pad: t.k_pad, rows: t.rows, groups: t.groups }),
+            q8: false,
+            staged: Some(total),
+        };
+        let b = DevBuf { ptr: dev, bytes: total.max(data.len()), weight: Some(w), host: host as usize };
+        let buffer = self.buffers.insert(b);
         Ok(LoadedWeight { loc: TensorLoc { buffer, offset: 0, nbytes: data.len() }, aliases_host: false })
     }
 
@@ -497,6 +610,7 @@ impl Backend for CudaBackend {
                     Ok(l) => break l,
                     Err(Need::Workspace(n)) => self.grow_scratch(n)?,
                     Err(Need::Counters(n)) => self.grow_counters(n)?,
+                    Err(Need::Staging(n)) => self.grow_staging(n)?,
                     Err(Need::Error(m)) => return Err(self.dev_err(m)),
                 }
             };

@@ -37,13 +37,21 @@ pub struct Scratch {
     pub cap: usize,
     pub counters: u64,
     pub counters_cap: usize,
+    /// The ring that staged weights stream into.
+    pub stage_base: u64,
+    pub stage_cap: usize,
 }
+
+/// Smallest staging ring: several weights' worth, so a copy rarely waits on
+/// the matmul before it to free its slot.
+const STAGE_MIN: usize = 64 << 20;
 
 /// What a lowering ran out of; the caller grows it and lowers again.
 #[derive(Debug)]
 pub enum Need {
     Workspace(usize),
     Counters(usize),
+    Staging(usize),
     Error(String),
 }
 
@@ -70,6 +78,9 @@ struct Lower<'a> {
     scratch: Scratch,
     ws_used: usize,
     counters_used: usize,
+    /// Next free byte of the staging ring, and the most one launch streams.
+    stage_used: usize,
+    stage_need: usize,
     quant: HashMap<NodeId, Quant>,
     /// Rope nodes left for the attention that reads them (fused with its cache store).
     deferred_rope: Vec<NodeId>,
@@ -112,6 +123,8 @@ pub fn lower(
         scratch,
         ws_used: 0,
         counters_used: 0,
+        stage_used: 0,
+        stage_need: 0,
         quant: HashMap::new(),
         deferred_rope: Vec::new(),
         in_split,
@@ -126,6 +139,9 @@ pub fn lower(
     }
     if l.counters_used > scratch.counters_cap {
         return Err(Need::Counters(l.counters_used));
+    }
+    if l.stage_need > scratch.stage_cap {
+        return Err(Need::Staging((2 * l.stage_need).max(STAGE_MIN)));
     }
     Ok(Lowered { launches: l.out })
 }
@@ -165,6 +181,37 @@ impl Lower<'_> {
         let off = self.ws_used;
         self.ws_used = (off + bytes).next_multiple_of(256);
         self.scratch.base + off as u64
+    }
+
+    /// Streams the staged weights among `ws` into the staging ring (one
+    /// copy launch each) and returns them as device-resident weights. All of
+    /// one launch's weights sit in the ring at once; the launches around the
+    /// copies are serial, so a slot is reused only after its reader finished.
+    fn stream_in(&mut self, ws: &mut [&mut Weight]) {
+        let total: usize = ws.iter().filter_map(|w| w.staged).sum();
+        if total == 0 {
+            return;
+        }
+        self.stage_need = self.stage_need.max(total);
+        if self.stage_used + total > self.scratch.stage_cap {
+            self.stage_used = 0;
+        }
+        for w in ws.iter_mut() {
+            let Some(bytes) = w.staged else { continue };
+            let slot = self.scratch.stage_base + self.stage_used as u64;
+            self.stage_used = (self.stage_used + bytes).next_multiple_of(256);
+            let n16 = bytes / 16;
+            let blocks = n16.div_ceil(1024).clamp(1, 1024) as u32;
+            let l = Launch::new(Kernel::CopyIn, (blocks, 1, 1), 256)
+                .ptr(w.ptr_codes)
+                .ptr(slot)
+                .u64(n16 as u64)
+                .serial();
+            self.out.push(l);
+            w.ptr_scales = slot + (w.ptr_scales - w.ptr_codes);
+            w.ptr_codes = slot;
+            w.staged = None;
+        }
     }
 
     fn node_ref(&self, id: NodeId) -> &tern_graph::Node {
@@ -421,6 +468,11 @@ impl Lower<'_> {
                 _ => break,
             }
         }
+        let streamed = group.iter().any(|(_, w)| w.staged.is_some());
+        {
+            let mut ws: Vec<&mut Weight> = group.iter_mut().map(|(_, w)| w).collect();
+            self.stream_in(&mut ws);
+        }
         let mut consumed = group.len();
         // gate/up read only by the activation that follows: one launch writes act(gate) * up.
         let pair = match (&group[..], nodes.get(i + 2)) {
@@ -493,7 +545,7 @@ impl Lower<'_> {
             .i32(n_tok as i32);
         // The GEMV also takes the paired activation (-1: none).
         let l = if kernel == Kernel::TernaryGemm { l } else { l.i32(pair.map_or(-1, |(_, a)| a)) };
-        self.out.push(l);
+        self.out.push(if streamed { l.serial() } else { l });
         Ok(consumed)
     }
 

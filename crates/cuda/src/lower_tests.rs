@@ -69,9 +69,9 @@ fn layer(n: usize) -> Layer {
 
 /// Fake device memory: every node its own range of buffer 0, weights their
 /// own buffers with GPU-layout metadata. `alias` puts one node's bytes on another's.
-fn bind(g: &Graph, alias: Option<(NodeId, NodeId)>) -> (Buffers, Vec<Option<TensorLoc>>) {
+fn bind(g: &Graph, alias: Option<(NodeId, NodeId)>, staged: &[&str]) -> (Buffers, Vec<Option<TensorLoc>>) {
     let mut bufs = Buffers::default();
-    let arena = bufs.insert(DevBuf { ptr: 1 << 40, bytes: 1 << 30, weight: None });
+    let arena = bufs.insert(DevBuf { ptr: 1 << 40, bytes: 1 << 30, weight: None, host: 0 });
     let mut locs = vec![None; g.nodes.len()];
     let mut offset = 0;
     for id in g.ids() {
@@ -84,8 +84,11 @@ fn bind(g: &Graph, alias: Option<(NodeId, NodeId)>) -> (Buffers, Vec<Option<Tens
                 };
                 let ternary = ty.is_ternary().then_some(TernaryShape { k_pad: n.ne[0], rows: n.ne[1], groups: 1 });
                 let ptr = (1 << 41) + (id.0 as u64) * (1 << 24);
-                let weight = Weight { ty, ptr_codes: ptr, ptr_scales: ptr + 4096, ternary, q8: false };
-                let buffer = bufs.insert(DevBuf { ptr, bytes: 1 << 24, weight: Some(weight) });
+                let name = n.label.as_deref().unwrap_or_default();
+                let staged = staged.contains(&name).then_some(1 << 20);
+                let weight = Weight { ty, ptr_codes: ptr, ptr_scales: ptr + 4096, ternary, q8: false, staged };
+                let host = if staged.is_some() { ptr as usize } else { 0 };
+                let buffer = bufs.insert(DevBuf { ptr, bytes: 1 << 24, weight: Some(weight), host });
                 TensorLoc { buffer, offset: 0, nbytes: n.nbytes() }
             }
             _ => {
@@ -102,14 +105,22 @@ fn bind(g: &Graph, alias: Option<(NodeId, NodeId)>) -> (Buffers, Vec<Option<Tens
     (bufs, locs)
 }
 
+const SCRATCH: Scratch =
+    Scratch { base: 1 << 42, cap: 1 << 30, counters: 1 << 43, counters_cap: 1 << 20, stage_base: 1 << 44, stage_cap: 0 };
+
 fn launches(l: &Layer, alias: Option<(NodeId, NodeId)>) -> Vec<crate::launch::Launch> {
-    let (bufs, locs) = bind(&l.g, alias);
+    lowered(l, alias, &[], SCRATCH).unwrap_or_else(|e| panic!("{e:?}"))
+}
+
+fn lowered(
+    l: &Layer,
+    alias: Option<(NodeId, NodeId)>,
+    staged: &[&str],
+    scratch: Scratch,
+) -> Result<Vec<crate::launch::Launch>, crate::lower::Need> {
+    let (bufs, locs) = bind(&l.g, alias, staged);
     let nodes: Vec<NodeId> = l.g.ids().filter(|id| !l.g.node(*id).op.is_leaf()).collect();
-    let scratch = Scratch { base: 1 << 42, cap: 1 << 30, counters: 1 << 43, counters_cap: 1 << 20 };
-    match lower(&l.g, &nodes, &locs, &bufs, scratch) {
-        Ok(l) => l.launches,
-        Err(e) => panic!("{e:?}"),
-    }
+    lower(&l.g, &nodes, &locs, &bufs, scratch).map(|l| l.launches)
 }
 
 fn kernels(ls: &[crate::launch::Launch]) -> Vec<Kernel> {
@@ -187,4 +198,42 @@ fn overlapping_bytes_turn_the_norm_fusion_off() {
     let l = layer(1);
     let ls = launches(&l, Some((l.norm_out, l.x)));
     assert_eq!(kernels(&ls)[..4], [RmsNorm, Binary, NormQuant, TernaryGemv1]);
+}
+
+/// Offloaded matmuls on staged weights: each launch first streams its
+/// weights into the staging ring, with no programmatic early start around
+/// the copies, and reads them there.
+#[test]
+fn staged_weights_are_streamed_in_before_their_matmul() {
+    use Kernel::*;
+    let l = layer(64);
+    let need = lowered(&l, None, &["gate", "up", "down"], SCRATCH).err().expect("a ring is needed");
+    let crate::lower::Need::Staging(ring) = need else { panic!("{need:?}") };
+    assert!(ring >= 2 << 20, "gate and up together: {ring}");
+    let ls = lowered(&l, None, &["gate", "up", "down"], Scratch { stage_cap: ring, ..SCRATCH }).unwrap();
+    let want = [
+        NormQuant,
+        TernaryGemm,
+        RopeStore,
+        FlashAttn,
+        NormQuant,
+        TernaryGemm,
+        NormQuant,
+        CopyIn, // gate
+        CopyIn, // up
+        TernaryGemm,
+        GatedAct,
+        NormQuant,
+        CopyIn, // down
+        TernaryGemm,
+    ];
+    assert_eq!(kernels(&ls), want);
+    let serial: Vec<bool> = ls.iter().map(|l| l.serial).collect();
+    assert_eq!(serial.iter().filter(|s| **s).count(), 5, "the copies and the two GEMMs that read them");
+    assert!(serial[7] && serial[8] && serial[9] && serial[12] && serial[13]);
+    // The GEMM reads the ring, not the host copy.
+    let b = batch(&ls[9]);
+    assert_eq!((b.m[0].w, b.m[1].w), (1 << 44, (1 << 44) + (1 << 20)));
+    assert_eq!(ls[7].args[1], Arg::Ptr(1 << 44));
+    assert!(b.m[0].scales > b.m[0].w && b.m[0].scales < b.m[1].w);
 }

@@ -9,7 +9,7 @@ use tern_cpu::CpuBackend;
 use tern_gguf::{File, GgmlType};
 use tern_graph::Op;
 use tern_models::{Batch, Built, KvSpec, Model};
-use tern_sched::{Backends, NodeReason, Placement, PlacementRules, Schedule, VirtualBackend};
+use tern_sched::{Backends, CopyKind, NodeReason, OffloadOp, Placement, PlacementRules, Schedule, VirtualBackend, Work};
 
 use crate::error::{Error, Result};
 use crate::session::LoadOptions;
@@ -66,6 +66,9 @@ pub struct MemoryUse {
     pub kv: u64,
     /// Per-step tensors of the largest micro-batch.
     pub arena: u64,
+    /// Staged copies of host weights, kept in pinned host memory in this
+    /// device's layout for offloaded ops (`-op`); not device memory.
+    pub staged: u64,
     /// The device's memory, when known.
     pub capacity: Option<u64>,
 }
@@ -85,12 +88,41 @@ pub(crate) fn place(model: &Model, opts: &LoadOptions, gpus: &[BackendId]) -> Re
     if let (n @ 1.., Some(&gpu)) = (opts.n_gpu_layers, gpus.first()) {
         rules = rules.with_gpu_layers(n, gpu);
     }
-    let placement = Placement::new(model.weights.table.names(), model.config.n_layer, &rules);
+    rules.offload = opts.offload.clone();
+    let mut placement = Placement::new(model.weights.table.names(), model.config.n_layer, &rules);
+    // Offloaded ops stream host weights to the first GPU; without one, a
+    // second CPU instance stands in for it (how tests exercise streaming).
+    let device = gpus.first().copied().or((opts.cpu_instances > 1).then(|| BackendId::cpu(1)));
+    let entries = &model.weights.table.entries;
+    let matmul_weights = matmul_operands(model, opts);
+    placement.stage(device, |i| {
+        let (d, device) = (desc(&entries[i]), device?);
+        if matmul_weights.contains(&i) {
+            (device.is_host() || tern_cuda::streams(d)).then_some(CopyKind::Staged)
+        } else {
+            // Vectors (norm weights): a few KiB each, worth keeping on both sides.
+            (d.ne[1] == 1 && d.ty == GgmlType::F32).then_some(CopyKind::Resident)
+        }
+    });
     let on_gpu = placement.kv_homes.iter().any(|b| !b.is_host());
     if on_gpu && [opts.k_type, opts.v_type].iter().any(|t| !matches!(t, GgmlType::F32 | GgmlType::F16)) {
         return Err(Error::KvType("the CUDA backend keeps f16 or f32 caches (use -ctk f16 -ctv f16)".into()));
     }
     Ok((ids, placement))
+}
+
+/// The weights that matmuls read (the only ones worth staging).
+fn matmul_operands(model: &Model, opts: &LoadOptions) -> std::collections::BTreeSet<usize> {
+    let step = model.build_graph(&Batch { n_tokens: 1, kv_pos: 0, n_outputs: 1 }, &kv_spec(model, opts));
+    let g = &step.graph;
+    g.nodes
+        .iter()
+        .filter(|n| matches!(n.op, Op::MulMat { .. }))
+        .filter_map(|n| match g.node(n.srcs[0]).op {
+            Op::Weight(i) => Some(i),
+            _ => None,
+        })
+        .collect()
 }
 
 pub(crate) fn kv_spec(model: &Model, opts: &LoadOptions) -> KvSpec {
@@ -143,10 +175,25 @@ fn memory_use(model: &Model, placement: &Placement, kv: &KvSpec, schedule: &Sche
                     }
                 })
                 .unwrap_or(0);
-            let weights = weights + head_copy;
+            let copies = |kind: CopyKind| -> u64 {
+                placement
+                    .staged
+                    .iter()
+                    .filter(|c| c.backend == b && c.kind == kind)
+                    .map(|c| {
+                        let info = &model.weights.table.entries[c.weight];
+                        tern_cuda::weight_bytes(desc(info), info.nbytes as usize) as u64
+                    })
+                    .sum()
+            };
+            let (staged, resident) = (copies(CopyKind::Staged), copies(CopyKind::Resident));
+            let weights = weights + head_copy + resident;
+            // A host backend standing in for a device keeps staged copies as weights.
+            let (weights, staged) = if b.is_host() { (weights + staged, 0) } else { (weights, staged) };
             let layers = placement.kv_homes.iter().filter(|h| **h == b).count() as u64;
             let arena = schedule.memory.arena_bytes.get(&b).copied().unwrap_or(0) as u64;
-            MemoryUse { backend: b, weights, kv: layers * (cache(kv.k_type) + cache(kv.v_type)), arena, capacity: None }
+            let kv = layers * (cache(kv.k_type) + cache(kv.v_type));
+            MemoryUse { backend: b, weights, kv, arena, staged, capacity: None }
         })
         .collect()
 }
@@ -194,7 +241,54 @@ pub struct DevicePlan {
     /// One token in, one row of logits out.
     pub step: Built,
     pub schedule: Schedule,
+    /// A prompt micro-batch (`n_batch` tokens), where the offload policy acts.
+    pub prompt: Built,
+    pub prompt_schedule: Schedule,
+    pub offload: OffloadEstimate,
     pub memory: Vec<MemoryUse>,
+}
+
+/// What the offload policy does to a prompt micro-batch's matmuls on host
+/// weights that have staged copies, with the cost model's times for both
+/// choices (the prediction `-op mul_mat,0|1` can be checked against).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct OffloadEstimate {
+    pub matmuls: usize,
+    pub offloaded: usize,
+    /// Staged weight bytes streamed per micro-batch.
+    pub streamed_bytes: u64,
+    /// Seconds for all of them on the CPU, and all of them offloaded.
+    pub cpu_s: f64,
+    pub offload_s: f64,
+}
+
+fn offload_estimate(prompt: &Built, schedule: &Schedule, placement: &Placement) -> OffloadEstimate {
+    let g = &prompt.graph;
+    let mut e = OffloadEstimate::default();
+    for (node, a) in g.nodes.iter().zip(&schedule.assigned) {
+        let Op::MulMat { .. } = node.op else { continue };
+        let w = g.node(node.srcs[0]);
+        let Op::Weight(i) = w.op else { continue };
+        if placement.staged_copy(i).is_none() {
+            continue;
+        }
+        let batch = node.ne[1] * node.ne[2] * node.ne[3];
+        let work = Work {
+            op: OffloadOp::MulMat,
+            batch,
+            weight_bytes: w.nbytes() as u64,
+            macs: (w.ne[0] * w.ne[1] * batch) as u64,
+            experts: None,
+        };
+        e.matmuls += 1;
+        e.cpu_s += placement.offload.cost.cpu_s(&work);
+        e.offload_s += placement.offload.cost.gpu_s(&work);
+        if matches!(a.reason, NodeReason::Offload(_)) {
+            e.offloaded += 1;
+            e.streamed_bytes += work.weight_bytes;
+        }
+    }
+    e
 }
 
 /// Plans `path` for a machine with `devices`, loading no weights and needing
@@ -210,7 +304,11 @@ pub fn plan_for(path: impl AsRef<std::path::Path>, opts: &LoadOptions, devices: 
     let memory = check_memory(&model, &placement, &kv, &backends, opts.n_batch, capacity)?;
     let step = model.build_graph(&Batch { n_tokens: 1, kv_pos: 0, n_outputs: 1 }, &kv);
     let schedule = Schedule::new(&step.graph, &placement, &backends);
-    Ok(DevicePlan { model, placement, step, schedule, memory })
+    let prompt_tokens = opts.n_batch.min(kv.n_ctx).max(1);
+    let prompt = model.build_graph(&Batch { n_tokens: prompt_tokens, kv_pos: 0, n_outputs: 1 }, &kv);
+    let prompt_schedule = Schedule::new(&prompt.graph, &placement, &backends);
+    let offload = offload_estimate(&prompt, &prompt_schedule, &placement);
+    Ok(DevicePlan { model, placement, step, schedule, prompt, prompt_schedule, offload, memory })
 }
 
 /// Stand-ins that answer `supports` like the real backends.

@@ -2,6 +2,7 @@
 //! batches of tokens. Load → place → upload weights → per micro-batch: build
 //! the graph, schedule it, run it.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use tern_backend::{Backend, BackendId, HostBytes, TensorLoc, WeightDesc};
@@ -10,7 +11,7 @@ use tern_cuda::CudaBackend;
 use tern_gguf::{File, GgmlType};
 use tern_graph::Op;
 use tern_models::{Batch, Built, Model};
-use tern_sched::{Backends, Placement, Schedule};
+use tern_sched::{Backends, CopyKind, Mode, OffloadOp, OffloadPolicy, Placement, Schedule};
 use tern_tokenizer::Tokenizer;
 
 use crate::error::{Error, Result};
@@ -36,6 +37,9 @@ pub struct LoadOptions {
     /// output layer too). Without a usable GPU the model stays on the CPU
     /// and the session says why in `notices`.
     pub n_gpu_layers: usize,
+    /// `-op` and `--offload-batch`: which ops on host-resident weights run on
+    /// the GPU, streaming the weight in (prompts, by default).
+    pub offload: OffloadPolicy,
 }
 
 impl LoadOptions {
@@ -57,6 +61,7 @@ impl Default for LoadOptions {
             overrides: Vec::new(),
             cpu_instances: 1,
             n_gpu_layers: 0,
+            offload: OffloadPolicy::default(),
         }
     }
 }
@@ -85,8 +90,9 @@ pub struct Session {
     pub placement: Placement,
     backends: Backends,
     weight_locs: Vec<TensorLoc>,
-    /// Where the tied head's copy of `token_embd` lives (on `placement.head_copy`'s backend).
-    head_copy: Option<TensorLoc>,
+    /// Second copies of weights, by (weight, backend): the tied head's copy
+    /// of `token_embd` and the staged copies of host weights.
+    copies: HashMap<(usize, BackendId), TensorLoc>,
     kv: KvCache,
     pos: usize,
     n_batch: usize,
@@ -96,7 +102,7 @@ pub struct Session {
     /// Graphs and schedules by (tokens, outputs): a graph depends on the
     /// cache position only through the attention parameters, which are
     /// patched per step, so decoding builds its graph once.
-    plans: std::collections::HashMap<(usize, usize), (Built, Schedule)>,
+    plans: HashMap<(usize, usize), (Built, Schedule)>,
     profile: Option<StepProfile>,
 }
 
@@ -134,13 +140,26 @@ impl Session {
             None => Vec::new(),
         };
         let gpus: Vec<BackendId> = gpu_info.iter().map(|d| BackendId::cuda(d.index as u8)).collect();
-        let (ids, placement) = planning::place(&model, opts, &gpus)?;
+        let (ids, mut placement) = planning::place(&model, opts, &gpus)?;
+        // `auto` offloading weighs rates measured here (about 30 ms).
+        let measure = OffloadOp::ALL.iter().any(|op| placement.offload.mode(*op) == Mode::Auto);
         let mut list: Vec<Box<dyn Backend>> = Vec::new();
-        for id in ids.iter().filter(|id| id.is_host() || placement.backends().contains(id)) {
+        let used = placement.backends();
+        for id in ids.iter().filter(|id| id.is_host() || used.contains(id)) {
             list.push(if id.is_host() {
-                Box::new(CpuBackend::new(*id, opts.n_threads))
+                let cpu = CpuBackend::new(*id, opts.n_threads);
+                if measure && *id == BackendId::CPU {
+                    let r = cpu.measure_rates();
+                    let cost = &mut placement.offload.cost;
+                    (cost.cpu_macs_per_s, cost.cpu_bytes_per_s, cost.measured) = (r.macs_per_s, r.bytes_per_s, true);
+                }
+                Box::new(cpu)
             } else {
-                Box::new(CudaBackend::new(id.index).map_err(|e| Error::Device(format!("{id}: {e}")))?)
+                let mut gpu = CudaBackend::new(id.index).map_err(|e| Error::Device(format!("{id}: {e}")))?;
+                if measure && placement.staged.iter().any(|c| c.backend == *id) {
+                    placement.offload.cost.h2d_bytes_per_s = gpu.measure_h2d()?;
+                }
+                Box::new(gpu)
             });
         }
         let mut backends = Backends::new(list);
@@ -155,7 +174,7 @@ impl Session {
 
         let owner: Arc<dyn AsRef<[u8]> + Send + Sync> = Arc::new(FileBytes(file.clone()));
         let mut weight_locs = Vec::with_capacity(model.weights.table.entries.len());
-        let mut head_copy = None;
+        let mut copies = HashMap::new();
         for (info, place) in model.weights.table.entries.iter().zip(&placement.weights) {
             let range = info.offset as usize..(info.offset + info.nbytes) as usize;
             let mut ne = [1usize; 4];
@@ -165,15 +184,22 @@ impl Session {
             let desc = WeightDesc { ty: info.ty, ne };
             let loaded =
                 backends.get_mut(place.backend)?.load_weight(HostBytes::new(owner.clone(), range.clone()), desc)?;
-            let copy = placement.head_copy.filter(|c| c.weight == weight_locs.len());
-            let copy_aliases = match copy {
-                Some(c) => {
-                    let l = backends.get_mut(c.backend)?.load_weight(HostBytes::new(owner.clone(), range), desc)?;
-                    head_copy = Some(l.loc);
-                    l.aliases_host
-                }
-                None => false,
-            };
+            let i = weight_locs.len();
+            let mut copy_aliases = false;
+            if let Some(c) = placement.head_copy.filter(|c| c.weight == i) {
+                let l = backends.get_mut(c.backend)?.load_weight(HostBytes::new(owner.clone(), range.clone()), desc)?;
+                copies.insert((i, c.backend), l.loc);
+                copy_aliases |= l.aliases_host;
+            }
+            if let Some(c) = placement.staged_copy(i) {
+                let (b, bytes) = (backends.get_mut(c.backend)?, HostBytes::new(owner.clone(), range));
+                let l = match c.kind {
+                    CopyKind::Staged => b.load_staged(bytes, desc)?,
+                    CopyKind::Resident => b.load_weight(bytes, desc)?,
+                };
+                copies.insert((i, c.backend), l.loc);
+                copy_aliases |= l.aliases_host;
+            }
             if !loaded.aliases_host && !copy_aliases {
                 file.release(info.offset, info.nbytes);
             }
@@ -194,13 +220,13 @@ impl Session {
             placement,
             backends,
             weight_locs,
-            head_copy,
+            copies,
             kv,
             pos: 0,
             n_batch: opts.n_batch.max(1),
             tokenizer,
             notices,
-            plans: std::collections::HashMap::new(),
+            plans: HashMap::new(),
             profile: None,
         })
     }
@@ -329,12 +355,9 @@ impl Session {
             (built.inputs.output_rows, rows.as_slice()),
         ];
         let (weights, kv, backends) = (&self.weight_locs, &self.kv, &mut self.backends);
-        let (copy, placement) = (self.head_copy, &self.placement);
+        let copies = &self.copies;
         let leaf = |op: &Op, on: BackendId| match *op {
-            Op::Weight(i) => match (copy, placement.head_copy) {
-                (Some(loc), Some(c)) if c.weight == i && c.backend == on => Some(loc),
-                _ => weights.get(i).copied(),
-            },
+            Op::Weight(i) => copies.get(&(i, on)).or(weights.get(i)).copied(),
             Op::KvCache { layer, kind } => {
                 kv.layers.get(layer).map(|(k, v)| if kind == tern_graph::KvKind::K { *k } else { *v })
             }

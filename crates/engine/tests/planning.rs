@@ -7,7 +7,8 @@ use std::path::PathBuf;
 use tern_backend::BackendId;
 use tern_engine::planning::{parse_devices, plan_for, DevicePlan};
 use tern_engine::LoadOptions;
-use tern_sched::{layer_of, NodeReason, WeightReason};
+use tern_graph::Op;
+use tern_sched::{layer_of, NodeReason, OffloadPolicy, OffloadWhy, WeightReason};
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/compact/models").join(name)
@@ -165,4 +166,77 @@ fn profile_of_a_split_run() {
     assert!(cpu1.by_op.contains_key("mul_mat"), "{:?}", cpu1.by_op.keys());
     // Taking the profile starts a new one.
     assert_eq!(s.take_profile().evals, 0);
+}
+
+/// The offload decision: a decode step keeps the FFN matmuls on their host
+/// weights; a prompt micro-batch (256 tokens here) streams them to the GPU,
+/// unless `-op mul_mat,0` or a larger `--offload-batch` says otherwise.
+#[test]
+fn offload_policy_moves_prompt_matmuls_not_decode_ones() {
+    let with = |op: &[&str], min_batch: Option<usize>| {
+        let mut o = opts(99, &["ffn_.*=CPU"]);
+        o.offload = OffloadPolicy::parse(&op.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
+        if let Some(b) = min_batch {
+            o.offload.min_batch = b;
+        }
+        plan_for(fixture("b158-e512-tq2_0.gguf"), &o, &parse_devices(GPU).unwrap()).unwrap()
+    };
+    let ffn_matmuls = |built: &tern_models::Built, s: &tern_sched::Schedule| -> Vec<(BackendId, NodeReason)> {
+        let g = &built.graph;
+        g.nodes
+            .iter()
+            .zip(&s.assigned)
+            .filter(|(n, _)| matches!(n.op, Op::MulMat { .. }))
+            .filter(|(n, _)| g.node(n.srcs[0]).label.as_deref().is_some_and(|l| l.contains("ffn_")))
+            .map(|(_, a)| (a.backend, a.reason))
+            .collect()
+    };
+    let p = with(&[], None);
+    let decode = ffn_matmuls(&p.step, &p.schedule);
+    assert!(!decode.is_empty() && decode.iter().all(|&(b, r)| b == BackendId::CPU && r == NodeReason::WeightLives));
+    let prompt = ffn_matmuls(&p.prompt, &p.prompt_schedule);
+    let why = NodeReason::Offload(OffloadWhy::Batch { min_batch: 32 });
+    assert!(prompt.iter().all(|&(b, r)| b == BackendId::cuda(0) && r == why), "{prompt:?}");
+    assert_eq!((p.offload.matmuls, p.offload.offloaded), (prompt.len(), prompt.len()));
+    assert!(p.offload.streamed_bytes > 0 && p.offload.offload_s < p.offload.cpu_s);
+    // The norms follow the residual stream onto the GPU (their vectors are
+    // resident there too), so a prompt crosses to the host not at all.
+    assert!(p.prompt_schedule.copy_bytes(&p.prompt.graph) < 64 << 10, "{}", p.prompt_schedule.copy_bytes(&p.prompt.graph));
+    let gpu = p.memory.iter().find(|m| m.backend == BackendId::cuda(0)).unwrap();
+    assert!(gpu.staged > 0, "staged copies are accounted for: {gpu:?}");
+
+    for off in [with(&["mul_mat,0"], None), with(&["27,0"], None), with(&[], Some(1024))] {
+        let prompt = ffn_matmuls(&off.prompt, &off.prompt_schedule);
+        assert!(prompt.iter().all(|&(b, _)| b == BackendId::CPU), "{prompt:?}");
+        assert_eq!(off.offload.offloaded, 0);
+    }
+    assert_eq!(with(&["mul_mat,0"], None).memory.iter().map(|m| m.staged).sum::<u64>(), 0, "no copies when off");
+    // auto, with the default (assumed) rates: 256 tokens of FFN belong on the GPU, one does not.
+    let auto = with(&["mul_mat,auto"], None);
+    assert!(ffn_matmuls(&auto.prompt, &auto.prompt_schedule).iter().all(|&(b, _)| b == BackendId::cuda(0)));
+    assert!(ffn_matmuls(&auto.step, &auto.schedule).iter().all(|&(b, _)| b == BackendId::CPU));
+}
+
+/// Streaming executed: with CPU1 standing in for the device, a prompt's
+/// matmuls on host weights run on CPU1 from their staged copies, and the
+/// logits are exactly one CPU's.
+#[test]
+fn offloaded_matmuls_run_from_staged_copies_and_match() {
+    let path = fixture("b158-e512-tq2_0.gguf");
+    let ids: Vec<u32> = (0..40).map(|i| (i * 37 + 11) % 500).collect();
+    let mut o = opts(0, &["attn_.*=CPU1", "output_norm=CPU1"]);
+    o.cpu_instances = 2;
+    let mut split = tern_engine::Session::load(&path, &o).unwrap();
+    let (built, schedule) = split.plan(ids.len(), ids.len());
+    let offloaded = built
+        .graph
+        .nodes
+        .iter()
+        .zip(&schedule.assigned)
+        .filter(|(n, a)| matches!(n.op, Op::MulMat { .. }) && matches!(a.reason, NodeReason::Offload(_)))
+        .count();
+    assert!(offloaded >= 3, "the FFN matmuls of every layer: {offloaded}");
+    let got = split.eval(&ids, tern_engine::Logits::All).unwrap();
+    let want = tern_engine::Session::load(&path, &opts(0, &[])).unwrap().eval(&ids, tern_engine::Logits::All).unwrap();
+    assert_eq!(got, want);
 }

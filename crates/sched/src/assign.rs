@@ -5,7 +5,9 @@
 //!    matmul operand at its device copy, caches at their layer's home, step
 //!    inputs on the host);
 //! 2. an op that writes a cache runs where the cache lives;
-//! 3. an op that reads a weight runs where the weight lives;
+//! 3. an op that reads a weight runs where the weight lives, unless the
+//!    offload policy moves a matmul on a host weight to the GPU that holds a
+//!    staged copy of it (the weight leaf then lives at that copy);
 //! 4. any other op follows a computed input: one on a device if there is one
 //!    (so the residual stream stays on the GPU once a layer's output is there,
 //!    instead of bouncing back to where the embedding was looked up), else
@@ -18,7 +20,8 @@ use std::fmt;
 use tern_backend::{Backend, BackendId};
 use tern_graph::{Graph, NodeId, Op};
 
-use crate::placement::Placement;
+use crate::offload::{OffloadOp, OffloadWhy, Work};
+use crate::placement::{CopyKind, Placement};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NodeReason {
@@ -38,14 +41,16 @@ pub enum NodeReason {
     Fallback,
     /// The tied head's matmul reads a device copy of `token_embd`.
     HeadCopy,
-    /// A lookup of at least [`OFFLOAD_MIN_BATCH`] rows reads the device copy
-    /// too, rather than copying the looked-up rows over.
+    /// A lookup of at least the policy's `min_batch` rows reads the device
+    /// copy too, rather than copying the looked-up rows over.
     HeadCopyBatch,
+    /// A host weight read by an offloaded op: its staged copy, streamed in.
+    Staged,
+    /// A small host weight's device copy, read by an op that follows its input there.
+    Replica,
+    /// The offload policy moved this op on a host weight to the GPU.
+    Offload(OffloadWhy),
 }
-
-/// Batch size from which work on a host-resident weight is worth doing on
-/// the device (llama.cpp's default offload rule).
-pub const OFFLOAD_MIN_BATCH: usize = 32;
 
 impl fmt::Display for NodeReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -58,7 +63,10 @@ impl fmt::Display for NodeReason {
             NodeReason::InputLives => "input lives here",
             NodeReason::Fallback => "unsupported there, host fallback",
             NodeReason::HeadCopy => "device copy of the tied head",
-            NodeReason::HeadCopyBatch => "device copy of the tied head, batch >= 32",
+            NodeReason::HeadCopyBatch => "device copy of the tied head, large lookup",
+            NodeReason::Staged => "staged copy of a host weight, streamed in",
+            NodeReason::Replica => "device copy of a small host weight",
+            NodeReason::Offload(why) => return write!(f, "offloaded: {why}"),
         })
     }
 }
@@ -75,10 +83,15 @@ pub fn assign(graph: &Graph, placement: &Placement, backends: &[&dyn Backend]) -
     // those a large lookup reads.
     let mut read_by_matmul = vec![false; graph.nodes.len()];
     let mut big_lookup = vec![false; graph.nodes.len()];
+    // Host weights whose matmul the offload policy moves to their staged copy.
+    let mut offloaded: Vec<Option<OffloadWhy>> = vec![None; graph.nodes.len()];
     for n in &graph.nodes {
         match (&n.op, n.srcs.first()) {
-            (Op::MulMat { .. }, Some(w)) => read_by_matmul[w.index()] = true,
-            (Op::GetRows, Some(w)) if n.ne[1] >= OFFLOAD_MIN_BATCH => big_lookup[w.index()] = true,
+            (Op::MulMat { .. }, Some(w)) => {
+                read_by_matmul[w.index()] = true;
+                offloaded[w.index()] = offload_decision(graph, placement, n);
+            }
+            (Op::GetRows, Some(w)) if n.ne[1] >= placement.offload.min_batch => big_lookup[w.index()] = true,
             _ => {}
         }
     }
@@ -90,13 +103,33 @@ pub fn assign(graph: &Graph, placement: &Placement, backends: &[&dyn Backend]) -
             Op::Weight(i) => match placement.head_copy {
                 Some(c) if c.weight == *i && read_by_matmul[id] => on(c.backend, NodeReason::HeadCopy),
                 Some(c) if c.weight == *i && big_lookup[id] => on(c.backend, NodeReason::HeadCopyBatch),
-                _ => on(placement.weights[*i].backend, NodeReason::Weight),
+                _ => match (placement.staged_copy(*i), offloaded[id]) {
+                    (Some(c), Some(_)) if c.kind == CopyKind::Staged => on(c.backend, NodeReason::Staged),
+                    _ => on(placement.weights[*i].backend, NodeReason::Weight),
+                },
             },
             Op::KvCache { layer, .. } => on(placement.kv_homes[*layer], NodeReason::Cache),
             Op::Input(_) => on(BackendId::CPU, NodeReason::HostInput),
             Op::Attention(p) => on(placement.kv_homes[p.layer], NodeReason::CacheLives),
             _ => match node.srcs.iter().position(|s| matches!(graph.node(*s).op, Op::Weight(_))) {
-                Some(w) => on(src_backend(w), NodeReason::WeightLives),
+                Some(w) => {
+                    let wid = node.srcs[w];
+                    // A computed input on the device that holds a resident copy of the weight.
+                    let replica_on = placement.staged_copy(wid_weight(graph, wid)).filter(|c| {
+                        c.kind == CopyKind::Resident
+                            && node.srcs.iter().any(|s| !graph.node(*s).op.is_leaf() && out[s.index()].backend == c.backend)
+                    });
+                    match (offloaded[wid.index()], replica_on) {
+                        (Some(why), _) if out[wid.index()].reason == NodeReason::Staged => {
+                            on(src_backend(w), NodeReason::Offload(why))
+                        }
+                        (_, Some(c)) => {
+                            out[wid.index()] = on(c.backend, NodeReason::Replica);
+                            on(c.backend, NodeReason::InputLives)
+                        }
+                        _ => on(src_backend(w), NodeReason::WeightLives),
+                    }
+                }
                 None => {
                     let computed = || (0..node.srcs.len()).filter(|&i| !graph.node(node.srcs[i]).op.is_leaf());
                     let pick =
@@ -113,6 +146,30 @@ pub fn assign(graph: &Graph, placement: &Placement, backends: &[&dyn Backend]) -
         out.push(a);
     }
     out
+}
+
+/// The weight-table index of weight leaf `n`.
+fn wid_weight(graph: &Graph, n: NodeId) -> usize {
+    match graph.node(n).op {
+        Op::Weight(i) => i,
+        _ => usize::MAX,
+    }
+}
+
+/// Whether the policy offloads matmul `mm`, whose weight has a staged copy.
+fn offload_decision(graph: &Graph, placement: &Placement, mm: &tern_graph::Node) -> Option<OffloadWhy> {
+    let w = graph.node(mm.srcs[0]);
+    let Op::Weight(i) = w.op else { return None };
+    placement.staged_copy(i)?;
+    let batch = mm.ne[1] * mm.ne[2] * mm.ne[3];
+    let work = Work {
+        op: OffloadOp::MulMat,
+        batch,
+        weight_bytes: w.nbytes() as u64,
+        macs: (w.ne[0] * w.ne[1] * batch) as u64,
+        experts: None,
+    };
+    placement.offload.decide(&work)
 }
 
 fn supported(graph: &Graph, node: &tern_graph::Node, id: BackendId, backends: &[&dyn Backend]) -> bool {

@@ -6,11 +6,15 @@
 mod assign;
 mod exec;
 mod memory;
+mod offload;
 mod placement;
 mod virtual_backend;
 
-pub use assign::{assign, split, Assigned, Copy, NodeReason, Split, OFFLOAD_MIN_BATCH};
+pub use assign::{assign, split, Assigned, Copy, NodeReason, Split};
 pub use exec::{Backends, Error, RunProfile, Schedule};
 pub use memory::{plan_memory, MemoryPlan, ARENA_ALIGN};
-pub use placement::{layer_of, HeadCopy, Override, Placement, PlacementRules, RuleError, WeightPlace, WeightReason};
+pub use offload::{CostModel, Mode, OffloadOp, OffloadPolicy, OffloadWhy, PolicyError, Work, OFFLOAD_MIN_BATCH};
+pub use placement::{
+    layer_of, moe_overrides, CopyKind, HeadCopy, Override, Placement, PlacementRules, RuleError, StagedCopy, WeightPlace, WeightReason,
+};
 pub use virtual_backend::{Supports, VirtualBackend};

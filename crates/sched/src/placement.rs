@@ -6,6 +6,8 @@ use std::fmt;
 use regex::Regex;
 use tern_backend::BackendId;
 
+use crate::offload::{Mode, OffloadOp, OffloadPolicy};
+
 /// Why a weight lives where it does.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum WeightReason {
@@ -55,6 +57,8 @@ pub struct PlacementRules {
     /// go to `gpu`.
     pub n_gpu_layers: usize,
     pub gpu: Option<BackendId>,
+    /// `-op`: which ops on host weights may run on `gpu`.
+    pub offload: OffloadPolicy,
 }
 
 impl PlacementRules {
@@ -74,7 +78,7 @@ impl PlacementRules {
                 overrides.push(Override { pattern, backend });
             }
         }
-        Ok(PlacementRules { overrides, n_gpu_layers: 0, gpu: None })
+        Ok(PlacementRules { overrides, n_gpu_layers: 0, gpu: None, offload: OffloadPolicy::default() })
     }
 
     /// Adds `-ngl n` offloading to `gpu`.
@@ -89,6 +93,20 @@ impl PlacementRules {
         match self.gpu {
             Some(_) => n_layer.saturating_sub(self.n_gpu_layers),
             None => n_layer,
+        }
+    }
+}
+
+/// The `-ot` rules of `--cpu-moe` (`None`: every layer) and `--n-cpu-moe N`
+/// (the first N layers): MoE expert tensors stay on the CPU.
+pub fn moe_overrides(first_layers: Option<usize>) -> Vec<String> {
+    const EXPERTS: &str = r"\.ffn_(up|down|gate)_exps";
+    match first_layers {
+        None => vec![format!("{EXPERTS}=CPU")],
+        Some(0) => Vec::new(),
+        Some(n) => {
+            let layers: Vec<String> = (0..n).map(|l| l.to_string()).collect();
+            vec![format!(r"^blk\.({})\.ffn_(up|down|gate)_exps=CPU", layers.join("|"))]
         }
     }
 }
@@ -130,14 +148,37 @@ pub struct HeadCopy {
     pub backend: BackendId,
 }
 
+/// A second copy of a host-resident weight on a device, for ops that the
+/// offload policy moves there (`-op`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StagedCopy {
+    pub weight: usize,
+    pub backend: BackendId,
+    pub kind: CopyKind,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CopyKind {
+    /// A matmul weight, kept in host memory in the device's layout and
+    /// streamed in by each offloaded matmul.
+    Staged,
+    /// A small weight (a norm's vector), resident on the device, so that the
+    /// op reading it can follow its input there instead of the input
+    /// bouncing back to the host.
+    Resident,
+}
+
 /// The placement of every weight, plus the home of each layer's KV cache.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Placement {
     /// Indexed like the model's weight table.
     pub weights: Vec<WeightPlace>,
     /// Backend holding each layer's KV cache.
     pub kv_homes: Vec<BackendId>,
     pub head_copy: Option<HeadCopy>,
+    pub offload: OffloadPolicy,
+    /// Weights that offloaded ops may stream (see [`Placement::stage`]).
+    pub staged: Vec<StagedCopy>,
 }
 
 impl Placement {
@@ -182,7 +223,27 @@ impl Placement {
             (true, Some((weight, embd)), Some((_, head))) if embd != head => Some(HeadCopy { weight, backend: head }),
             _ => None,
         };
-        Placement { weights, kv_homes, head_copy }
+        Placement { weights, kv_homes, head_copy, offload: rules.offload.clone(), staged: Vec::new() }
+    }
+
+    /// Gives host-resident weights a copy on `gpu`, of the kind `kind_of`
+    /// says (none for weights it skips), when the offload policy can move a
+    /// matmul there. The tied head already has its copy.
+    pub fn stage(&mut self, gpu: Option<BackendId>, kind_of: impl Fn(usize) -> Option<CopyKind>) {
+        let Some(gpu) = gpu.filter(|_| self.offload.mode(OffloadOp::MulMat) != Mode::Off) else { return };
+        let head = self.head_copy.map(|c| c.weight);
+        self.staged = (0..self.weights.len())
+            .filter(|&i| {
+                let home = self.weights[i].backend;
+                home.is_host() && home != gpu && Some(i) != head
+            })
+            .filter_map(|weight| Some(StagedCopy { weight, backend: gpu, kind: kind_of(weight)? }))
+            .collect();
+    }
+
+    /// The staged copy of weight `i`, if it has one.
+    pub fn staged_copy(&self, i: usize) -> Option<StagedCopy> {
+        self.staged.iter().find(|c| c.weight == i).copied()
     }
 
     /// All backends that hold something.
