@@ -149,8 +149,11 @@ impl Plan {
         let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
         for m in &self.memory {
             let cap = m.capacity.map_or(String::new(), |c| format!(" of {:.2} GiB", gib(c)));
-            let staged =
-                if m.staged > 0 { format!(" (+ {:.3} GiB staged in pinned host memory)", gib(m.staged)) } else { String::new() };
+            let staged = if m.staged > 0 {
+                format!(" (+ {:.3} GiB staged in pinned host memory)", gib(m.staged))
+            } else {
+                String::new()
+            };
             println!(
                 "  {:<7} weights {:.3} GiB, KV {:.3} GiB, arena {:.3} GiB: {:.3} GiB{cap}{staged}",
                 m.backend.to_string(),

@@ -122,6 +122,40 @@ impl Pool {
     }
 }
 
+/// Chunks per thread when threads take chunks as they finish: enough that a
+/// thread slowed by the machine (a busy neighbour, a descheduled vCPU) does
+/// not hold up the op, few enough that each chunk streams a long run of rows.
+const CHUNKS_PER_THREAD: usize = 4;
+
+impl Pool {
+    /// Like [`Pool::for_chunks`], but `0..n` is cut into about four chunks per
+    /// thread that threads claim as they go, so the op ends when the work
+    /// does rather than when the slowest thread's fixed share does. Matrix
+    /// products use it; `TERN_CPU_STEAL=0` falls back to fixed shares.
+    pub fn for_chunks_claimed(&self, n: usize, min_per_chunk: usize, f: impl Fn(Range<usize>) + Sync) {
+        if !*CLAIMING {
+            return self.for_chunks(n, min_per_chunk, f);
+        }
+        let chunks = (self.threads() * CHUNKS_PER_THREAD).min(n / min_per_chunk.max(1)).max(1);
+        if chunks == 1 || self.threads() == 1 {
+            return f(0..n);
+        }
+        let size = n.div_ceil(chunks);
+        let next = AtomicUsize::new(0);
+        self.run(&|_, _| loop {
+            let c = next.fetch_add(1, Ordering::Relaxed);
+            let range = (c * size).min(n)..((c + 1) * size).min(n);
+            if range.is_empty() {
+                break;
+            }
+            f(range);
+        });
+    }
+}
+
+static CLAIMING: std::sync::LazyLock<bool> =
+    std::sync::LazyLock::new(|| std::env::var("TERN_CPU_STEAL").map_or(true, |v| v != "0"));
+
 fn worker(s: &Shared, i: usize) {
     let mut seen = 0u64;
     loop {
@@ -188,6 +222,20 @@ mod tests {
                 });
                 assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
             }
+        }
+    }
+
+    #[test]
+    fn claimed_chunks_cover_the_range_once() {
+        for (threads, n, min) in [(3, 1000, 1), (2, 7, 1), (4, 5, 2), (1, 9, 1), (3, 0, 1)] {
+            let pool = Pool::new(threads);
+            let seen: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+            pool.for_chunks_claimed(n, min, |r| {
+                for i in r {
+                    seen[i].fetch_add(1, Ordering::Relaxed);
+                }
+            });
+            assert!(seen.iter().all(|c| c.load(Ordering::Relaxed) == 1), "{threads} threads, n {n}");
         }
     }
 

@@ -28,41 +28,99 @@ __device__ __forceinline__ int permuted_base(int wi) {
     return c * 256 + 32 * (2 * w + (j >> 1)) + 16 * (j & 1) + 4 * tig;
 }
 
+// Up to four loads per thread in flight at once: a row read with one load
+// at a time pays the memory latency once per element (a 6912-float row took
+// 12.6 µs that way on an H100, 5.1 µs like this).
+#define ROW_UNROLL 4
+
+// `n` floats (n % 4 == 0, both 16-byte aligned) from global to shared memory.
+__device__ __forceinline__ void load_row4(const float* __restrict__ src, float* dst, int n) {
+    const float4* s4 = (const float4*)src;
+    float4* d4 = (float4*)dst;
+    int n4 = n >> 2, stride = blockDim.x;
+    for (int i0 = threadIdx.x; i0 < n4; i0 += ROW_UNROLL * stride) {
+        float4 v[ROW_UNROLL];
+#pragma unroll
+        for (int u = 0; u < ROW_UNROLL; ++u)
+            if (i0 + u * stride < n4) v[u] = s4[i0 + u * stride];
+#pragma unroll
+        for (int u = 0; u < ROW_UNROLL; ++u)
+            if (i0 + u * stride < n4) d4[i0 + u * stride] = v[u];
+    }
+}
+
 // grid: tokens, block: 1024. x: [ne0, n_tok] f32. norm: 1 = apply RMS norm
-// first; w (optional) multiplies after the norm; y (optional) receives the
-// f32 result. q: [n_tok, k_pad] i8, d: [n_tok] f32, lsum: [n_tok, k_pad/64] i32.
-// With `cached` the row is read once into dynamic shared memory (ne0 floats);
-// the passes below then touch global memory only to write.
+// first (inv = 1/sqrt(mean(x²) + eps), summed in double); w (optional)
+// multiplies after it, in the CPU's order (x·inv)·w; y (optional) receives
+// the f32 result. q: [n_tok, k_pad] i8, d: [n_tok] f32 (1 / s_a), lsum:
+// [n_tok, k_pad/64] i32. The row is staged in dynamic shared memory (ne0
+// floats).
 extern "C" __global__ void __launch_bounds__(1024) norm_quant(const float* x, const float* w, float* y, i8* q, float* d,
-                                                            int* lsum, int ne0, int k_pad, int norm, float eps,
-                                                            int cached) {
-    extern __shared__ float xs[];
+                                                            int* lsum, int ne0, int k_pad, int norm, float eps) {
+    extern __shared__ __align__(16) float xs[];
     __shared__ double dscratch[32];
     __shared__ float scratch[32];
     pdl_wait();
     pdl_launch();
     const float* xr = x + (u64)blockIdx.x * ne0;
-    double ss = 0.0;
-    for (int e = threadIdx.x; e < ne0; e += blockDim.x) {
-        float v = xr[e];
-        if (cached) xs[e] = v;
-        ss += (double)v * (double)v;
+    bool vec = (ne0 & 3) == 0 && ((u64)xr & 15) == 0 && (!w || ((u64)w & 15) == 0);
+    if (vec) {
+        load_row4(xr, xs, ne0);
+    } else {
+        for (int e = threadIdx.x; e < ne0; e += blockDim.x) xs[e] = xr[e];
     }
+    __syncthreads();
     float inv = 1.0f;
     if (norm) {
+        double ss = 0.0;
+        for (int e = threadIdx.x; e < ne0; e += blockDim.x) ss += (double)xs[e] * (double)xs[e];
         ss = block_sum_d(ss, dscratch);
         inv = (float)(1.0 / sqrt(ss / ne0 + (double)eps));
     }
     float amax = 0.0f;
-    for (int e = threadIdx.x; e < ne0; e += blockDim.x) {
-        float v = cached ? xs[e] : xr[e];
-        if (norm) v *= inv;
-        if (w) v *= w[e];
-        if (cached) xs[e] = v;
-        if (y) y[(u64)blockIdx.x * ne0 + e] = v;
-        amax = fmaxf(amax, fabsf(v));
+    if (vec && w) {
+        // The weight streams from global memory: its loads go out together too.
+        const float4* w4 = (const float4*)w;
+        float4* x4 = (float4*)xs;
+        int n4 = ne0 >> 2, stride = blockDim.x;
+        for (int i0 = threadIdx.x; i0 < n4; i0 += ROW_UNROLL * stride) {
+            float4 wv[ROW_UNROLL];
+#pragma unroll
+            for (int u = 0; u < ROW_UNROLL; ++u)
+                if (i0 + u * stride < n4) wv[u] = w4[i0 + u * stride];
+#pragma unroll
+            for (int u = 0; u < ROW_UNROLL; ++u) {
+                int i = i0 + u * stride;
+                if (i >= n4) break;
+                float4 v = x4[i];
+                if (norm) {
+                    v.x *= inv;
+                    v.y *= inv;
+                    v.z *= inv;
+                    v.w *= inv;
+                }
+                v.x *= wv[u].x;
+                v.y *= wv[u].y;
+                v.z *= wv[u].z;
+                v.w *= wv[u].w;
+                x4[i] = v;
+                amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+            }
+        }
+    } else {
+        for (int e = threadIdx.x; e < ne0; e += blockDim.x) {
+            float v = xs[e];
+            if (norm) v *= inv;
+            if (w) v *= w[e];
+            xs[e] = v;
+            amax = fmaxf(amax, fabsf(v));
+        }
     }
     amax = block_max(amax, scratch);
+    if (y) {
+        float* yr = y + (u64)blockIdx.x * ne0;
+        for (int e = threadIdx.x; e < ne0; e += blockDim.x) yr[e] = xs[e];
+    }
     float sa = 127.0f / fmaxf(amax, 1e-5f);
     if (threadIdx.x == 0) d[blockIdx.x] = 1.0f / sa;
     u32* qr = (u32*)(q + (u64)blockIdx.x * k_pad);
@@ -77,16 +135,7 @@ extern "C" __global__ void __launch_bounds__(1024) norm_quant(const float* x, co
 #pragma unroll
         for (int b = 0; b < 4; ++b) {
             int e = base + b, v = 0;
-            if (e < ne0) {
-                float f;
-                if (cached) {
-                    f = xs[e];
-                } else {
-                    f = norm ? xr[e] * inv : xr[e];
-                    if (w) f *= w[e];
-                }
-                v = max(-128, min(127, __float2int_rn(f * sa)));
-            }
+            if (e < ne0) v = max(-128, min(127, __float2int_rn(xs[e] * sa)));
             sum += v;
             packed |= ((u32)(v & 255)) << (8 * b);
         }

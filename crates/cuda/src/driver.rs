@@ -28,6 +28,8 @@ pub struct DeviceInfo {
     pub total_mem: usize,
     pub arch: (i32, i32),
     pub sm_count: i32,
+    /// Shared memory a block may use once a kernel opts in (227 KiB on Hopper).
+    pub smem_optin: i32,
 }
 
 pub(crate) fn err(e: result::DriverError) -> String {
@@ -68,6 +70,7 @@ fn info(index: usize) -> Result<DeviceInfo, Unavailable> {
             attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
         ),
         sm_count: attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
+        smem_optin: attr(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?,
     })
 }
 
@@ -208,9 +211,25 @@ impl Gpu {
         unsafe { result::module::load_data(owned.as_ptr() as *const c_void) }.map_err(err)
     }
 
+    /// Kernel `name` of `module`, allowed the device's whole opt-in shared
+    /// memory (rows of long inputs are staged there).
     pub fn function(&self, module: sys::CUmodule, name: &str) -> DResult<sys::CUfunction> {
         let cname = std::ffi::CString::new(name).map_err(|e| e.to_string())?;
-        unsafe { result::module::get_function(module, cname) }.map_err(err)
+        let f = unsafe { result::module::get_function(module, cname) }.map_err(err)?;
+        let static_smem = unsafe {
+            result::function::get_function_attribute(f, sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
+        }
+        .map_err(err)?;
+        let dynamic = (self.info.smem_optin - static_smem).max(0);
+        unsafe {
+            result::function::set_function_attribute(
+                f,
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                dynamic,
+            )
+        }
+        .map_err(err)?;
+        Ok(f)
     }
 
     /// Launches `f`. `params` point at the kernel's arguments in order. With

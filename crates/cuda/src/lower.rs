@@ -202,11 +202,8 @@ impl Lower<'_> {
             self.stage_used = (self.stage_used + bytes).next_multiple_of(256);
             let n16 = bytes / 16;
             let blocks = n16.div_ceil(1024).clamp(1, 1024) as u32;
-            let l = Launch::new(Kernel::CopyIn, (blocks, 1, 1), 256)
-                .ptr(w.ptr_codes)
-                .ptr(slot)
-                .u64(n16 as u64)
-                .serial();
+            let l =
+                Launch::new(Kernel::CopyIn, (blocks, 1, 1), 256).ptr(w.ptr_codes).ptr(slot).u64(n16 as u64).serial();
             self.out.push(l);
             w.ptr_scales = slot + (w.ptr_scales - w.ptr_codes);
             w.ptr_codes = slot;
@@ -404,10 +401,9 @@ impl Lower<'_> {
         let q = self.take(rows * k_pad);
         let d = self.take(rows * 4);
         let lsum = self.take(rows * (k_pad / 64) * 4);
-        // Rows that fit the default 48 KiB of shared memory are read once.
-        let cached = ne0 * 4 <= 48 * 1024;
+        // The row is staged in shared memory (opted in past 48 KiB at load).
         let l = Launch::new(Kernel::NormQuant, (rows as u32, 1, 1), 1024)
-            .smem(if cached { ne0 * 4 } else { 0 })
+            .smem(ne0 * 4)
             .ptr(x)
             .ptr(w)
             .ptr(y)
@@ -417,8 +413,7 @@ impl Lower<'_> {
             .i32(ne0 as i32)
             .i32(k_pad as i32)
             .i32(norm as i32)
-            .f32(eps)
-            .i32(cached as i32);
+            .f32(eps);
         self.out.push(l);
         Quant { q, d, lsum, k_pad }
     }

@@ -105,8 +105,14 @@ fn bind(g: &Graph, alias: Option<(NodeId, NodeId)>, staged: &[&str]) -> (Buffers
     (bufs, locs)
 }
 
-const SCRATCH: Scratch =
-    Scratch { base: 1 << 42, cap: 1 << 30, counters: 1 << 43, counters_cap: 1 << 20, stage_base: 1 << 44, stage_cap: 0 };
+const SCRATCH: Scratch = Scratch {
+    base: 1 << 42,
+    cap: 1 << 30,
+    counters: 1 << 43,
+    counters_cap: 1 << 20,
+    stage_base: 1 << 44,
+    stage_cap: 0,
+};
 
 fn launches(l: &Layer, alias: Option<(NodeId, NodeId)>) -> Vec<crate::launch::Launch> {
     lowered(l, alias, &[], SCRATCH).unwrap_or_else(|e| panic!("{e:?}"))

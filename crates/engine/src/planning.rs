@@ -9,7 +9,9 @@ use tern_cpu::CpuBackend;
 use tern_gguf::{File, GgmlType};
 use tern_graph::Op;
 use tern_models::{Batch, Built, KvSpec, Model};
-use tern_sched::{Backends, CopyKind, NodeReason, OffloadOp, Placement, PlacementRules, Schedule, VirtualBackend, Work};
+use tern_sched::{
+    Backends, CopyKind, NodeReason, OffloadOp, Placement, PlacementRules, Schedule, VirtualBackend, Work,
+};
 
 use crate::error::{Error, Result};
 use crate::session::LoadOptions;

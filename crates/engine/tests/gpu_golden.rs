@@ -129,3 +129,41 @@ fn partial_offload_matches_the_cpu() {
     eprintln!("demo -ngl 2: KL {kl:.2e} max|Δ| {max_abs:.4} top1 {:.1}%", top1 * 100.0);
     assert!(kl <= 1e-3 && top1 >= 0.95, "KL {kl} top1 {top1}");
 }
+
+/// Offloaded matmuls: the FFN weights stay on the host (`-ot ffn_.*=CPU`),
+/// and a 40-token prompt streams their staged copies to the GPU (`-op`
+/// default), against the same split with offloading off and the CPU alone.
+#[test]
+fn offloaded_prompt_matmuls_match_the_cpu() {
+    if !have_gpu() {
+        return;
+    }
+    let model = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/tern-demo-kjv.gguf");
+    let ids: Vec<u32> = (0..40).map(|i| (i * 37 + 11) % 4000).collect();
+    let mut o = opts(99);
+    o.k_type = GgmlType::F16;
+    o.v_type = GgmlType::F16;
+    o.overrides = vec!["ffn_.*=CPU".into()];
+    let mut on = Session::load(&model, &o).unwrap();
+    let (built, schedule) = on.plan(ids.len(), ids.len());
+    let offloaded = built
+        .graph
+        .nodes
+        .iter()
+        .zip(&schedule.assigned)
+        .filter(|(n, a)| matches!(n.op, tern_graph::Op::MulMat { .. }) && a.backend == tern_backend::BackendId::cuda(0))
+        .filter(|(_, a)| matches!(a.reason, tern_sched::NodeReason::Offload(_)))
+        .count();
+    assert!(offloaded > 0, "the FFN matmuls are offloaded");
+    let streamed = on.eval(&ids, Logits::All).unwrap();
+    o.offload = tern_sched::OffloadPolicy::parse(&["mul_mat,0".to_string()]).unwrap();
+    let kept = Session::load(&model, &o).unwrap().eval(&ids, Logits::All).unwrap();
+    o.overrides.clear();
+    o.n_gpu_layers = 0;
+    let cpu = Session::load(&model, &o).unwrap().eval(&ids, Logits::All).unwrap();
+    for (name, got) in [("offloaded", &streamed), ("kept on the host", &kept)] {
+        let (kl, max_abs, top1) = distance(&cpu, got, 4096);
+        eprintln!("demo -ot ffn=CPU, matmuls {name}: KL {kl:.2e} max|Δ| {max_abs:.4} top1 {:.1}%", top1 * 100.0);
+        assert!(kl <= 1e-3 && top1 >= 0.95, "{name}: KL {kl} top1 {top1}");
+    }
+}

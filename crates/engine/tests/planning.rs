@@ -201,7 +201,11 @@ fn offload_policy_moves_prompt_matmuls_not_decode_ones() {
     assert!(p.offload.streamed_bytes > 0 && p.offload.offload_s < p.offload.cpu_s);
     // The norms follow the residual stream onto the GPU (their vectors are
     // resident there too), so a prompt crosses to the host not at all.
-    assert!(p.prompt_schedule.copy_bytes(&p.prompt.graph) < 64 << 10, "{}", p.prompt_schedule.copy_bytes(&p.prompt.graph));
+    assert!(
+        p.prompt_schedule.copy_bytes(&p.prompt.graph) < 64 << 10,
+        "{}",
+        p.prompt_schedule.copy_bytes(&p.prompt.graph)
+    );
     let gpu = p.memory.iter().find(|m| m.backend == BackendId::cuda(0)).unwrap();
     assert!(gpu.staged > 0, "staged copies are accounted for: {gpu:?}");
 

@@ -117,7 +117,10 @@ pub fn assign(graph: &Graph, placement: &Placement, backends: &[&dyn Backend]) -
                     // A computed input on the device that holds a resident copy of the weight.
                     let replica_on = placement.staged_copy(wid_weight(graph, wid)).filter(|c| {
                         c.kind == CopyKind::Resident
-                            && node.srcs.iter().any(|s| !graph.node(*s).op.is_leaf() && out[s.index()].backend == c.backend)
+                            && node
+                                .srcs
+                                .iter()
+                                .any(|s| !graph.node(*s).op.is_leaf() && out[s.index()].backend == c.backend)
                     });
                     match (offloaded[wid.index()], replica_on) {
                         (Some(why), _) if out[wid.index()].reason == NodeReason::Staged => {

@@ -15,6 +15,7 @@ pub use exec::{Backends, Error, RunProfile, Schedule};
 pub use memory::{plan_memory, MemoryPlan, ARENA_ALIGN};
 pub use offload::{CostModel, Mode, OffloadOp, OffloadPolicy, OffloadWhy, PolicyError, Work, OFFLOAD_MIN_BATCH};
 pub use placement::{
-    layer_of, moe_overrides, CopyKind, HeadCopy, Override, Placement, PlacementRules, RuleError, StagedCopy, WeightPlace, WeightReason,
+    layer_of, moe_overrides, CopyKind, HeadCopy, Override, Placement, PlacementRules, RuleError, StagedCopy,
+    WeightPlace, WeightReason,
 };
 pub use virtual_backend::{Supports, VirtualBackend};

@@ -161,7 +161,9 @@ pub const OFFLOAD_MIN_BATCH: usize = 32;
 pub enum PolicyError {
     #[error("offload policy {0:?}: expected OP,0|1|auto pairs")]
     Syntax(String),
-    #[error("offload policy: unknown op {0:?}; valid: mul_mat, mul_mat_id, moe_up_gate, all (or ik ids 27, 28, 30, 31, -1)")]
+    #[error(
+        "offload policy: unknown op {0:?}; valid: mul_mat, mul_mat_id, moe_up_gate, all (or ik ids 27, 28, 30, 31, -1)"
+    )]
     UnknownOp(String),
     #[error("offload policy: {op}: expected 0, 1 or auto, got {value:?}")]
     Value { op: String, value: String },
@@ -176,7 +178,7 @@ impl OffloadPolicy {
         let mut policy = OffloadPolicy::default();
         for value in values {
             let parts: Vec<&str> = value.split(',').map(str::trim).collect();
-            if parts.len() % 2 != 0 || parts.iter().any(|p| p.is_empty()) {
+            if !parts.len().is_multiple_of(2) || parts.iter().any(|p| p.is_empty()) {
                 return Err(PolicyError::Syntax(value.clone()));
             }
             for pair in parts.chunks(2) {

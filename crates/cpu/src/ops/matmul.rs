@@ -75,7 +75,7 @@ fn mul_mat_ternary(w: &PackedTernary, x: &Tensor, y: &mut [f32], cx: &Ctx) {
     let out = ternary::Out { ptr: y.as_mut_ptr(), ld: w.rows };
     // Whole 16-row groups per thread keep the kernels' tiles full.
     let (groups, isa) = (w.rows.div_ceil(16), cx.isa);
-    cx.pool.for_chunks(groups, 1, |g| {
+    cx.pool.for_chunks_claimed(groups, 1, |g| {
         let rows = (g.start * 16).min(w.rows)..(g.end * 16).min(w.rows);
         // SAFETY: every thread writes its own rows; `isa` is the backend's, which is available.
         unsafe { ternary::gemm(w, rows, acts, out, isa) };
@@ -127,7 +127,7 @@ fn mul_mat_rows(w: &Tensor, x: &[f32], precision: Precision, y: &mut [f32], cx: 
     let y_ptr = Out(y.as_mut_ptr());
     // About 64k multiply-adds per thread before splitting pays.
     let min_rows = (65536 / (k * m).max(1)).max(1);
-    cx.pool.for_chunks(n, min_rows, |rows| {
+    cx.pool.for_chunks_claimed(n, min_rows, |rows| {
         let y_ptr = &y_ptr;
         for j in rows {
             let wr = &bytes[j * row_bytes..(j + 1) * row_bytes];
