@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use tern_backend::BackendId;
-use tern_engine::planning::{parse_devices, plan_for, DeviceSpec, MemoryUse, OffloadEstimate};
+use tern_engine::planning::{measure_costs, parse_devices, plan_for, DeviceSpec, MemoryUse, OffloadEstimate};
 use tern_graph::Op;
 
 use crate::json;
@@ -32,17 +32,20 @@ pub struct Plan {
 impl Plan {
     pub fn of(args: &ModelArgs, devices: Option<&str>) -> Result<Plan, CliError> {
         let path = args.path()?;
-        let opts = args.options()?;
+        let mut opts = args.options()?;
         let devices: Vec<DeviceSpec> = match devices {
             Some(d) => parse_devices(d).map_err(|e| CliError(format!("--devices: {e}")))?,
-            None if opts.n_gpu_layers > 0
-                || opts.overrides.iter().any(|o| o.to_ascii_uppercase().contains("=CUDA")) =>
-            {
+            None if opts.wants_gpu() => {
                 match tern_cuda::devices() {
-                    Ok(list) => list
-                        .iter()
-                        .map(|d| DeviceSpec { id: BackendId::cuda(d.index as u8), bytes: d.total_mem as u64 })
-                        .collect(),
+                    Ok(list) => {
+                        // Planning for this machine: the cost model gets its real rates.
+                        if let Err(e) = measure_costs(&mut opts) {
+                            eprintln!("warning: {e}; the offload cost model keeps its assumed rates");
+                        }
+                        list.iter()
+                            .map(|d| DeviceSpec { id: BackendId::cuda(d.index as u8), bytes: d.total_mem as u64 })
+                            .collect()
+                    }
                     Err(why) => {
                         eprintln!("warning: {why}; planning for the CPU (use --devices to plan for GPUs)");
                         Vec::new()

@@ -6,6 +6,7 @@
 
 use tern_backend::{Backend, BackendId, WeightDesc};
 use tern_cpu::CpuBackend;
+use tern_cuda::CudaBackend;
 use tern_gguf::{File, GgmlType};
 use tern_graph::Op;
 use tern_models::{Batch, Built, KvSpec, Model};
@@ -311,6 +312,19 @@ pub fn plan_for(path: impl AsRef<std::path::Path>, opts: &LoadOptions, devices: 
     let prompt_schedule = Schedule::new(&prompt.graph, &placement, &backends);
     let offload = offload_estimate(&prompt, &prompt_schedule, &placement);
     Ok(DevicePlan { model, placement, step, schedule, prompt, prompt_schedule, offload, memory })
+}
+
+/// Sets the offload cost model's rates to this machine's: the CPU's (with
+/// `opts.n_threads`) and the first GPU's host link (`tern info --plan` for
+/// the machine it runs on; a session measures its own when it uses `auto`).
+pub fn measure_costs(opts: &mut LoadOptions) -> std::result::Result<(), String> {
+    let mut gpu = CudaBackend::new(0).map_err(|e| format!("CUDA0: {e}"))?;
+    let h2d = gpu.measure_h2d().map_err(|e| e.to_string())?;
+    let cpu = CpuBackend::new(BackendId::CPU, opts.n_threads).measure_rates();
+    let cost = &mut opts.offload.cost;
+    (cost.cpu_macs_per_s, cost.cpu_bytes_per_s, cost.h2d_bytes_per_s) = (cpu.macs_per_s, cpu.bytes_per_s, h2d);
+    cost.measured = true;
+    Ok(())
 }
 
 /// Stand-ins that answer `supports` like the real backends.
