@@ -68,3 +68,19 @@ impl CpuBackend {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tern_backend::BackendId;
+
+    /// Plausible, not exact (the machine is shared): a GEMM of a few hundred
+    /// million multiply-adds and a 64 MiB read, both finished and positive.
+    #[test]
+    fn rates_are_finite_and_positive() {
+        let r = CpuBackend::new(BackendId::CPU, 2).measure_rates();
+        eprintln!("CPU rates: {:.3} TMAC/s, {:.1} GB/s", r.macs_per_s / 1e12, r.bytes_per_s / 1e9);
+        assert!(r.macs_per_s.is_finite() && r.macs_per_s > 1e9, "{r:?}");
+        assert!(r.bytes_per_s.is_finite() && r.bytes_per_s > 1e8, "{r:?}");
+    }
+}
