@@ -10,9 +10,7 @@ use tern_cuda::CudaBackend;
 use tern_gguf::{File, GgmlType};
 use tern_graph::Op;
 use tern_models::{Batch, Built, KvSpec, Model};
-use tern_sched::{
-    Backends, CopyKind, NodeReason, OffloadOp, Placement, PlacementRules, Schedule, VirtualBackend, Work,
-};
+use tern_sched::{Backends, CopyKind, NodeReason, Placement, PlacementRules, Schedule, VirtualBackend};
 
 use crate::error::{Error, Result};
 use crate::session::LoadOptions;
@@ -270,19 +268,7 @@ fn offload_estimate(prompt: &Built, schedule: &Schedule, placement: &Placement) 
     let mut e = OffloadEstimate::default();
     for (node, a) in g.nodes.iter().zip(&schedule.assigned) {
         let Op::MulMat { .. } = node.op else { continue };
-        let w = g.node(node.srcs[0]);
-        let Op::Weight(i) = w.op else { continue };
-        if placement.staged_copy(i).is_none() {
-            continue;
-        }
-        let batch = node.ne[1] * node.ne[2] * node.ne[3];
-        let work = Work {
-            op: OffloadOp::MulMat,
-            batch,
-            weight_bytes: w.nbytes() as u64,
-            macs: (w.ne[0] * w.ne[1] * batch) as u64,
-            experts: None,
-        };
+        let Some((_, work)) = placement.staged_work(g, node) else { continue };
         e.matmuls += 1;
         e.cpu_s += placement.offload.cost.cpu_s(&work);
         e.offload_s += placement.offload.cost.gpu_s(&work);

@@ -20,7 +20,7 @@ use std::fmt;
 use tern_backend::{Backend, BackendId};
 use tern_graph::{Graph, NodeId, Op};
 
-use crate::offload::{OffloadOp, OffloadWhy, Work};
+use crate::offload::OffloadWhy;
 use crate::placement::{CopyKind, Placement};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -89,7 +89,8 @@ pub fn assign(graph: &Graph, placement: &Placement, backends: &[&dyn Backend]) -
         match (&n.op, n.srcs.first()) {
             (Op::MulMat { .. }, Some(w)) => {
                 read_by_matmul[w.index()] = true;
-                offloaded[w.index()] = offload_decision(graph, placement, n);
+                offloaded[w.index()] =
+                    placement.staged_work(graph, n).and_then(|(_, work)| placement.offload.decide(&work));
             }
             (Op::GetRows, Some(w)) if n.ne[1] >= placement.offload.min_batch => big_lookup[w.index()] = true,
             _ => {}
@@ -111,11 +112,14 @@ pub fn assign(graph: &Graph, placement: &Placement, backends: &[&dyn Backend]) -
             Op::KvCache { layer, .. } => on(placement.kv_homes[*layer], NodeReason::Cache),
             Op::Input(_) => on(BackendId::CPU, NodeReason::HostInput),
             Op::Attention(p) => on(placement.kv_homes[p.layer], NodeReason::CacheLives),
-            _ => match node.srcs.iter().position(|s| matches!(graph.node(*s).op, Op::Weight(_))) {
-                Some(w) => {
+            _ => match node.srcs.iter().enumerate().find_map(|(k, s)| match graph.node(*s).op {
+                Op::Weight(i) => Some((k, i)),
+                _ => None,
+            }) {
+                Some((w, weight)) => {
                     let wid = node.srcs[w];
                     // A computed input on the device that holds a resident copy of the weight.
-                    let replica_on = placement.staged_copy(wid_weight(graph, wid)).filter(|c| {
+                    let replica_on = placement.staged_copy(weight).filter(|c| {
                         c.kind == CopyKind::Resident
                             && node
                                 .srcs
@@ -149,30 +153,6 @@ pub fn assign(graph: &Graph, placement: &Placement, backends: &[&dyn Backend]) -
         out.push(a);
     }
     out
-}
-
-/// The weight-table index of weight leaf `n`.
-fn wid_weight(graph: &Graph, n: NodeId) -> usize {
-    match graph.node(n).op {
-        Op::Weight(i) => i,
-        _ => usize::MAX,
-    }
-}
-
-/// Whether the policy offloads matmul `mm`, whose weight has a staged copy.
-fn offload_decision(graph: &Graph, placement: &Placement, mm: &tern_graph::Node) -> Option<OffloadWhy> {
-    let w = graph.node(mm.srcs[0]);
-    let Op::Weight(i) = w.op else { return None };
-    placement.staged_copy(i)?;
-    let batch = mm.ne[1] * mm.ne[2] * mm.ne[3];
-    let work = Work {
-        op: OffloadOp::MulMat,
-        batch,
-        weight_bytes: w.nbytes() as u64,
-        macs: (w.ne[0] * w.ne[1] * batch) as u64,
-        experts: None,
-    };
-    placement.offload.decide(&work)
 }
 
 fn supported(graph: &Graph, node: &tern_graph::Node, id: BackendId, backends: &[&dyn Backend]) -> bool {

@@ -6,7 +6,7 @@ use std::fmt;
 use regex::Regex;
 use tern_backend::BackendId;
 
-use crate::offload::{Mode, OffloadOp, OffloadPolicy};
+use crate::offload::{Mode, OffloadOp, OffloadPolicy, Work};
 
 /// Why a weight lives where it does.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -239,6 +239,23 @@ impl Placement {
             })
             .filter_map(|weight| Some(StagedCopy { weight, backend: gpu, kind: kind_of(weight)? }))
             .collect();
+    }
+
+    /// The offload policy's view of matmul `mm` when its weight has a staged
+    /// copy: the weight's index and the work the policy weighs.
+    pub fn staged_work(&self, graph: &tern_graph::Graph, mm: &tern_graph::Node) -> Option<(usize, Work)> {
+        let w = graph.node(*mm.srcs.first()?);
+        let tern_graph::Op::Weight(i) = w.op else { return None };
+        self.staged_copy(i)?;
+        let batch = mm.ne[1] * mm.ne[2] * mm.ne[3];
+        let work = Work {
+            op: OffloadOp::MulMat,
+            batch,
+            weight_bytes: w.nbytes() as u64,
+            macs: (w.ne[0] * w.ne[1] * batch) as u64,
+            experts: None,
+        };
+        Some((i, work))
     }
 
     /// The staged copy of weight `i`, if it has one.
