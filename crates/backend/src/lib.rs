@@ -184,6 +184,18 @@ pub trait Backend: Send {
 
     fn read(&self, src: TensorLoc, out: &mut [u8]) -> Result<()>;
 
+    /// The bytes at `loc` when they are plain host memory, so that a copy to
+    /// or from another backend can use them in place instead of staging
+    /// them. Devices return `None`.
+    fn host_bytes(&self, _loc: TensorLoc) -> Option<&[u8]> {
+        None
+    }
+
+    /// [`Backend::host_bytes`], writable.
+    fn host_bytes_mut(&mut self, _loc: TensorLoc) -> Option<&mut [u8]> {
+        None
+    }
+
     /// Computes `nodes` of `graph` in order. `locs[i]` is where node `i` lives
     /// for this call: every source and destination of `nodes` is present, and
     /// sources computed elsewhere already point at copies in this backend.

@@ -106,6 +106,14 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn host_bytes(&self, loc: TensorLoc) -> Option<&[u8]> {
+        self.buffers.bytes(loc)
+    }
+
+    fn host_bytes_mut(&mut self, loc: TensorLoc) -> Option<&mut [u8]> {
+        self.buffers.bytes_mut(loc)
+    }
+
     fn compute(&mut self, graph: &Graph, nodes: &[NodeId], locs: &[Option<TensorLoc>]) -> Result<()> {
         let cx = ops::Ctx { pool: &self.pool, isa: self.isa, acts: Default::default() };
         for &id in nodes {

@@ -110,6 +110,47 @@ impl Backends {
         self.list.iter_mut().find(|b| b.id() == id).map(|b| b.as_mut()).ok_or(Error::MissingBackend(id))
     }
 
+    fn index(&self, id: BackendId) -> Result<usize, Error> {
+        self.list.iter().position(|b| b.id() == id).ok_or(Error::MissingBackend(id))
+    }
+
+    /// Copies `src` on backend `from` to `dst` on `to`. When either side is
+    /// host memory the other backend reads or writes it in place; only
+    /// device-to-device copies go through `staging`.
+    fn copy(
+        &mut self,
+        from: BackendId,
+        src: TensorLoc,
+        to: BackendId,
+        dst: TensorLoc,
+        staging: &mut Vec<u8>,
+    ) -> Result<(), Error> {
+        let (i, j) = (self.index(from)?, self.index(to)?);
+        if i == j {
+            staging.resize(src.nbytes, 0);
+            self.list[i].read(src, staging)?;
+            return Ok(self.list[j].write(dst, staging)?);
+        }
+        // Both backends at once: the source read-only, the destination mutable.
+        let (a, b) = if i < j {
+            let (lo, hi) = self.list.split_at_mut(j);
+            (&mut lo[i], &mut hi[0])
+        } else {
+            let (lo, hi) = self.list.split_at_mut(i);
+            (&mut hi[0], &mut lo[j])
+        };
+        let (from_b, to_b): (&dyn Backend, &mut Box<dyn Backend>) = (a.as_ref(), b);
+        if let Some(bytes) = from_b.host_bytes(src) {
+            return Ok(to_b.write(dst, bytes)?);
+        }
+        if let Some(out) = to_b.host_bytes_mut(dst) {
+            return Ok(from_b.read(src, out)?);
+        }
+        staging.resize(src.nbytes, 0);
+        from_b.read(src, staging)?;
+        Ok(to_b.write(dst, staging)?)
+    }
+
     /// The arena buffer of `id`, grown to at least `bytes`.
     fn arena(&mut self, id: BackendId, bytes: usize) -> Result<BufferId, Error> {
         if let Some(&(buf, cap)) = self.arenas.get(&id) {
@@ -181,9 +222,7 @@ impl Backends {
                     offset: schedule.memory.copy_offsets[si][ci],
                     nbytes: src.nbytes,
                 };
-                staging.resize(src.nbytes, 0);
-                self.get(c.from)?.read(src, &mut staging)?;
-                self.get_mut(s.backend)?.write(dst, &staging)?;
+                self.copy(c.from, src, s.backend, dst, &mut staging)?;
                 locs[c.src.index()] = Some(dst);
                 copied += src.nbytes;
             }
