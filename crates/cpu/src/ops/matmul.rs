@@ -21,31 +21,42 @@ fn weight_type(w: &Tensor) -> GgmlType {
     }
 }
 
-/// Rows `ids` of `table`, dequantized to f32.
-pub fn get_rows(table: &Tensor, ids: &[i32], y: &mut [f32]) {
+/// Rows `ids` of `table`, dequantized to f32; a prompt's rows on every thread.
+pub fn get_rows(table: &Tensor, ids: &[i32], y: &mut [f32], cx: &Ctx) {
     let k = table.node.ne[0];
-    if let Some(p) = table.packed {
-        let mut values = vec![0i8; p.layout.k_pad];
-        for (out, &id) in y.chunks_exact_mut(k).zip(ids) {
-            rows::unpack_row(&p.layout, p.row(id as usize), &mut values);
-            let scales = p.row_scales(id as usize);
-            for (i, (o, &v)) in out.iter_mut().zip(&values).enumerate() {
-                *o = v as f32 * scales[i / p.layout.group()];
-            }
+    let out = Out(y.as_mut_ptr());
+    // Ids come from the tokenizer or the user; the engine checks them against
+    // n_vocab before building the graph.
+    let rows = |r: std::ops::Range<usize>, f: &mut dyn FnMut(usize, &mut [f32])| {
+        let out = &out;
+        for i in r {
+            // SAFETY: each thread writes only the output rows of its own ids.
+            let dst = unsafe { std::slice::from_raw_parts_mut(out.0.add(i * k), k) };
+            f(ids[i] as usize, dst);
         }
+    };
+    if let Some(p) = table.packed {
+        cx.pool.for_chunks(ids.len(), 16, |r| {
+            let mut values = vec![0i8; p.layout.k_pad];
+            rows(r, &mut |id, dst| {
+                rows::unpack_row(&p.layout, p.row(id), &mut values);
+                let scales = p.row_scales(id);
+                for (i, (o, &v)) in dst.iter_mut().zip(&values).enumerate() {
+                    *o = v as f32 * scales[i / p.layout.group()];
+                }
+            });
+        });
         return;
     }
     let ty = weight_type(table);
-    let rows = table.node.n_rows();
     let bytes = table.bytes();
-    let scale = TensorScale::of(ty, bytes, k * rows);
+    let scale = TensorScale::of(ty, bytes, k * table.node.n_rows());
     let row_bytes = ty.row_bytes(k as u64).expect("validated at load") as usize;
-    for (out, &id) in y.chunks_exact_mut(k).zip(ids) {
-        // Ids come from the tokenizer or the user; the engine checks them
-        // against n_vocab before building the graph.
-        let r = id as usize;
-        tern_quant::dequantize_row(ty, &bytes[r * row_bytes..(r + 1) * row_bytes], scale, out);
-    }
+    cx.pool.for_chunks(ids.len(), 16, |r| {
+        rows(r, &mut |id, dst| {
+            tern_quant::dequantize_row(ty, &bytes[id * row_bytes..(id + 1) * row_bytes], scale, dst)
+        });
+    });
 }
 
 struct Out(*mut f32);

@@ -100,7 +100,7 @@ pub unsafe fn run(node: &Node, dst: Tensor, srcs: &[Tensor], cx: &Ctx) {
     };
     match &node.op {
         Op::Weight(_) | Op::Input(_) | Op::KvCache { .. } => {}
-        Op::GetRows => matmul::get_rows(&srcs[0], srcs[1].i32(), dst.f32_mut()),
+        Op::GetRows => matmul::get_rows(&srcs[0], srcs[1].i32(), dst.f32_mut(), cx),
         Op::RmsNorm { eps } => {
             by_rows(cx, n_rows, |r| elementwise::rms_norm(src_rows(0, &r), width, *eps, rows_mut(out, width, &r)))
         }
