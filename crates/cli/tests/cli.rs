@@ -208,3 +208,25 @@ fn gpu_flags_without_a_gpu_run_on_the_cpu_and_say_so() {
     let e = fails_cleanly(&tern(&["info", "-m", &m, "--plan", "-ngl", "99", "--devices", "CUDA0=1KiB"]));
     assert!(e.contains("does not fit"), "{e}");
 }
+
+/// The offload policy from the command line: the plan's prompt section and
+/// JSON keys (README's schema), and clear errors for bad `-op` values.
+#[test]
+fn offload_policy_flags_reach_the_plan() {
+    let m = model("b158-e512-tq2_0.gguf");
+    let base = ["info", "-m", &m, "--plan", "-ngl", "99", "-ot", "ffn_.*=CPU", "--devices", "CUDA0=1GiB", "-c", "256"];
+    let on = ok(&tern(&base));
+    assert!(on.contains("prompt micro-batch (256 tokens)") && on.contains("offloaded: batch >= 32"), "{on}");
+    assert!(on.contains("staged in pinned host memory"), "{on}");
+    let off = ok(&tern(&[&base[..], &["-op", "mul_mat,0"]].concat()));
+    assert!(!off.contains("offloaded:") && !off.contains("staged in pinned"), "{off}");
+    let json = ok(&tern(&[&base[..], &["--json", "-op", "27,1", "--offload-batch", "64"]].concat()));
+    for key in ["\"prompt\": {", "\"offloaded_matmuls\"", "\"streamed_bytes\"", "\"cpu_ms\"", "\"staged_bytes\""] {
+        assert!(json.contains(key), "{key} missing");
+    }
+    assert!(json.contains("batch >= 64"), "--offload-batch reaches the policy");
+    for (bad, says) in [("mul_mat", "OP,0|1|auto"), ("softmax,1", "valid: mul_mat"), ("mul_mat,2", "0, 1 or auto")] {
+        let e = fails_cleanly(&tern(&["info", "-m", &m, "--plan", "-op", bad]));
+        assert!(e.contains(says), "{bad}: {e}");
+    }
+}
