@@ -7,7 +7,9 @@
 //! 2. an op that writes a cache runs where the cache lives;
 //! 3. an op that reads a weight runs where the weight lives, unless the
 //!    offload policy moves a matmul on a host weight to the GPU that holds a
-//!    staged copy of it (the weight leaf then lives at that copy);
+//!    staged copy of it (the weight leaf then lives at that copy), or the
+//!    weight is a small one with a device copy and the op follows its
+//!    computed input onto that device;
 //! 4. any other op follows a computed input: one on a device if there is one
 //!    (so the residual stream stays on the GPU once a layer's output is there,
 //!    instead of bouncing back to where the embedding was looked up), else
