@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# ik_llama.cpp beside tern on a GPU machine (through `device`), in the same
+# session and on one model file. The peer is never part of the repo: bring its
+# source as a tarball in .gpu/ik-src.tar.xz (ggml, src, include, common,
+# examples, vendor, pocs, cmake and the CMake files of a fetched checkout).
+#
+# A CUDA build of ik takes about 14 minutes on 16 cores, longer than one
+# `device` call, and a machine left idle for 30 s is given back (taking the
+# build with it). So: call `start`, then `wait` until it prints "ik done",
+# then `bench`, each call issued right after the last one returns.
+#   scripts/gpu-peer.sh start   # ik build + the f16 model, in the background
+#   scripts/gpu-peer.sh wait    # up to 9.5 minutes
+#   scripts/gpu-peer.sh bench   # ik's IQ2_BN file; ik and tern alternating
+# Needs MAKE_MODEL and TOKENIZER as scripts/gpu-bench.sh does (defaults: .gpu/).
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+export PATH=/usr/local/cuda/bin:$PATH
+ik=/tmp/ik
+models=${MODELS:-/tmp/models}
+tern=${TERN:-$root/.gpu/tern}
+case "${1:-}" in
+start)
+    mkdir -p "$ik" "$models" && tar xJf .gpu/ik-src.tar.xz -C "$ik"
+    setsid nohup bash -c "cd $ik && cmake -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+        -DGGML_IQK_FA_ALL_QUANTS=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF \
+        -DCMAKE_BUILD_TYPE=Release > /tmp/ik-cfg.log 2>&1 \
+        && cmake --build build -j16 --target llama-bench llama-quantize > /tmp/ik-build.log 2>&1; echo \$? > /tmp/ik-done" \
+        > /dev/null 2>&1 < /dev/null &
+    setsid nohup bash -c "python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu/gguf-*.whl; \
+        PYTHONPATH=/tmp/site python3 ${MAKE_MODEL:-.gpu/make_bitnet_gguf.py} \
+        --tokenizer-model ${TOKENIZER:-.gpu/llama3-tiktoken-tokenizer.model} --arch bitnet-b1.58 \
+        -o $models/f16.gguf > /tmp/gen.log 2>&1; echo ok > /tmp/gen-done" > /dev/null 2>&1 < /dev/null &
+    echo "started"
+    ;;
+wait)
+    while [ ! -e /tmp/ik-done ] && [ $SECONDS -lt 570 ]; do sleep 5; done
+    if [ -e /tmp/ik-done ]; then echo "ik done: $(cat /tmp/ik-done)"; else echo "ik building: $(tail -c 120 /tmp/ik-build.log)"; fi
+    ;;
+bench)
+    while [ ! -e /tmp/gen-done ] && [ $SECONDS -lt 300 ]; do sleep 3; done
+    m=$models/ik-iq2_bn.gguf
+    [ -e "$m" ] || $ik/build/bin/llama-quantize --token-embedding-type q6_k --output-tensor-type q6_k \
+        "$models/f16.gguf" "$m" IQ2_BN 16 > /tmp/ikq.log 2>&1
+    row() { grep -E "^\| [a-z]" | grep -vE "model +\|"; }
+    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+    for args in "-p 512 -n 128 -r 10" "-p 2048 -n 0 -b 2048 -ub 2048 -r 10"; do
+        echo "## -ngl 99 $args"
+        $ik/build/bin/llama-bench -m "$m" -ngl 99 -fa 1 $args 2>&1 | row
+        "$tern" bench -m "$m" -ngl 99 $args 2>&1 | row
+    done
+    for placement in "-ngl 99 -ot ffn_.*=CPU" "-ngl 15"; do
+        echo "## $placement -t 16"
+        $ik/build/bin/llama-bench -m "$m" $placement -fa 1 -t 16 -p 512 -n 128 -r 5 2>&1 | row
+        "$tern" bench -m "$m" $placement -t 16 -p 512 -n 128 -r 5 2>&1 | row
+    done
+    ;;
+*)
+    echo "usage: $0 start|wait|bench" >&2
+    exit 2
+    ;;
+esac
