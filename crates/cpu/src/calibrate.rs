@@ -74,13 +74,13 @@ mod tests {
     use super::*;
     use tern_backend::BackendId;
 
-    /// Plausible, not exact (the machine is shared): a GEMM of a few hundred
-    /// million multiply-adds and a 64 MiB read, both finished and positive.
+    /// Both measurements ran to completion and gave usable rates (finite and
+    /// positive); their size depends on the machine, so it is not asserted.
     #[test]
     fn rates_are_finite_and_positive() {
         let r = CpuBackend::new(BackendId::CPU, 2).measure_rates();
         eprintln!("CPU rates: {:.3} TMAC/s, {:.1} GB/s", r.macs_per_s / 1e12, r.bytes_per_s / 1e9);
-        assert!(r.macs_per_s.is_finite() && r.macs_per_s > 1e9, "{r:?}");
-        assert!(r.bytes_per_s.is_finite() && r.bytes_per_s > 1e8, "{r:?}");
+        assert!(r.macs_per_s.is_finite() && r.macs_per_s > 0.0, "{r:?}");
+        assert!(r.bytes_per_s.is_finite() && r.bytes_per_s > 0.0, "{r:?}");
     }
 }
