@@ -33,7 +33,7 @@ pub fn print(p: &Profile) {
         let op_total = ops.total_ns().max(1);
         eprintln!("  {b} by op ({:.3} ms recorded):", ms(op_total));
         let mut by_op: Vec<_> = ops.by_op.iter().collect();
-        by_op.sort_by(|a, b| b.1 .0.cmp(&a.1 .0));
+        by_op.sort_by_key(|(_, (ns, _))| std::cmp::Reverse(*ns));
         for (name, (ns, count)) in by_op {
             eprintln!(
                 "    {name:<22} {:>10.3} ms {:>6.1}% {:>8} calls {:>9.1} µs each",
@@ -44,7 +44,7 @@ pub fn print(p: &Profile) {
             );
         }
         let mut mats: Vec<_> = ops.by_label.iter().collect();
-        mats.sort_by(|a, b| b.1 .0.cmp(&a.1 .0));
+        mats.sort_by_key(|(_, (ns, _))| std::cmp::Reverse(*ns));
         if !mats.is_empty() {
             eprintln!("    slowest matmuls:");
             for (name, (ns, count)) in mats.into_iter().take(8) {

@@ -5,6 +5,21 @@
 
 #define FMAT_MAXT 8
 
+// The end of every GEMV here: each token's warp sum for `row`, written by
+// lane 0 at out[t · out_stride + row], plus the residual when there is one.
+__device__ __forceinline__ void store_row(const float* acc, int n_tok, int lane, int row, float* out, u64 out_stride,
+                                          const float* res) {
+#pragma unroll
+    for (int t = 0; t < FMAT_MAXT; ++t) {
+        if (t >= n_tok) break;
+        float y = warp_sum(acc[t]);
+        if (lane == 0) {
+            u64 o = (u64)t * out_stride + row;
+            out[o] = res ? y + res[o] : y;
+        }
+    }
+}
+
 // grid: ceil(rows / 8), block 256. x: [k, n_tok] f32; out: [rows, n_tok].
 extern "C" __global__ void __launch_bounds__(256) fmat_gemv(const u8* w, u64 row_bytes, int type, int rows, int k,
                                                            const float* x, int n_tok, float* out, u64 out_stride,
@@ -25,15 +40,7 @@ extern "C" __global__ void __launch_bounds__(256) fmat_gemv(const u8* w, u64 row
             acc[t] += v * x[(u64)t * k + e];
         }
     }
-#pragma unroll
-    for (int t = 0; t < FMAT_MAXT; ++t) {
-        if (t >= n_tok) break;
-        float y = warp_sum(acc[t]);
-        if (lane == 0) {
-            u64 o = (u64)t * out_stride + row;
-            out[o] = res ? y + res[o] : y;
-        }
-    }
+    store_row(acc, n_tok, lane, row, out, out_stride, res);
 }
 
 // Int8 levels with one f32 scale per 16 (qlayout.rs) times f32 activations:
@@ -83,15 +90,7 @@ extern "C" __global__ void __launch_bounds__(256) q8_gemv(const i8* q, const flo
             }
         }
     }
-#pragma unroll
-    for (int t = 0; t < FMAT_MAXT; ++t) {
-        if (t >= n_tok) break;
-        float y = warp_sum(acc[t]);
-        if (lane == 0) {
-            u64 o = (u64)t * out_stride + row;
-            out[o] = res ? y + res[o] : y;
-        }
-    }
+    store_row(acc, n_tok, lane, row, out, out_stride, res);
 }
 
 // F16 weights times f32 activations, 8 halves per 16-byte load (k % 8 == 0).
@@ -129,15 +128,7 @@ extern "C" __global__ void __launch_bounds__(256) f16_gemv(const u16* w, int row
             }
         }
     }
-#pragma unroll
-    for (int t = 0; t < FMAT_MAXT; ++t) {
-        if (t >= n_tok) break;
-        float y = warp_sum(acc[t]);
-        if (lane == 0) {
-            u64 o = (u64)t * out_stride + row;
-            out[o] = res ? y + res[o] : y;
-        }
-    }
+    store_row(acc, n_tok, lane, row, out, out_stride, res);
 }
 
 // Rows of the int8 layout, dequantized. grid: rows, block: 256.

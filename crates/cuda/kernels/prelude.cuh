@@ -39,44 +39,41 @@ __device__ __forceinline__ u16 ld_u16(const u8* p) {
     return (u16)p[0] | ((u16)p[1] << 8);
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
+// Reductions over a warp and over a block (blockDim.x a multiple of 32,
+// ≤ 1024; every thread gets the result). `identity` fills the lanes past the
+// block's warp count in the second step.
+struct Sum {
+    template <typename T>
+    __device__ __forceinline__ T operator()(T a, T b) const { return a + b; }
+};
+
+struct Max {
+    __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+template <typename T, typename Op>
+__device__ __forceinline__ T warp_reduce(T v, Op op) {
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
 
-__device__ __forceinline__ int warp_sum_i(int v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-
-// Block-wide sum for blockDim.x a multiple of 32 (≤ 1024); every thread gets it.
-__device__ __forceinline__ float block_sum(float v, float* scratch) {
+template <typename T, typename Op>
+__device__ __forceinline__ T block_reduce(T v, T* scratch, T identity, Op op) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = warp_sum(v);
+    v = warp_reduce(v, op);
     __syncthreads();
     if (lane == 0) scratch[warp] = v;
     __syncthreads();
-    v = lane < nw ? scratch[lane] : 0.0f;
-    return warp_sum(v);
+    v = lane < nw ? scratch[lane] : identity;
+    return warp_reduce(v, op);
 }
 
-__device__ __forceinline__ float block_max(float v, float* scratch) {
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = warp_max(v);
-    __syncthreads();
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    v = lane < nw ? scratch[lane] : 0.0f;
-    return warp_max(v);
-}
+__device__ __forceinline__ float warp_sum(float v) { return warp_reduce(v, Sum()); }
+__device__ __forceinline__ int warp_sum_i(int v) { return warp_reduce(v, Sum()); }
+__device__ __forceinline__ float warp_max(float v) { return warp_reduce(v, Max()); }
+__device__ __forceinline__ float block_sum(float v, float* scratch) { return block_reduce(v, scratch, 0.0f, Sum()); }
+__device__ __forceinline__ float block_max(float v, float* scratch) { return block_reduce(v, scratch, 0.0f, Max()); }
 
 // Programmatic dependent launch (sm_90+): wait for the previous kernel's
 // results, and let the next kernel be scheduled early. Both are no-ops when a

@@ -9,19 +9,6 @@
 // m16n8k32 fragments consume them (see ternary.cu), so both read whole 16-byte
 // vectors. `lsum[t][c*4 + tig]` is the sum of block tig of chunk c.
 
-__device__ __forceinline__ double block_sum_d(double v, double* scratch) {
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    __syncthreads();
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    v = lane < nw ? scratch[lane] : 0.0;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
 // The logical element behind word `wi` (of k_pad / 4) of the permuted layout.
 __device__ __forceinline__ int permuted_base(int wi) {
     int c = wi >> 6, q = wi & 63, tig = q >> 4, word = q & 15, w = word >> 2, j = word & 3;
@@ -74,7 +61,7 @@ extern "C" __global__ void __launch_bounds__(1024) norm_quant(const float* x, co
     if (norm) {
         double ss = 0.0;
         for (int e = threadIdx.x; e < ne0; e += blockDim.x) ss += (double)xs[e] * (double)xs[e];
-        ss = block_sum_d(ss, dscratch);
+        ss = block_reduce(ss, dscratch, 0.0, Sum());
         inv = (float)(1.0 / sqrt(ss / ne0 + (double)eps));
     }
     float amax = 0.0f;

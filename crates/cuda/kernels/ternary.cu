@@ -56,26 +56,21 @@ __device__ __forceinline__ int pick(const TernaryBatch& b, int blk) {
 #define GEMV_MAXT 8
 #define GEMV_UNROLL 4
 
+// One lane block: 16 weight words against 16 activation words. Word j of
+// the weights holds four 2-bit codes per byte; shift 2b selects the codes
+// that pair with activation word 4j + b (quantize.cu's permutation); the
+// activations are read as four 16-byte vectors.
 __device__ __forceinline__ int chunk_dot(uint4 wv, const i8* a) {
     const int4* av = (const int4*)a;
-    int4 a0 = av[0], a1 = av[1], a2 = av[2], a3 = av[3];
+    const u32 w[4] = {wv.x, wv.y, wv.z, wv.w};
     int s = 0;
-    s = dp4a_us(wv.x & M2, a0.x, s);
-    s = dp4a_us((wv.x >> 2) & M2, a0.y, s);
-    s = dp4a_us((wv.x >> 4) & M2, a0.z, s);
-    s = dp4a_us((wv.x >> 6) & M2, a0.w, s);
-    s = dp4a_us(wv.y & M2, a1.x, s);
-    s = dp4a_us((wv.y >> 2) & M2, a1.y, s);
-    s = dp4a_us((wv.y >> 4) & M2, a1.z, s);
-    s = dp4a_us((wv.y >> 6) & M2, a1.w, s);
-    s = dp4a_us(wv.z & M2, a2.x, s);
-    s = dp4a_us((wv.z >> 2) & M2, a2.y, s);
-    s = dp4a_us((wv.z >> 4) & M2, a2.z, s);
-    s = dp4a_us((wv.z >> 6) & M2, a2.w, s);
-    s = dp4a_us(wv.w & M2, a3.x, s);
-    s = dp4a_us((wv.w >> 2) & M2, a3.y, s);
-    s = dp4a_us((wv.w >> 4) & M2, a3.z, s);
-    s = dp4a_us((wv.w >> 6) & M2, a3.w, s);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        int4 v = av[j];
+        const int aw[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int b = 0; b < 4; ++b) s = dp4a_us((w[j] >> (2 * b)) & M2, aw[b], s);
+    }
     return s;
 }
 

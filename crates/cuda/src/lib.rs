@@ -282,6 +282,23 @@ impl CudaBackend {
         }
     }
 
+    /// Allocates device memory for `img` and uploads it.
+    fn upload_image(&mut self, img: Image) -> Result<(u64, Image)> {
+        let ptr = self.alloc_raw(img.bytes.len())?;
+        self.gpu.upload(ptr, &img.bytes).map_err(|m| self.dev_err(m))?;
+        Ok((ptr, img))
+    }
+
+    /// Frees `old` (a scratch buffer being outgrown) and allocates `bytes`.
+    /// Plans hold the old pointers, so they go too.
+    fn regrow(&mut self, old: Option<u64>, bytes: usize) -> Result<u64> {
+        self.plans.clear();
+        if let Some(p) = old {
+            self.gpu.free(p);
+        }
+        self.alloc_raw(bytes)
+    }
+
     fn free_buf(&self, b: &DevBuf) {
         if b.host != 0 {
             self.gpu.free_mapped(b.host as *mut u8);
@@ -291,11 +308,8 @@ impl CudaBackend {
     }
 
     fn grow_staging(&mut self, bytes: usize) -> Result<()> {
-        self.plans.clear();
-        if let Some(p) = self.staging_buf.take() {
-            self.gpu.free(p);
-        }
-        let p = self.alloc_raw(bytes)?;
+        let old = self.staging_buf.take();
+        let p = self.regrow(old, bytes)?;
         self.staging_buf = Some(p);
         self.scratch.stage_base = p;
         self.scratch.stage_cap = bytes;
@@ -303,12 +317,9 @@ impl CudaBackend {
     }
 
     fn grow_scratch(&mut self, bytes: usize) -> Result<()> {
-        self.plans.clear();
-        if let Some(p) = self.scratch_buf.take() {
-            self.gpu.free(p);
-        }
         let cap = bytes + bytes / 4;
-        let p = self.alloc_raw(cap)?;
+        let old = self.scratch_buf.take();
+        let p = self.regrow(old, cap)?;
         self.scratch_buf = Some(p);
         self.scratch.base = p;
         self.scratch.cap = cap;
@@ -316,12 +327,9 @@ impl CudaBackend {
     }
 
     fn grow_counters(&mut self, n: usize) -> Result<()> {
-        self.plans.clear();
-        if let Some(p) = self.counters_buf.take() {
-            self.gpu.free(p);
-        }
         let cap = n.max(1024);
-        let p = self.alloc_raw(cap * 4)?;
+        let old = self.counters_buf.take();
+        let p = self.regrow(old, cap * 4)?;
         self.counters_buf = Some(p);
         self.scratch.counters = p;
         self.scratch.counters_cap = cap;
@@ -442,6 +450,28 @@ pub fn supports(node: &Node, srcs: &[&Node]) -> bool {
     }
 }
 
+/// A repacked matrix as one byte image: its codes or int8 levels, zeros to
+/// the next 256 bytes, then its f32 scales (which start at `scale_off`).
+struct Image {
+    bytes: Vec<u8>,
+    scale_off: usize,
+}
+
+impl Image {
+    fn new(levels: &[u8], scales: &[f32]) -> Image {
+        let scale_off = levels.len().next_multiple_of(256);
+        let mut bytes = Vec::with_capacity(scale_off + scales.len() * 4);
+        bytes.extend_from_slice(levels);
+        bytes.resize(scale_off, 0);
+        bytes.extend(scales.iter().flat_map(|s| s.to_le_bytes()));
+        Image { bytes, scale_off }
+    }
+
+    fn ternary(t: &GpuTernary) -> Image {
+        Image::new(&t.codes, &t.scales)
+    }
+}
+
 /// Whether a host-resident weight can be staged for offloaded matmuls
 /// ([`Backend::load_staged`]): ternary matrices, which the GEMM streams in.
 pub fn streams(desc: WeightDesc) -> bool {
@@ -509,40 +539,31 @@ impl Backend for CudaBackend {
         let is_matrix = desc.ne[2] == 1 && desc.ne[3] == 1;
         let (ptr, total, weight) = if desc.ty.is_ternary() && is_matrix {
             let t = GpuTernary::pack(desc.ty, data, desc.ne[0], desc.ne[1]);
-            let scale_off = t.codes.len().next_multiple_of(256);
-            let total = scale_off + t.scales.len() * 4;
-            let ptr = self.alloc_raw(total)?;
-            let scales: Vec<u8> = t.scales.iter().flat_map(|s| s.to_le_bytes()).collect();
-            self.gpu.upload(ptr, &t.codes).map_err(|m| self.dev_err(m))?;
-            self.gpu.upload(ptr + scale_off as u64, &scales).map_err(|m| self.dev_err(m))?;
+            let (ptr, img) = self.upload_image(Image::ternary(&t))?;
             let shape = TernaryShape { k_pad: t.k_pad, rows: t.rows, groups: t.groups };
             let w = Weight {
                 ty: desc.ty,
                 ptr_codes: ptr,
-                ptr_scales: ptr + scale_off as u64,
+                ptr_scales: ptr + img.scale_off as u64,
                 ternary: Some(shape),
                 q8: false,
                 staged: None,
             };
-            (ptr, total, w)
+            (ptr, img.bytes.len(), w)
         } else if qlayout::supported(desc.ty) && is_matrix {
             let q = qlayout::pack(desc.ty, data, desc.ne[0], desc.ne[1]);
-            let scale_off = q.values.len().next_multiple_of(256);
-            let total = scale_off + q.scales.len() * 4;
-            let ptr = self.alloc_raw(total)?;
+            // SAFETY: i8 and u8 have the same layout.
             let levels: &[u8] = unsafe { std::slice::from_raw_parts(q.values.as_ptr() as *const u8, q.values.len()) };
-            let scales: Vec<u8> = q.scales.iter().flat_map(|s| s.to_le_bytes()).collect();
-            self.gpu.upload(ptr, levels).map_err(|m| self.dev_err(m))?;
-            self.gpu.upload(ptr + scale_off as u64, &scales).map_err(|m| self.dev_err(m))?;
+            let (ptr, img) = self.upload_image(Image::new(levels, &q.scales))?;
             let w = Weight {
                 ty: desc.ty,
                 ptr_codes: ptr,
-                ptr_scales: ptr + scale_off as u64,
+                ptr_scales: ptr + img.scale_off as u64,
                 ternary: None,
                 q8: true,
                 staged: None,
             };
-            (ptr, total, w)
+            (ptr, img.bytes.len(), w)
         } else {
             let ptr = self.alloc_raw(data.len())?;
             self.gpu.upload(ptr, data).map_err(|m| self.dev_err(m))?;
@@ -563,18 +584,15 @@ impl Backend for CudaBackend {
             return Err(Error::Unsupported { backend: self.id, op: "staged weight", types });
         }
         let t = GpuTernary::pack(desc.ty, data, desc.ne[0], desc.ne[1]);
-        let scale_off = t.codes.len().next_multiple_of(256);
+        let img = Image::ternary(&t);
         // Whole 16-byte words, which the copy kernel moves.
-        let total = (scale_off + t.scales.len() * 4).next_multiple_of(16);
+        let total = img.bytes.len().next_multiple_of(16);
         let (host, dev) = self.gpu.alloc_mapped(total).map_err(|m| self.dev_err(m))?;
         // SAFETY: `alloc_mapped` returned `total` bytes of host memory that nothing else uses yet.
         let mem = unsafe { std::slice::from_raw_parts_mut(host, total) };
-        mem[..t.codes.len()].copy_from_slice(&t.codes);
-        mem[t.codes.len()..scale_off].fill(0);
-        for (d, s) in mem[scale_off..].chunks_exact_mut(4).zip(&t.scales) {
-            d.copy_from_slice(&s.to_le_bytes());
-        }
-        mem[scale_off + t.scales.len() * 4..].fill(0);
+        mem[..img.bytes.len()].copy_from_slice(&img.bytes);
+        mem[img.bytes.len()..].fill(0);
+        let scale_off = img.scale_off;
         let w = Weight {
             ty: desc.ty,
             ptr_codes: dev,
@@ -670,11 +688,11 @@ mod tests {
             tern_quant::quantize_tensor(ty, &x, k, &mut bytes);
             let desc = WeightDesc { ty, ne: [k, rows, 1, 1] };
             let actual = if ty.is_ternary() {
-                let t = GpuTernary::pack(ty, &bytes, k, rows);
-                t.codes.len().next_multiple_of(256) + t.scales.len() * 4
+                Image::ternary(&GpuTernary::pack(ty, &bytes, k, rows)).bytes.len()
             } else if qlayout::supported(ty) {
                 let q = qlayout::pack(ty, &bytes, k, rows);
-                q.values.len().next_multiple_of(256) + q.scales.len() * 4
+                let levels: Vec<u8> = q.values.iter().map(|&v| v as u8).collect();
+                Image::new(&levels, &q.scales).bytes.len()
             } else {
                 bytes.len()
             };

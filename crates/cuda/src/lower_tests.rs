@@ -213,7 +213,7 @@ fn overlapping_bytes_turn_the_norm_fusion_off() {
 fn staged_weights_are_streamed_in_before_their_matmul() {
     use Kernel::*;
     let l = layer(64);
-    let need = lowered(&l, None, &["gate", "up", "down"], SCRATCH).err().expect("a ring is needed");
+    let need = lowered(&l, None, &["gate", "up", "down"], SCRATCH).expect_err("a ring is needed");
     let crate::lower::Need::Staging(ring) = need else { panic!("{need:?}") };
     assert!(ring >= 2 << 20, "gate and up together: {ring}");
     let ls = lowered(&l, None, &["gate", "up", "down"], Scratch { stage_cap: ring, ..SCRATCH }).unwrap();

@@ -5,12 +5,12 @@
 //! runs and is tested in CPU-only CI; a real load checks the fit first too.
 
 use tern_backend::{Backend, BackendId, WeightDesc};
-use tern_cpu::CpuBackend;
+use tern_cpu::{CpuBackend, Rates};
 use tern_cuda::CudaBackend;
 use tern_gguf::{File, GgmlType};
 use tern_graph::Op;
 use tern_models::{Batch, Built, KvSpec, Model};
-use tern_sched::{Backends, CopyKind, NodeReason, Placement, PlacementRules, Schedule, VirtualBackend};
+use tern_sched::{Backends, CopyKind, CostModel, NodeReason, Placement, PlacementRules, Schedule, VirtualBackend};
 
 use crate::error::{Error, Result};
 use crate::session::LoadOptions;
@@ -305,12 +305,14 @@ pub fn plan_for(path: impl AsRef<std::path::Path>, opts: &LoadOptions, devices: 
 /// the machine it runs on; a session measures its own when it uses `auto`).
 pub fn measure_costs(opts: &mut LoadOptions) -> std::result::Result<(), String> {
     let mut gpu = CudaBackend::new(0).map_err(|e| format!("CUDA0: {e}"))?;
-    let h2d = gpu.measure_h2d().map_err(|e| e.to_string())?;
-    let cpu = CpuBackend::new(BackendId::CPU, opts.n_threads).measure_rates();
-    let cost = &mut opts.offload.cost;
-    (cost.cpu_macs_per_s, cost.cpu_bytes_per_s, cost.h2d_bytes_per_s) = (cpu.macs_per_s, cpu.bytes_per_s, h2d);
-    cost.measured = true;
+    opts.offload.cost.h2d_bytes_per_s = gpu.measure_h2d().map_err(|e| e.to_string())?;
+    set_cpu_rates(&mut opts.offload.cost, CpuBackend::new(BackendId::CPU, opts.n_threads).measure_rates());
     Ok(())
+}
+
+/// Puts a CPU backend's measured rates into the cost model.
+pub(crate) fn set_cpu_rates(cost: &mut CostModel, r: Rates) {
+    (cost.cpu_macs_per_s, cost.cpu_bytes_per_s, cost.measured) = (r.macs_per_s, r.bytes_per_s, true);
 }
 
 /// Stand-ins that answer `supports` like the real backends.

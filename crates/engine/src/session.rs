@@ -149,9 +149,7 @@ impl Session {
             list.push(if id.is_host() {
                 let cpu = CpuBackend::new(*id, opts.n_threads);
                 if measure && *id == BackendId::CPU {
-                    let r = cpu.measure_rates();
-                    let cost = &mut placement.offload.cost;
-                    (cost.cpu_macs_per_s, cost.cpu_bytes_per_s, cost.measured) = (r.macs_per_s, r.bytes_per_s, true);
+                    planning::set_cpu_rates(&mut placement.offload.cost, cpu.measure_rates());
                 }
                 Box::new(cpu)
             } else {
