@@ -71,7 +71,10 @@ impl OffloadArgs {
     pub fn apply(&self, opts: &mut LoadOptions) -> Result<(), CliError> {
         opts.offload = OffloadPolicy::parse(&self.offload_policy)?;
         if let Some(b) = self.offload_batch {
-            opts.offload.min_batch = b.max(1);
+            if b == 0 {
+                return Err(CliError("--offload-batch: expected a number of tokens of at least 1".into()));
+            }
+            opts.offload.min_batch = b;
         }
         let layers = match (self.cpu_moe, self.n_cpu_moe) {
             (true, _) => Some(None),

@@ -225,6 +225,8 @@ fn offload_policy_flags_reach_the_plan() {
         assert!(json.contains(key), "{key} missing");
     }
     assert!(json.contains("batch >= 64"), "--offload-batch reaches the policy");
+    let e = fails_cleanly(&tern(&["info", "-m", &m, "--plan", "--offload-batch", "0"]));
+    assert!(e.contains("--offload-batch"), "{e}");
     for (bad, says) in [("mul_mat", "OP,0|1|auto"), ("softmax,1", "valid: mul_mat"), ("mul_mat,2", "0, 1 or auto")] {
         let e = fails_cleanly(&tern(&["info", "-m", &m, "--plan", "-op", bad]));
         assert!(e.contains(says), "{bad}: {e}");

@@ -97,6 +97,9 @@ impl PlacementRules {
     }
 }
 
+/// `--n-cpu-moe` from this many layers on means every layer.
+const MANY_LAYERS: usize = 1000;
+
 /// The `-ot` rules of `--cpu-moe` (`None`: every layer) and `--n-cpu-moe N`
 /// (the first N layers): MoE expert tensors stay on the CPU.
 pub fn moe_overrides(first_layers: Option<usize>) -> Vec<String> {
@@ -104,6 +107,8 @@ pub fn moe_overrides(first_layers: Option<usize>) -> Vec<String> {
     match first_layers {
         None => vec![format!("{EXPERTS}=CPU")],
         Some(0) => Vec::new(),
+        // More layers than any model has: all of them (and no huge regex).
+        Some(n) if n >= MANY_LAYERS => moe_overrides(None),
         Some(n) => {
             let layers: Vec<String> = (0..n).map(|l| l.to_string()).collect();
             vec![format!(r"^blk\.({})\.ffn_(up|down|gate)_exps=CPU", layers.join("|"))]
@@ -281,6 +286,31 @@ mod tests {
     fn rules(specs: &[&str]) -> Result<PlacementRules, RuleError> {
         let v: Vec<String> = specs.iter().map(|s| s.to_string()).collect();
         PlacementRules::parse_overrides(&v, &[BackendId::CPU, BackendId::cpu(1), BackendId::cuda(0)])
+    }
+
+    #[test]
+    fn moe_rules_pin_expert_tensors_of_the_chosen_layers() {
+        let names = [
+            "blk.0.ffn_up_exps.weight",
+            "blk.1.ffn_gate_exps.weight",
+            "blk.2.ffn_down_exps.weight",
+            "blk.10.ffn_up_exps.weight",
+            "blk.1.ffn_up.weight",
+            "blk.1.ffn_up_shexp.weight",
+        ];
+        let on_cpu = |first: Option<usize>| -> Vec<bool> {
+            let specs = moe_overrides(first);
+            let r = PlacementRules::parse_overrides(&specs, &[BackendId::CPU, BackendId::cuda(0)])
+                .unwrap()
+                .with_gpu_layers(99, BackendId::cuda(0));
+            Placement::new(names, 11, &r).weights.iter().map(|w| w.backend.is_host()).collect()
+        };
+        // --cpu-moe: every expert tensor, no dense or shared-expert one.
+        assert_eq!(on_cpu(None), [true, true, true, true, false, false]);
+        // --n-cpu-moe 2: layers 0 and 1 only (not 10).
+        assert_eq!(on_cpu(Some(2)), [true, true, false, false, false, false]);
+        assert_eq!(on_cpu(Some(0)), [false; 6]);
+        assert_eq!(on_cpu(Some(5000)), on_cpu(None));
     }
 
     #[test]
