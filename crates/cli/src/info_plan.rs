@@ -18,15 +18,46 @@ pub struct Plan {
     weights: Vec<(String, String, String, u64)>, // name, backend, reason, bytes
     /// Per backend: weight bytes read per token.
     bytes_per_token: BTreeMap<String, u64>,
-    /// Node assignment counts: (backend, reason) → nodes.
-    nodes: BTreeMap<(String, String), usize>,
+    nodes: NodeCounts,
     splits: Vec<(String, usize, usize)>, // backend, nodes, copies
     copy_bytes: usize,
     policy: String,
     prompt_tokens: usize,
-    prompt_nodes: BTreeMap<(String, String), usize>,
+    prompt_nodes: NodeCounts,
     prompt_copy_bytes: usize,
     offload: OffloadEstimate,
+}
+
+/// How many computed nodes each (backend, reason) got in one schedule.
+struct NodeCounts(BTreeMap<(String, String), usize>);
+
+impl NodeCounts {
+    fn of(graph: &tern_graph::Graph, schedule: &tern_sched::Schedule) -> NodeCounts {
+        let mut counts = BTreeMap::new();
+        for (node, a) in graph.nodes.iter().zip(&schedule.assigned) {
+            if !node.op.is_leaf() {
+                *counts.entry((a.backend.to_string(), a.reason.to_string())).or_insert(0) += 1;
+            }
+        }
+        NodeCounts(counts)
+    }
+
+    fn print(&self) {
+        for ((backend, reason), n) in &self.0 {
+            println!("  {backend:<7} {n:>5} nodes  ({reason})");
+        }
+    }
+
+    fn json(&self) -> String {
+        let rows: Vec<String> = self
+            .0
+            .iter()
+            .map(|((b, r), n)| {
+                json::object(&[("backend", json::string(b)), ("reason", json::string(r)), ("nodes", n.to_string())])
+            })
+            .collect();
+        json::array(&rows)
+    }
 }
 
 impl Plan {
@@ -62,7 +93,6 @@ impl Plan {
         for (info, place) in entries.iter().zip(&plan.placement.weights) {
             weights.push((info.name.clone(), place.backend.to_string(), place.reason.to_string(), info.nbytes));
         }
-        let mut nodes = BTreeMap::new();
         let mut counted = vec![false; entries.len()];
         for (node, a) in built.graph.nodes.iter().zip(&schedule.assigned) {
             if let Op::Weight(i) = node.op {
@@ -78,18 +108,11 @@ impl Plan {
                 };
                 *bytes_per_token.entry(a.backend.to_string()).or_insert(0) += bytes;
             }
-            if !node.op.is_leaf() {
-                *nodes.entry((a.backend.to_string(), a.reason.to_string())).or_insert(0) += 1;
-            }
         }
+        let nodes = NodeCounts::of(&built.graph, schedule);
         let splits = schedule.splits.iter().map(|s| (s.backend.to_string(), s.nodes.len(), s.copies.len())).collect();
         let copy_bytes = schedule.copy_bytes(&built.graph);
-        let mut prompt_nodes = BTreeMap::new();
-        for (node, a) in plan.prompt.graph.nodes.iter().zip(&plan.prompt_schedule.assigned) {
-            if !node.op.is_leaf() {
-                *prompt_nodes.entry((a.backend.to_string(), a.reason.to_string())).or_insert(0) += 1;
-            }
-        }
+        let prompt_nodes = NodeCounts::of(&plan.prompt.graph, &plan.prompt_schedule);
         let p = &plan.placement.offload;
         let rates = if p.cost.measured { "measured" } else { "assumed" };
         let policy = format!(
@@ -124,18 +147,14 @@ impl Plan {
         for (backend, bytes) in &self.bytes_per_token {
             println!("  {backend:<7} reads {bytes} weight bytes per token");
         }
-        for ((backend, reason), n) in &self.nodes {
-            println!("  {backend:<7} {n:>5} nodes  ({reason})");
-        }
+        self.nodes.print();
         println!("  {} splits, {} bytes copied per token", self.splits.len(), self.copy_bytes);
         for (i, (backend, n, copies)) in self.splits.iter().enumerate() {
             println!("    split {i}: {backend:<7} {n:>4} nodes, {copies} inputs copied in");
         }
         let o = &self.offload;
         println!("\nprompt micro-batch ({} tokens), offload policy {}:", self.prompt_tokens, self.policy);
-        for ((backend, reason), n) in &self.prompt_nodes {
-            println!("  {backend:<7} {n:>5} nodes  ({reason})");
-        }
+        self.prompt_nodes.print();
         println!("  {} bytes copied between backends per micro-batch", self.prompt_copy_bytes);
         if o.matmuls > 0 {
             println!(
@@ -186,13 +205,6 @@ impl Plan {
             .iter()
             .map(|(b, n)| json::object(&[("backend", json::string(b)), ("weight_bytes", n.to_string())]))
             .collect();
-        let nodes: Vec<String> = self
-            .nodes
-            .iter()
-            .map(|((b, r), n)| {
-                json::object(&[("backend", json::string(b)), ("reason", json::string(r)), ("nodes", n.to_string())])
-            })
-            .collect();
         let splits: Vec<String> = self
             .splits
             .iter()
@@ -214,18 +226,11 @@ impl Plan {
                 ])
             })
             .collect();
-        let prompt_nodes: Vec<String> = self
-            .prompt_nodes
-            .iter()
-            .map(|((b, r), n)| {
-                json::object(&[("backend", json::string(b)), ("reason", json::string(r)), ("nodes", n.to_string())])
-            })
-            .collect();
         let o = &self.offload;
         let prompt = json::object(&[
             ("tokens", self.prompt_tokens.to_string()),
             ("policy", json::string(&self.policy)),
-            ("nodes", json::array(&prompt_nodes)),
+            ("nodes", self.prompt_nodes.json()),
             ("copy_bytes", self.prompt_copy_bytes.to_string()),
             ("staged_matmuls", o.matmuls.to_string()),
             ("offloaded_matmuls", o.offloaded.to_string()),
@@ -238,7 +243,7 @@ impl Plan {
             ("prompt", prompt),
             ("weights", json::array(&weights)),
             ("per_token", json::array(&per_token)),
-            ("nodes", json::array(&nodes)),
+            ("nodes", self.nodes.json()),
             ("splits", json::array(&splits)),
             ("copy_bytes_per_token", self.copy_bytes.to_string()),
         ])
