@@ -196,6 +196,24 @@ pub trait Backend: Send {
         None
     }
 
+    /// Page-locks host memory that copies to and from this device use on
+    /// every step (the host backends' arenas), so that they run as direct
+    /// DMA rather than through the driver's bounce buffer. Returns whether
+    /// it did. While pinned, a `write` from these bytes may return before
+    /// the device has read them: the caller keeps them unchanged until
+    /// `finish_writes` (or a `read` from this device) returns.
+    fn pin_host(&mut self, _mem: &[u8]) -> Result<bool> {
+        Ok(false)
+    }
+
+    /// Undoes [`Backend::pin_host`]; called before the memory is freed.
+    fn unpin_host(&mut self, _mem: &[u8]) {}
+
+    /// Waits until the device has read every host byte handed to `write`.
+    fn finish_writes(&mut self) -> Result<()> {
+        Ok(())
+    }
+
     /// Computes `nodes` of `graph` in order. `locs[i]` is where node `i` lives
     /// for this call: every source and destination of `nodes` is present, and
     /// sources computed elsewhere already point at copies in this backend.

@@ -8,8 +8,19 @@ use tern_backend::{BufferId, HostBytes, TensorLoc};
 use crate::kernels::ternary::PackedTernary;
 
 const ALIGN: usize = 64;
+/// Large buffers (the per-step arenas) start on a page, so a device can
+/// page-lock them whole for its copies.
+const PAGE: usize = 4096;
 
-/// Zeroed, 64-byte aligned bytes.
+fn align_for(len: usize) -> usize {
+    if len >= 16 * PAGE {
+        PAGE
+    } else {
+        ALIGN
+    }
+}
+
+/// Zeroed bytes, 64-byte aligned (page-aligned when large).
 pub struct Aligned {
     ptr: *mut u8,
     len: usize,
@@ -23,7 +34,7 @@ impl Aligned {
         if len == 0 {
             return Some(Aligned { ptr: std::ptr::NonNull::<u8>::dangling().as_ptr(), len: 0 });
         }
-        let layout = Layout::from_size_align(len, ALIGN).ok()?;
+        let layout = Layout::from_size_align(len, align_for(len)).ok()?;
         // SAFETY: layout has non-zero size.
         let ptr = unsafe { alloc_zeroed(layout) };
         (!ptr.is_null()).then_some(Aligned { ptr, len })
@@ -49,7 +60,7 @@ impl Drop for Aligned {
     fn drop(&mut self) {
         if self.len > 0 {
             // SAFETY: allocated in `new` with this exact layout.
-            unsafe { dealloc(self.ptr, Layout::from_size_align_unchecked(self.len, ALIGN)) }
+            unsafe { dealloc(self.ptr, Layout::from_size_align_unchecked(self.len, align_for(self.len))) }
         }
     }
 }

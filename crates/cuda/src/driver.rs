@@ -157,12 +157,30 @@ impl Gpu {
         }
     }
 
+    /// Page-locks `len` bytes of existing host memory at `ptr` for every
+    /// context (portable), so copies to and from it are direct DMA.
+    pub fn register_host(&self, ptr: *const u8, len: usize) -> DResult<()> {
+        self.bind()?;
+        let r = unsafe { sys::cuMemHostRegister_v2(ptr as *mut c_void, len, sys::CU_MEMHOSTREGISTER_PORTABLE) };
+        r.result().map_err(err)
+    }
+
+    pub fn unregister_host(&self, ptr: *const u8) {
+        if self.bind().is_ok() {
+            // The memory must not be in flight when it is released to its owner.
+            let _ = unsafe { result::stream::synchronize(self.stream) };
+            let _ = unsafe { sys::cuMemHostUnregister(ptr as *mut c_void) };
+        }
+    }
+
     pub fn mem_info(&self) -> DResult<(usize, usize)> {
         self.bind()?;
         result::mem_get_info().map_err(err)
     }
 
-    /// Host to device, ordered on the stream. `data` may be reused on return.
+    /// Host to device, ordered on the stream. `data` may be reused on return
+    /// unless it is page-locked (`register_host`): the copy then runs
+    /// asynchronously, and `data` must stay as it is until the next `sync`.
     pub fn upload(&self, dst: u64, data: &[u8]) -> DResult<()> {
         if data.is_empty() {
             return Ok(());

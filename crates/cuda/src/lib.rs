@@ -155,6 +155,10 @@ pub struct CudaBackend {
     pub stats: Stats,
     /// `TERN_CUDA_PROFILE=1`: every launch timed with events (no graphs).
     profile: Option<Profile>,
+    /// Host memory page-locked through `pin_host`: (address, length).
+    pinned: Vec<(usize, usize)>,
+    /// A `write` from pinned memory may still be reading it.
+    writes_in_flight: std::cell::Cell<bool>,
 }
 
 #[derive(Default)]
@@ -191,6 +195,8 @@ impl CudaBackend {
             pdl,
             stats: Stats::default(),
             profile: env_flag("TERN_CUDA_PROFILE", false).then(Profile::default),
+            pinned: Vec::new(),
+            writes_in_flight: std::cell::Cell::new(false),
         })
     }
 
@@ -418,6 +424,9 @@ impl Drop for CudaBackend {
         for p in [self.scratch_buf, self.counters_buf, self.staging_buf].into_iter().flatten() {
             self.gpu.free(p);
         }
+        for (base, _) in self.pinned.drain(..) {
+            self.gpu.unregister_host(base as *const u8);
+        }
     }
 }
 
@@ -606,14 +615,48 @@ impl Backend for CudaBackend {
         Ok(LoadedWeight { loc: TensorLoc { buffer, offset: 0, nbytes: data.len() }, aliases_host: false })
     }
 
+    /// From pinned memory the copy is asynchronous (`finish_writes`).
     fn write(&mut self, dst: TensorLoc, data: &[u8]) -> Result<()> {
         let p = self.loc_ptr(dst)?;
-        self.gpu.upload(p, &data[..dst.nbytes]).map_err(|m| self.dev_err(m))
+        let data = &data[..dst.nbytes];
+        let at = data.as_ptr() as usize;
+        if self.pinned.iter().any(|&(base, len)| at >= base && at + data.len() <= base + len) {
+            self.writes_in_flight.set(true);
+        }
+        self.gpu.upload(p, data).map_err(|m| self.dev_err(m))
     }
 
+    /// Waits for the stream, so earlier writes are done too.
     fn read(&self, src: TensorLoc, out: &mut [u8]) -> Result<()> {
         let p = self.loc_ptr(src)?;
-        self.gpu.download(p, &mut out[..src.nbytes]).map_err(|m| self.dev_err(m))
+        self.gpu.download(p, &mut out[..src.nbytes]).map_err(|m| self.dev_err(m))?;
+        self.writes_in_flight.set(false);
+        Ok(())
+    }
+
+    fn pin_host(&mut self, mem: &[u8]) -> Result<bool> {
+        if mem.is_empty() || !env_flag("TERN_CUDA_PIN", true) {
+            return Ok(false);
+        }
+        self.gpu.register_host(mem.as_ptr(), mem.len()).map_err(|m| self.dev_err(m))?;
+        self.pinned.push((mem.as_ptr() as usize, mem.len()));
+        Ok(true)
+    }
+
+    fn unpin_host(&mut self, mem: &[u8]) {
+        let at = mem.as_ptr() as usize;
+        if let Some(i) = self.pinned.iter().position(|&(base, _)| base == at) {
+            self.pinned.swap_remove(i);
+            self.gpu.unregister_host(mem.as_ptr());
+            self.writes_in_flight.set(false);
+        }
+    }
+
+    fn finish_writes(&mut self) -> Result<()> {
+        if self.writes_in_flight.replace(false) {
+            self.gpu.sync().map_err(|m| self.dev_err(m))?;
+        }
+        Ok(())
     }
 
     fn compute(&mut self, graph: &Graph, nodes: &[NodeId], locs: &[Option<TensorLoc>]) -> Result<()> {

@@ -167,3 +167,30 @@ fn offloaded_prompt_matmuls_match_the_cpu() {
         assert!(kl <= 1e-3 && top1 >= 0.95, "{name}: KL {kl} top1 {top1}");
     }
 }
+
+/// Decoding token by token across splits both ways (`-ot ffn_.*=CPU`, 60
+/// copies a token, the host arena page-locked so uploads are asynchronous):
+/// every step's logits against the CPU alone stepping the same tokens. An
+/// upload racing the host's next write into its arena would garble them.
+#[test]
+fn hybrid_decoding_steps_match_the_cpu() {
+    if !have_gpu() {
+        return;
+    }
+    let model = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/tern-demo-kjv.gguf");
+    let ids: Vec<u32> = (0..24).map(|i| (i * 53 + 7) % 4000).collect();
+    let mut o = opts(99);
+    o.overrides = vec!["ffn_.*=CPU".into()];
+    let mut hybrid = Session::load(&model, &o).unwrap();
+    o.overrides.clear();
+    o.n_gpu_layers = 0;
+    let mut cpu = Session::load(&model, &o).unwrap();
+    let (mut got, mut want) = (Vec::new(), Vec::new());
+    for &t in &ids {
+        got.extend(hybrid.eval(&[t], Logits::Last).unwrap());
+        want.extend(cpu.eval(&[t], Logits::Last).unwrap());
+    }
+    let (kl, max_abs, top1) = distance(&want, &got, 4096);
+    eprintln!("demo -ot ffn=CPU, {} decoding steps: KL {kl:.2e} max|Δ| {max_abs:.4} top1 {:.1}%", ids.len(), top1 * 100.0);
+    assert!(kl <= 1e-3 && top1 >= 0.95, "KL {kl} top1 {top1}");
+}

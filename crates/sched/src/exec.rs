@@ -53,6 +53,9 @@ impl Schedule {
 pub struct Backends {
     list: Vec<Box<dyn Backend>>,
     arenas: BTreeMap<BackendId, (BufferId, usize)>,
+    /// Host arenas page-locked by a device (its index in `list`), so that
+    /// the copies of every split are direct DMA.
+    pinned: BTreeMap<BackendId, usize>,
     profile: Option<RunProfile>,
 }
 
@@ -75,7 +78,7 @@ pub struct RunProfile {
 
 impl Backends {
     pub fn new(list: Vec<Box<dyn Backend>>) -> Backends {
-        Backends { list, arenas: BTreeMap::new(), profile: None }
+        Backends { list, arenas: BTreeMap::new(), pinned: BTreeMap::new(), profile: None }
     }
 
     /// Starts or stops recording times, here and in every backend.
@@ -131,15 +134,8 @@ impl Backends {
             self.list[i].read(src, staging)?;
             return Ok(self.list[j].write(dst, staging)?);
         }
-        // Both backends at once: the source read-only, the destination mutable.
-        let (a, b) = if i < j {
-            let (lo, hi) = self.list.split_at_mut(j);
-            (&mut lo[i], &mut hi[0])
-        } else {
-            let (lo, hi) = self.list.split_at_mut(i);
-            (&mut hi[0], &mut lo[j])
-        };
-        let (from_b, to_b): (&dyn Backend, &mut Box<dyn Backend>) = (a.as_ref(), b);
+        let (a, to_b) = self.pair(i, j);
+        let from_b: &dyn Backend = a.as_ref();
         if let Some(bytes) = from_b.host_bytes(src) {
             return Ok(to_b.write(dst, bytes)?);
         }
@@ -151,12 +147,24 @@ impl Backends {
         Ok(to_b.write(dst, staging)?)
     }
 
+    /// Backends `i` and `j` (different) at once.
+    fn pair(&mut self, i: usize, j: usize) -> (&mut Box<dyn Backend>, &mut Box<dyn Backend>) {
+        if i < j {
+            let (lo, hi) = self.list.split_at_mut(j);
+            (&mut lo[i], &mut hi[0])
+        } else {
+            let (lo, hi) = self.list.split_at_mut(i);
+            (&mut hi[0], &mut lo[j])
+        }
+    }
+
     /// The arena buffer of `id`, grown to at least `bytes`.
     fn arena(&mut self, id: BackendId, bytes: usize) -> Result<BufferId, Error> {
         if let Some(&(buf, cap)) = self.arenas.get(&id) {
             if cap >= bytes {
                 return Ok(buf);
             }
+            self.unpin(id)?;
             self.get_mut(id)?.free(buf);
             self.arenas.remove(&id);
         }
@@ -164,7 +172,53 @@ impl Backends {
         let cap = bytes + bytes / 4;
         let buf = self.get_mut(id)?.alloc(cap)?;
         self.arenas.insert(id, (buf, cap));
+        if id.is_host() {
+            self.pin(id, TensorLoc { buffer: buf, offset: 0, nbytes: cap })?;
+        }
         Ok(buf)
+    }
+
+    /// Page-locks host arena `loc` of `id` with the first device that does it.
+    fn pin(&mut self, id: BackendId, loc: TensorLoc) -> Result<(), Error> {
+        let h = self.index(id)?;
+        for d in 0..self.list.len() {
+            if self.list[d].id().is_host() {
+                continue;
+            }
+            let (host, dev) = self.pair(h, d);
+            let Some(mem) = host.host_bytes(loc) else { return Ok(()) };
+            match dev.pin_host(mem) {
+                Ok(true) => {
+                    self.pinned.insert(id, d);
+                    return Ok(());
+                }
+                Ok(false) => {}
+                // Copies still work from pageable memory, only slower.
+                Err(e) => eprintln!("warning: host memory stays pageable: {e}"),
+            }
+        }
+        Ok(())
+    }
+
+    /// Undoes `pin` for the arena of `id`, once no copy reads it.
+    fn unpin(&mut self, id: BackendId) -> Result<(), Error> {
+        let (Some(d), Some(&(buf, cap))) = (self.pinned.remove(&id), self.arenas.get(&id)) else { return Ok(()) };
+        let h = self.index(id)?;
+        let (host, dev) = self.pair(h, d);
+        dev.finish_writes()?;
+        if let Some(mem) = host.host_bytes(TensorLoc { buffer: buf, offset: 0, nbytes: cap }) {
+            dev.unpin_host(mem);
+        }
+        Ok(())
+    }
+
+    /// Waits until no device still reads host memory from a copy, before
+    /// host code may change it.
+    fn finish_writes(&mut self) -> Result<(), Error> {
+        for b in self.list.iter_mut().filter(|b| !b.id().is_host()) {
+            b.finish_writes()?;
+        }
+        Ok(())
     }
 
     /// Runs `graph` under `schedule`. `leaf` gives the location of weight and
@@ -231,6 +285,9 @@ impl Backends {
                 p.copy_ns += (t_compute - t).as_nanos() as u64;
                 p.copy_bytes += copied as u64;
             });
+            if s.backend.is_host() {
+                self.finish_writes()?;
+            }
             self.get_mut(s.backend)?.compute(graph, &s.nodes, &locs)?;
             let backend = s.backend;
             self.book(|p| *p.compute_ns.entry(backend).or_default() += t_compute.elapsed().as_nanos() as u64);
@@ -244,7 +301,19 @@ impl Backends {
             self.get(schedule.assigned[o.index()].backend)?.read(loc, &mut bytes)?;
             outputs.push(bytes);
         }
+        // The next step's inputs are written into the arenas.
+        self.finish_writes()?;
         self.book(|p| p.readback_ns += t.elapsed().as_nanos() as u64);
         Ok(outputs)
+    }
+}
+
+impl Drop for Backends {
+    fn drop(&mut self) {
+        let pinned: Vec<BackendId> = self.pinned.keys().copied().collect();
+        for id in pinned {
+            // Nothing is left to do about a device that fails while shutting down.
+            let _ = self.unpin(id);
+        }
     }
 }
