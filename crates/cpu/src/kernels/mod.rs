@@ -4,3 +4,18 @@
 pub mod blocks;
 pub mod ternary;
 pub mod vec;
+
+/// Asks for the `len` bytes at `p` to be brought into cache. A hint only:
+/// it never faults, whatever the address, and does nothing off x86.
+#[inline(always)]
+pub fn prefetch(p: *const u8, len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    for off in (0..len).step_by(64) {
+        // SAFETY: prefetching is architecturally side-effect free, even for invalid addresses.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.wrapping_add(off) as *const i8)
+        };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (p, len);
+}

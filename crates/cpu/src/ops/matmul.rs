@@ -11,7 +11,10 @@ use tern_quant::ternary::rows;
 use tern_quant::{ActType, TensorScale};
 
 use super::{Ctx, Tensor};
-use crate::kernels::blocks;
+use crate::kernels::{self, blocks};
+
+/// Bytes ahead of the current row that a row-by-row GEMV prefetches.
+const PREFETCH_BYTES: usize = 4096;
 use crate::kernels::ternary::{self, PackedActs, PackedTernary};
 
 fn weight_type(w: &Tensor) -> GgmlType {
@@ -138,9 +141,16 @@ fn mul_mat_rows(w: &Tensor, x: &[f32], precision: Precision, y: &mut [f32], cx: 
     let y_ptr = Out(y.as_mut_ptr());
     // About 64k multiply-adds per thread before splitting pays.
     let min_rows = (65536 / (k * m).max(1)).max(1);
+    // A decoding step streams each row once: fetch about a page ahead, past
+    // where the hardware prefetcher stops.
+    let ahead = if m == 1 { PREFETCH_BYTES.div_ceil(row_bytes) } else { 0 };
     cx.pool.for_chunks_claimed(n, min_rows, |rows| {
         let y_ptr = &y_ptr;
+        let end = rows.end;
         for j in rows {
+            if ahead > 0 && j + ahead < end {
+                kernels::prefetch(bytes[(j + ahead) * row_bytes..].as_ptr(), row_bytes);
+            }
             let wr = &bytes[j * row_bytes..(j + 1) * row_bytes];
             for c in 0..m {
                 let act_row = if act == ActType::F32 {

@@ -10,8 +10,10 @@ use std::ops::Range;
 
 use super::{finish, Decoded, Out, PackedActs, PackedTernary, Tiles};
 
-/// Bytes ahead of the current chunk that the streaming kernels prefetch.
-const PREFETCH: usize = 512;
+/// Tiles ahead that the streaming kernels prefetch. A tile's rows are
+/// contiguous, and the hardware prefetcher stops at page ends, which a
+/// decoding step's weight stream crosses every few tiles.
+const PREFETCH_TILES: usize = 2;
 
 /// Rows and tokens per tile.
 const R: usize = 4;
@@ -97,11 +99,13 @@ unsafe fn tile_bits2<const RR: usize, const TT: usize>(
     let mask = _mm512_set1_epi8(3);
     let mut acc = [[_mm512_setzero_si512(); TT]; RR];
     let (wp, ap) = (row_ptrs::<RR>(w, r0), act_ptrs::<TT>(acts, t0));
+    let ahead = PREFETCH_TILES * RR * w.layout.row_bytes;
     for c in 0..w.layout.k_pad / 256 {
         let mut cur = [_mm512_setzero_si512(); RR];
         for r in 0..RR {
-            // Weights stream from memory once per token: ask for them early.
-            _mm_prefetch::<_MM_HINT_T0>(wp[r].add(64 * c + PREFETCH) as *const i8);
+            // Weights stream from memory once per token: line c of the same
+            // row PREFETCH_TILES tiles on (past the matrix, a harmless hint).
+            _mm_prefetch::<_MM_HINT_T0>(wp[r].wrapping_add(64 * c + ahead) as *const i8);
             cur[r] = _mm512_loadu_si512(wp[r].add(64 * c) as *const _);
         }
         for i in 0..4 {
