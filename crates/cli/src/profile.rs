@@ -20,6 +20,10 @@ pub fn print(p: &Profile) {
     row("graph build + schedule", p.graph_ns, String::new());
     row("inputs", r.input_ns, String::new());
     row("copies", r.copy_ns, format!("{} bytes", r.copy_bytes));
+    for ((from, to), c) in &r.copies {
+        let each = c.ns as f64 / 1e3 / c.count.max(1) as f64;
+        row(&format!("  {from} -> {to}"), c.ns, format!("{} bytes, {} copies, {each:.1} µs each", c.bytes, c.count));
+    }
     for (b, ns) in &r.compute_ns {
         row(&format!("{b} compute"), *ns, String::new());
     }

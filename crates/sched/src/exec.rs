@@ -70,10 +70,19 @@ pub struct RunProfile {
     /// Copies between backends, and their bytes.
     pub copy_ns: u64,
     pub copy_bytes: u64,
+    /// The same by direction (from, to): nanoseconds, bytes, copies.
+    pub copies: BTreeMap<(BackendId, BackendId), CopyTimes>,
     /// `Backend::compute` per backend.
     pub compute_ns: BTreeMap<BackendId, u64>,
     /// Reading the outputs back, which waits for the devices.
     pub readback_ns: u64,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CopyTimes {
+    pub ns: u64,
+    pub bytes: u64,
+    pub count: u64,
 }
 
 impl Backends {
@@ -276,7 +285,14 @@ impl Backends {
                     offset: schedule.memory.copy_offsets[si][ci],
                     nbytes: src.nbytes,
                 };
+                let t_copy = Instant::now();
                 self.copy(c.from, src, s.backend, dst, &mut staging)?;
+                self.book(|p| {
+                    let e = p.copies.entry((c.from, s.backend)).or_default();
+                    e.ns += t_copy.elapsed().as_nanos() as u64;
+                    e.bytes += src.nbytes as u64;
+                    e.count += 1;
+                });
                 locs[c.src.index()] = Some(dst);
                 copied += src.nbytes;
             }
