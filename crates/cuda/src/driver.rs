@@ -158,11 +158,20 @@ impl Gpu {
     }
 
     /// Page-locks `len` bytes of existing host memory at `ptr` for every
-    /// context (portable), so copies to and from it are direct DMA.
-    pub fn register_host(&self, ptr: *const u8, len: usize) -> DResult<()> {
+    /// context (portable) and maps them into the device's address space:
+    /// copies to and from them are direct DMA, and kernels can read and
+    /// write them. Returns the device's address of the bytes.
+    pub fn register_host(&self, ptr: *const u8, len: usize) -> DResult<u64> {
         self.bind()?;
-        let r = unsafe { sys::cuMemHostRegister_v2(ptr as *mut c_void, len, sys::CU_MEMHOSTREGISTER_PORTABLE) };
-        r.result().map_err(err)
+        let flags = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
+        unsafe { sys::cuMemHostRegister_v2(ptr as *mut c_void, len, flags) }.result().map_err(err)?;
+        let mut dev: sys::CUdeviceptr = 0;
+        let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, ptr as *mut c_void, 0) };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            let _ = unsafe { sys::cuMemHostUnregister(ptr as *mut c_void) };
+            return Err(format!("cuMemHostGetDevicePointer: {r:?}"));
+        }
+        Ok(dev)
     }
 
     pub fn unregister_host(&self, ptr: *const u8) {

@@ -155,11 +155,34 @@ pub struct CudaBackend {
     pub stats: Stats,
     /// `TERN_CUDA_PROFILE=1`: every launch timed with events (no graphs).
     profile: Option<Profile>,
-    /// Host memory page-locked through `pin_host`: (address, length).
-    pinned: Vec<(usize, usize)>,
+    /// Host memory page-locked through `pin_host`.
+    pinned: Vec<PinnedHost>,
+    /// Small copies to and from pinned memory run as copy kernels over the
+    /// host link instead of DMA transfers (`TERN_CUDA_ZERO_COPY`).
+    zero_copy: bool,
     /// A `write` from pinned memory may still be reading it.
     writes_in_flight: std::cell::Cell<bool>,
 }
+
+/// A pinned host range and the device's address of it.
+#[derive(Clone, Copy)]
+struct PinnedHost {
+    host: usize,
+    len: usize,
+    dev: u64,
+}
+
+impl PinnedHost {
+    /// The device's address of `bytes`, when they lie inside this range.
+    fn dev_addr(&self, bytes: &[u8]) -> Option<u64> {
+        let at = bytes.as_ptr() as usize;
+        (at >= self.host && at + bytes.len() <= self.host + self.len).then(|| self.dev + (at - self.host) as u64)
+    }
+}
+
+/// Copies at most this large, in whole 16-byte words, run as copy kernels
+/// when zero-copy is on.
+const ZERO_COPY_MAX: usize = 256 << 10;
 
 #[derive(Default)]
 struct Profile {
@@ -196,6 +219,7 @@ impl CudaBackend {
             stats: Stats::default(),
             profile: env_flag("TERN_CUDA_PROFILE", false).then(Profile::default),
             pinned: Vec::new(),
+            zero_copy: env_flag("TERN_CUDA_ZERO_COPY", true),
             writes_in_flight: std::cell::Cell::new(false),
         })
     }
@@ -265,6 +289,21 @@ impl CudaBackend {
     /// Modules NVRTC compiled while opening (0 when all came from the cache).
     pub fn kernels_compiled(&self) -> usize {
         self.kernels.compiled
+    }
+
+    /// The device's address of host bytes inside a pinned range.
+    fn pinned_addr(&self, bytes: &[u8]) -> Option<u64> {
+        self.pinned.iter().find_map(|p| p.dev_addr(bytes))
+    }
+
+    /// A copy kernel for a small copy between device memory and mapped host
+    /// memory: one launch, where a DMA transfer costs more setup than the
+    /// bytes take to cross. `None` when the copy is large or not in whole,
+    /// aligned 16-byte words.
+    fn copy_kernel(&self, src: u64, dst: u64, bytes: usize) -> Option<Launch> {
+        let words = self.zero_copy && bytes <= ZERO_COPY_MAX && (src | dst | bytes as u64) % 16 == 0;
+        let n16 = bytes / 16;
+        words.then(|| Launch::new(kernels::Kernel::CopyIn, (n16.div_ceil(1024).max(1) as u32, 1, 1), 256).ptr(src).ptr(dst).u64(n16 as u64))
     }
 
     fn dev_err(&self, message: impl Into<String>) -> Error {
@@ -424,8 +463,8 @@ impl Drop for CudaBackend {
         for p in [self.scratch_buf, self.counters_buf, self.staging_buf].into_iter().flatten() {
             self.gpu.free(p);
         }
-        for (base, _) in self.pinned.drain(..) {
-            self.gpu.unregister_host(base as *const u8);
+        for p in self.pinned.drain(..) {
+            self.gpu.unregister_host(p.host as *const u8);
         }
     }
 }
@@ -619,9 +658,11 @@ impl Backend for CudaBackend {
     fn write(&mut self, dst: TensorLoc, data: &[u8]) -> Result<()> {
         let p = self.loc_ptr(dst)?;
         let data = &data[..dst.nbytes];
-        let at = data.as_ptr() as usize;
-        if self.pinned.iter().any(|&(base, len)| at >= base && at + data.len() <= base + len) {
+        if let Some(src) = self.pinned_addr(data) {
             self.writes_in_flight.set(true);
+            if let Some(copy) = self.copy_kernel(src, p, data.len()) {
+                return copy.run(&self.gpu, &self.kernels, false).map_err(|m| self.dev_err(m));
+            }
         }
         self.gpu.upload(p, data).map_err(|m| self.dev_err(m))
     }
@@ -629,7 +670,13 @@ impl Backend for CudaBackend {
     /// Waits for the stream, so earlier writes are done too.
     fn read(&self, src: TensorLoc, out: &mut [u8]) -> Result<()> {
         let p = self.loc_ptr(src)?;
-        self.gpu.download(p, &mut out[..src.nbytes]).map_err(|m| self.dev_err(m))?;
+        let out = &mut out[..src.nbytes];
+        let copy = self.pinned_addr(out).and_then(|dst| self.copy_kernel(p, dst, out.len()));
+        match copy {
+            Some(c) => c.run(&self.gpu, &self.kernels, false).and_then(|()| self.gpu.sync()),
+            None => self.gpu.download(p, out),
+        }
+        .map_err(|m| self.dev_err(m))?;
         self.writes_in_flight.set(false);
         Ok(())
     }
@@ -638,14 +685,14 @@ impl Backend for CudaBackend {
         if mem.is_empty() || !env_flag("TERN_CUDA_PIN", true) {
             return Ok(false);
         }
-        self.gpu.register_host(mem.as_ptr(), mem.len()).map_err(|m| self.dev_err(m))?;
-        self.pinned.push((mem.as_ptr() as usize, mem.len()));
+        let dev = self.gpu.register_host(mem.as_ptr(), mem.len()).map_err(|m| self.dev_err(m))?;
+        self.pinned.push(PinnedHost { host: mem.as_ptr() as usize, len: mem.len(), dev });
         Ok(true)
     }
 
     fn unpin_host(&mut self, mem: &[u8]) {
         let at = mem.as_ptr() as usize;
-        if let Some(i) = self.pinned.iter().position(|&(base, _)| base == at) {
+        if let Some(i) = self.pinned.iter().position(|p| p.host == at) {
             self.pinned.swap_remove(i);
             self.gpu.unregister_host(mem.as_ptr());
             self.writes_in_flight.set(false);

@@ -89,7 +89,7 @@ fn gpu_layers_take_the_last_layers_then_the_output() {
     let p = plan(n_layer + 1, &["token_embd=CUDA0"], GPU).unwrap();
     assert_eq!(p.placement.head_copy, None);
     assert_eq!(p.schedule.splits.len(), 1);
-    assert!(p.schedule.assigned.iter().all(|a| a.backend == BackendId::cuda(0) || a.reason == NodeReason::HostInput));
+    assert!(p.schedule.assigned.iter().all(|a| a.backend == BackendId::cuda(0) || a.reason == NodeReason::StepInput));
 }
 
 /// The tied head on a second CPU instance (standing in for a GPU): the
@@ -119,6 +119,14 @@ fn overrides_win_over_gpu_layers_and_errors_name_the_backends() {
     assert_eq!(on(&p, "blk.0.attn_q.weight").0, BackendId::cuda(0));
     // The FFN matmuls then run where their weights are: splits alternate.
     assert!(p.schedule.splits.len() > 2, "{} splits", p.schedule.splits.len());
+    // Each FFN takes the residual over and gives its output back: two copies
+    // a layer, and the step inputs are written where they are read (the
+    // positions on the GPU, not copied to it for every split).
+    let n_layer = p.model.config.n_layer;
+    let copies: Vec<_> = p.schedule.splits.iter().flat_map(|s| &s.copies).collect();
+    let of_inputs = copies.iter().filter(|c| matches!(p.step.graph.node(c.src).op, Op::Input(_))).count();
+    assert_eq!(of_inputs, 0, "copies of step inputs");
+    assert!(copies.len() <= 2 * n_layer + 2, "{} copies for {n_layer} layers", copies.len());
 
     let err = |ot: &str, devices: &str| plan(0, &[ot], devices).err().map(|e| e.to_string()).unwrap_or_default();
     let e = err("ffn(=CUDA0", GPU);

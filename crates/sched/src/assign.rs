@@ -15,7 +15,10 @@
 //!    instead of bouncing back to where the embedding was looked up), else
 //!    the first.
 //!
-//! A backend that cannot run the chosen op hands it to the host.
+//! A backend that cannot run the chosen op hands it to the host. Last, each
+//! step input is written where its first reader runs: positions feed every
+//! layer's rope, and kept on the host they would be copied to the GPU once
+//! per split.
 
 use std::fmt;
 
@@ -31,8 +34,8 @@ pub enum NodeReason {
     Weight,
     /// A KV cache leaf at its layer's home.
     Cache,
-    /// A per-step input, written by the host.
-    HostInput,
+    /// A per-step input, written where its first reader runs.
+    StepInput,
     /// The op writes a KV cache that lives on this backend.
     CacheLives,
     /// The op reads a weight that lives on this backend.
@@ -59,7 +62,7 @@ impl fmt::Display for NodeReason {
         f.write_str(match self {
             NodeReason::Weight => "weight",
             NodeReason::Cache => "cache",
-            NodeReason::HostInput => "host input",
+            NodeReason::StepInput => "step input, where first read",
             NodeReason::CacheLives => "cache lives here",
             NodeReason::WeightLives => "weight lives here",
             NodeReason::InputLives => "input lives here",
@@ -112,7 +115,7 @@ pub fn assign(graph: &Graph, placement: &Placement, backends: &[&dyn Backend]) -
                 },
             },
             Op::KvCache { layer, .. } => on(placement.kv_homes[*layer], NodeReason::Cache),
-            Op::Input(_) => on(BackendId::CPU, NodeReason::HostInput),
+            Op::Input(_) => on(BackendId::CPU, NodeReason::StepInput),
             Op::Attention(p) => on(placement.kv_homes[p.layer], NodeReason::CacheLives),
             _ => match node.srcs.iter().enumerate().find_map(|(k, s)| match graph.node(*s).op {
                 Op::Weight(i) => Some((k, i)),
@@ -153,6 +156,16 @@ pub fn assign(graph: &Graph, placement: &Placement, backends: &[&dyn Backend]) -
             on(BackendId::CPU, NodeReason::Fallback)
         };
         out.push(a);
+    }
+    // Safe after the fact: copies are derived from the final assignment.
+    for (id, node) in graph.nodes.iter().enumerate() {
+        if !matches!(node.op, Op::Input(_)) {
+            continue;
+        }
+        let me = NodeId(id as u32);
+        if let Some(reader) = graph.nodes.iter().position(|n| n.srcs.contains(&me)) {
+            out[id].backend = out[reader].backend;
+        }
     }
     out
 }
