@@ -79,7 +79,7 @@ impl FromStr for BackendId {
 pub struct BufferId(pub u32);
 
 /// Where a tensor's bytes live inside a backend.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct TensorLoc {
     pub buffer: BufferId,
     pub offset: usize,
@@ -154,6 +154,35 @@ impl OpProfile {
     }
 }
 
+/// Host bytes a device reaches, by address (they belong to a host backend's
+/// arena, which outlives the copies).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct HostSpan {
+    pub addr: usize,
+    pub len: usize,
+}
+
+impl HostSpan {
+    pub fn of(bytes: &[u8]) -> HostSpan {
+        HostSpan { addr: bytes.as_ptr() as usize, len: bytes.len() }
+    }
+}
+
+/// The copies a device does inside one `compute_io`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct HostIo {
+    /// Host bytes copied into a tensor of this device before the nodes run.
+    pub imports: Vec<(HostSpan, TensorLoc)>,
+    /// A tensor of this device copied to host bytes after the nodes ran.
+    pub exports: Vec<(TensorLoc, HostSpan)>,
+}
+
+impl HostIo {
+    pub fn is_empty(&self) -> bool {
+        self.imports.is_empty() && self.exports.is_empty()
+    }
+}
+
 /// A compute device. Kept deliberately small: what a device can run, how its
 /// memory is filled and read, and running a list of nodes.
 pub trait Backend: Send {
@@ -201,7 +230,7 @@ pub trait Backend: Send {
     /// DMA rather than through the driver's bounce buffer. Returns whether
     /// it did. While pinned, a `write` from these bytes may return before
     /// the device has read them: the caller keeps them unchanged until
-    /// `finish_writes` (or a `read` from this device) returns.
+    /// `finish_io` (or a `read` from this device) returns.
     fn pin_host(&mut self, _mem: &[u8]) -> Result<bool> {
         Ok(false)
     }
@@ -209,8 +238,15 @@ pub trait Backend: Send {
     /// Undoes [`Backend::pin_host`]; called before the memory is freed.
     fn unpin_host(&mut self, _mem: &[u8]) {}
 
-    /// Waits until the device has read every host byte handed to `write`.
-    fn finish_writes(&mut self) -> Result<()> {
+    /// Whether [`Backend::compute_io`] can copy to and from these host bytes.
+    fn reaches_host(&self, _mem: &[u8]) -> bool {
+        false
+    }
+
+    /// Waits until the device has done every copy between it and host memory
+    /// that may still be running: writes from pinned memory, and the copies
+    /// of `compute_io`.
+    fn finish_io(&mut self) -> Result<()> {
         Ok(())
     }
 
@@ -218,6 +254,18 @@ pub trait Backend: Send {
     /// for this call: every source and destination of `nodes` is present, and
     /// sources computed elsewhere already point at copies in this backend.
     fn compute(&mut self, graph: &Graph, nodes: &[NodeId], locs: &[Option<TensorLoc>]) -> Result<()>;
+
+    /// [`Backend::compute`], with copies between this device and host memory
+    /// it reaches done as part of the same work (no transfer call each):
+    /// `io.imports` before the nodes, `io.exports` after. Until `finish_io`
+    /// returns, the host leaves the imported bytes as they are and does not
+    /// read the exported ones.
+    fn compute_io(&mut self, graph: &Graph, nodes: &[NodeId], locs: &[Option<TensorLoc>], io: &HostIo) -> Result<()> {
+        if io.is_empty() {
+            return self.compute(graph, nodes, locs);
+        }
+        Err(Error::Unsupported { backend: self.id(), op: "copies to and from the host", types: String::new() })
+    }
 
     /// Starts (or stops) recording per-op times. A device that runs
     /// asynchronously may synchronise after every op while it records.

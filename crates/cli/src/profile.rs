@@ -21,14 +21,25 @@ pub fn print(p: &Profile) {
     row("inputs", r.input_ns, String::new());
     row("copies", r.copy_ns, format!("{} bytes", r.copy_bytes));
     for ((from, to), c) in &r.copies {
-        let each = c.ns as f64 / 1e3 / c.count.max(1) as f64;
-        row(&format!("  {from} -> {to}"), c.ns, format!("{} bytes, {} copies, {each:.1} µs each", c.bytes, c.count));
+        let calls = c.count - c.in_compute;
+        let each = c.ns as f64 / 1e3 / calls.max(1) as f64;
+        let inside = match c.in_compute {
+            0 => String::new(),
+            n => format!(" ({n} done inside device compute, as copy kernels)"),
+        };
+        row(
+            &format!("  {from} -> {to}"),
+            c.ns,
+            format!("{} bytes, {} copies{inside}, {each:.1} µs per copy call", c.bytes, c.count),
+        );
     }
+    row("sync", r.sync_ns, "host waiting for devices before its splits".into());
     for (b, ns) in &r.compute_ns {
         row(&format!("{b} compute"), *ns, String::new());
     }
     row("sync + readback", r.readback_ns, "waiting for the last device and reading logits".into());
-    let known = p.graph_ns + r.input_ns + r.copy_ns + r.compute_ns.values().sum::<u64>() + r.readback_ns;
+    let known =
+        p.graph_ns + r.input_ns + r.copy_ns + r.sync_ns + r.compute_ns.values().sum::<u64>() + r.readback_ns;
     row("other (host)", total.saturating_sub(known), String::new());
     for (b, ops) in &p.backends {
         if ops.by_op.is_empty() {

@@ -90,6 +90,8 @@ extern "C" __global__ void rope(const float* x, float* out, const int* pos, cons
 
 // Streams a staged weight from pinned host memory (mapped into the device's
 // address space) into device memory: the copy an offloaded matmul does first.
+// Also moves activations between device memory and a mapped host arena at
+// the edges of a split, inside its captured work.
 // Four 16-byte loads in flight per thread keep the host link busy.
 extern "C" __global__ void copy_in(const uint4* __restrict__ src, uint4* __restrict__ dst, u64 n16) {
     const u64 stride = (u64)gridDim.x * blockDim.x;

@@ -46,10 +46,14 @@ pub enum Kernel {
     Attention,
     FlashAttn,
     CopyIn,
+    /// The same copy, of an activation from mapped host memory into the device.
+    HostRead,
+    /// The same copy, of an activation from the device into mapped host memory.
+    HostWrite,
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 19] = [
+    pub const ALL: [Kernel; 21] = [
         Kernel::GetRows,
         Kernel::RmsNorm,
         Kernel::Binary,
@@ -69,6 +73,8 @@ impl Kernel {
         Kernel::Attention,
         Kernel::FlashAttn,
         Kernel::CopyIn,
+        Kernel::HostRead,
+        Kernel::HostWrite,
     ];
 
     /// (source module, entry point).
@@ -92,7 +98,7 @@ impl Kernel {
             Kernel::RopeStore => ("attention", "rope_store"),
             Kernel::Attention => ("attention", "attention"),
             Kernel::FlashAttn => ("attention", "flash_attn"),
-            Kernel::CopyIn => ("elementwise", "copy_in"),
+            Kernel::CopyIn | Kernel::HostRead | Kernel::HostWrite => ("elementwise", "copy_in"),
         }
     }
 }

@@ -27,7 +27,8 @@ use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 
 use tern_backend::{
-    Backend, BackendId, BufferId, Error, HostBytes, LoadedWeight, OpProfile, Result, TensorLoc, WeightDesc,
+    Backend, BackendId, BufferId, Error, HostBytes, HostIo, HostSpan, LoadedWeight, OpProfile, Result, TensorLoc,
+    WeightDesc,
 };
 use tern_graph::{DType, Graph, Node, NodeId, Op};
 use tern_quant::GgmlType;
@@ -160,8 +161,8 @@ pub struct CudaBackend {
     /// Small copies to and from pinned memory run as copy kernels over the
     /// host link instead of DMA transfers (`TERN_CUDA_ZERO_COPY`).
     zero_copy: bool,
-    /// A `write` from pinned memory may still be reading it.
-    writes_in_flight: std::cell::Cell<bool>,
+    /// A `write` from pinned memory, or a `compute_io` copy, may still be running.
+    io_in_flight: std::cell::Cell<bool>,
 }
 
 /// A pinned host range and the device's address of it.
@@ -173,10 +174,10 @@ struct PinnedHost {
 }
 
 impl PinnedHost {
-    /// The device's address of `bytes`, when they lie inside this range.
-    fn dev_addr(&self, bytes: &[u8]) -> Option<u64> {
-        let at = bytes.as_ptr() as usize;
-        (at >= self.host && at + bytes.len() <= self.host + self.len).then(|| self.dev + (at - self.host) as u64)
+    /// The device's address of `span`, when it lies inside this range.
+    fn dev_addr(&self, span: HostSpan) -> Option<u64> {
+        let inside = span.addr >= self.host && span.addr + span.len <= self.host + self.len;
+        inside.then(|| self.dev + (span.addr - self.host) as u64)
     }
 }
 
@@ -220,7 +221,7 @@ impl CudaBackend {
             profile: env_flag("TERN_CUDA_PROFILE", false).then(Profile::default),
             pinned: Vec::new(),
             zero_copy: env_flag("TERN_CUDA_ZERO_COPY", true),
-            writes_in_flight: std::cell::Cell::new(false),
+            io_in_flight: std::cell::Cell::new(false),
         })
     }
 
@@ -292,18 +293,37 @@ impl CudaBackend {
     }
 
     /// The device's address of host bytes inside a pinned range.
-    fn pinned_addr(&self, bytes: &[u8]) -> Option<u64> {
-        self.pinned.iter().find_map(|p| p.dev_addr(bytes))
+    fn pinned_addr(&self, span: HostSpan) -> Option<u64> {
+        self.pinned.iter().find_map(|p| p.dev_addr(span))
     }
 
     /// A copy kernel for a small copy between device memory and mapped host
     /// memory: one launch, where a DMA transfer costs more setup than the
     /// bytes take to cross. `None` when the copy is large or not in whole,
     /// aligned 16-byte words.
-    fn copy_kernel(&self, src: u64, dst: u64, bytes: usize) -> Option<Launch> {
-        let words = self.zero_copy && bytes <= ZERO_COPY_MAX && (src | dst | bytes as u64) % 16 == 0;
+    fn copy_kernel(&self, kernel: kernels::Kernel, src: u64, dst: u64, bytes: usize) -> Option<Launch> {
+        let words = self.zero_copy && bytes <= ZERO_COPY_MAX && (src | dst | bytes as u64).is_multiple_of(16);
         let n16 = bytes / 16;
-        words.then(|| Launch::new(kernels::Kernel::CopyIn, (n16.div_ceil(1024).max(1) as u32, 1, 1), 256).ptr(src).ptr(dst).u64(n16 as u64))
+        let grid = (n16.div_ceil(1024).max(1) as u32, 1, 1);
+        // Serial: the copy must see its producer finished, and its consumer
+        // may not overwrite what it reads.
+        words.then(|| Launch::new(kernel, grid, 256).ptr(src).ptr(dst).u64(n16 as u64).serial())
+    }
+
+    /// The launches of `io`'s imports and exports, in that order.
+    fn io_launches(&self, io: &HostIo) -> Result<(Vec<Launch>, Vec<Launch>)> {
+        let bad = |what: &str| self.dev_err(format!("{what} copy outside pinned host memory or not in 16-byte words"));
+        let mut imports = Vec::with_capacity(io.imports.len());
+        for &(span, loc) in &io.imports {
+            let (src, dst) = (self.pinned_addr(span).ok_or_else(|| bad("import"))?, self.loc_ptr(loc)?);
+            imports.push(self.copy_kernel(kernels::Kernel::HostRead, src, dst, span.len).ok_or_else(|| bad("import"))?);
+        }
+        let mut exports = Vec::with_capacity(io.exports.len());
+        for &(loc, span) in &io.exports {
+            let (src, dst) = (self.loc_ptr(loc)?, self.pinned_addr(span).ok_or_else(|| bad("export"))?);
+            exports.push(self.copy_kernel(kernels::Kernel::HostWrite, src, dst, span.len).ok_or_else(|| bad("export"))?);
+        }
+        Ok((imports, exports))
     }
 
     fn dev_err(&self, message: impl Into<String>) -> Error {
@@ -654,13 +674,13 @@ impl Backend for CudaBackend {
         Ok(LoadedWeight { loc: TensorLoc { buffer, offset: 0, nbytes: data.len() }, aliases_host: false })
     }
 
-    /// From pinned memory the copy is asynchronous (`finish_writes`).
+    /// From pinned memory the copy is asynchronous (`finish_io`).
     fn write(&mut self, dst: TensorLoc, data: &[u8]) -> Result<()> {
         let p = self.loc_ptr(dst)?;
         let data = &data[..dst.nbytes];
-        if let Some(src) = self.pinned_addr(data) {
-            self.writes_in_flight.set(true);
-            if let Some(copy) = self.copy_kernel(src, p, data.len()) {
+        if let Some(src) = self.pinned_addr(HostSpan::of(data)) {
+            self.io_in_flight.set(true);
+            if let Some(copy) = self.copy_kernel(kernels::Kernel::HostRead, src, p, data.len()) {
                 return copy.run(&self.gpu, &self.kernels, false).map_err(|m| self.dev_err(m));
             }
         }
@@ -671,13 +691,15 @@ impl Backend for CudaBackend {
     fn read(&self, src: TensorLoc, out: &mut [u8]) -> Result<()> {
         let p = self.loc_ptr(src)?;
         let out = &mut out[..src.nbytes];
-        let copy = self.pinned_addr(out).and_then(|dst| self.copy_kernel(p, dst, out.len()));
+        let copy = self
+            .pinned_addr(HostSpan::of(out))
+            .and_then(|dst| self.copy_kernel(kernels::Kernel::HostWrite, p, dst, out.len()));
         match copy {
             Some(c) => c.run(&self.gpu, &self.kernels, false).and_then(|()| self.gpu.sync()),
             None => self.gpu.download(p, out),
         }
         .map_err(|m| self.dev_err(m))?;
-        self.writes_in_flight.set(false);
+        self.io_in_flight.set(false);
         Ok(())
     }
 
@@ -694,22 +716,41 @@ impl Backend for CudaBackend {
         let at = mem.as_ptr() as usize;
         if let Some(i) = self.pinned.iter().position(|p| p.host == at) {
             self.pinned.swap_remove(i);
+            // Plans may hold the device's address of this memory.
+            self.plans.clear();
             self.gpu.unregister_host(mem.as_ptr());
-            self.writes_in_flight.set(false);
+            self.io_in_flight.set(false);
         }
     }
 
-    fn finish_writes(&mut self) -> Result<()> {
-        if self.writes_in_flight.replace(false) {
+    fn reaches_host(&self, mem: &[u8]) -> bool {
+        let span = HostSpan::of(mem);
+        self.pinned_addr(span).is_some_and(|dev| self.copy_kernel(kernels::Kernel::HostRead, dev, dev, span.len).is_some())
+    }
+
+    fn finish_io(&mut self) -> Result<()> {
+        if self.io_in_flight.replace(false) {
             self.gpu.sync().map_err(|m| self.dev_err(m))?;
         }
         Ok(())
     }
 
     fn compute(&mut self, graph: &Graph, nodes: &[NodeId], locs: &[Option<TensorLoc>]) -> Result<()> {
+        self.compute_io(graph, nodes, locs, &HostIo::default())
+    }
+
+    /// The copies become launches around the split's own, captured with them.
+    fn compute_io(&mut self, graph: &Graph, nodes: &[NodeId], locs: &[Option<TensorLoc>], io: &HostIo) -> Result<()> {
         self.gpu.bind().map_err(|m| self.dev_err(m))?;
         let host_start = std::time::Instant::now();
-        let key = fingerprint(graph, nodes, locs);
+        let key = {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            (fingerprint(graph, nodes, locs), io).hash(&mut h);
+            h.finish()
+        };
+        if !io.is_empty() {
+            self.io_in_flight.set(true);
+        }
         self.stats.computes += 1;
         let Some(plan) = self.plans.get(&key) else {
             // First sight: lower, run directly, and keep the launches.
@@ -722,13 +763,16 @@ impl Backend for CudaBackend {
                     Err(Need::Error(m)) => return Err(self.dev_err(m)),
                 }
             };
-            self.stats.last_launches = lowered.launches.len();
-            self.stats.launches += lowered.launches.len() as u64;
-            self.run_launches(&lowered.launches).map_err(|m| self.dev_err(m))?;
+            let (mut launches, exports) = self.io_launches(io)?;
+            launches.extend(lowered.launches);
+            launches.extend(exports);
+            self.stats.last_launches = launches.len();
+            self.stats.launches += launches.len() as u64;
+            self.run_launches(&launches).map_err(|m| self.dev_err(m))?;
             if self.plans.len() >= MAX_PLANS {
                 self.plans.clear();
             }
-            self.plans.insert(key, Plan { launches: lowered.launches, graph: None });
+            self.plans.insert(key, Plan { launches, graph: None });
             return Ok(());
         };
         self.stats.last_launches = plan.launches.len();

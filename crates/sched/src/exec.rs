@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use std::time::Instant;
 
-use tern_backend::{Backend, BackendId, BufferId, OpProfile, TensorLoc};
+use tern_backend::{Backend, BackendId, BufferId, HostIo, HostSpan, OpProfile, TensorLoc};
 use tern_graph::{Graph, NodeId, Op};
 
 use crate::assign::{assign, split, Assigned, Split};
@@ -72,6 +72,9 @@ pub struct RunProfile {
     pub copy_bytes: u64,
     /// The same by direction (from, to): nanoseconds, bytes, copies.
     pub copies: BTreeMap<(BackendId, BackendId), CopyTimes>,
+    /// Waiting before a host split for devices to finish their copies to or
+    /// from host memory (the GPU's work before them included).
+    pub sync_ns: u64,
     /// `Backend::compute` per backend.
     pub compute_ns: BTreeMap<BackendId, u64>,
     /// Reading the outputs back, which waits for the devices.
@@ -83,6 +86,9 @@ pub struct CopyTimes {
     pub ns: u64,
     pub bytes: u64,
     pub count: u64,
+    /// Of `count`, those the device did inside its compute (their time is
+    /// the device's).
+    pub in_compute: u64,
 }
 
 impl Backends {
@@ -214,18 +220,28 @@ impl Backends {
         let (Some(d), Some(&(buf, cap))) = (self.pinned.remove(&id), self.arenas.get(&id)) else { return Ok(()) };
         let h = self.index(id)?;
         let (host, dev) = self.pair(h, d);
-        dev.finish_writes()?;
+        dev.finish_io()?;
         if let Some(mem) = host.host_bytes(TensorLoc { buffer: buf, offset: 0, nbytes: cap }) {
             dev.unpin_host(mem);
         }
         Ok(())
     }
 
+    /// The host bytes at `loc` of host backend `host`, when device `dev` can
+    /// copy them inside its compute.
+    fn reach(&self, host: BackendId, loc: TensorLoc, dev: BackendId) -> Result<Option<HostSpan>, Error> {
+        if !host.is_host() || dev.is_host() {
+            return Ok(None);
+        }
+        let Some(bytes) = self.get(host)?.host_bytes(loc) else { return Ok(None) };
+        Ok(self.get(dev)?.reaches_host(bytes).then(|| HostSpan::of(bytes)))
+    }
+
     /// Waits until no device still reads host memory from a copy, before
     /// host code may change it.
-    fn finish_writes(&mut self) -> Result<(), Error> {
+    fn finish_io(&mut self) -> Result<(), Error> {
         for b in self.list.iter_mut().filter(|b| !b.id().is_host()) {
-            b.finish_writes()?;
+            b.finish_io()?;
         }
         Ok(())
     }
@@ -274,10 +290,15 @@ impl Backends {
         });
 
         let mut staging = Vec::new();
+        // Copies that a device does inside its compute (`compute_io`): its
+        // imports from host memory, and its exports to the next split when
+        // that one runs on a host (whose copy slots nothing else uses then).
+        let mut in_compute: Vec<Vec<bool>> = schedule.splits.iter().map(|s| vec![false; s.copies.len()]).collect();
         for (si, s) in schedule.splits.iter().enumerate() {
             let mut locs = home.clone();
             let t = Instant::now();
             let mut copied = 0;
+            let mut io = HostIo::default();
             for (ci, c) in s.copies.iter().enumerate() {
                 let src = home[c.src.index()].ok_or(Error::UnboundLeaf { node: c.src.0, op: "copy source" })?;
                 let dst = TensorLoc {
@@ -285,26 +306,52 @@ impl Backends {
                     offset: schedule.memory.copy_offsets[si][ci],
                     nbytes: src.nbytes,
                 };
+                locs[c.src.index()] = Some(dst);
+                copied += src.nbytes;
+                let import = if s.backend.is_host() { None } else { self.reach(c.from, src, s.backend)? };
+                if let Some(span) = import {
+                    io.imports.push((span, dst));
+                    in_compute[si][ci] = true;
+                }
                 let t_copy = Instant::now();
-                self.copy(c.from, src, s.backend, dst, &mut staging)?;
+                if !in_compute[si][ci] {
+                    self.copy(c.from, src, s.backend, dst, &mut staging)?;
+                }
+                let done_inside = in_compute[si][ci];
                 self.book(|p| {
                     let e = p.copies.entry((c.from, s.backend)).or_default();
                     e.ns += t_copy.elapsed().as_nanos() as u64;
                     e.bytes += src.nbytes as u64;
                     e.count += 1;
+                    e.in_compute += done_inside as u64;
                 });
-                locs[c.src.index()] = Some(dst);
-                copied += src.nbytes;
+            }
+            if let Some(next) = schedule.splits.get(si + 1).filter(|n| !s.backend.is_host() && n.backend.is_host()) {
+                for (cj, c) in next.copies.iter().enumerate() {
+                    let from_arena = schedule.memory.node_offsets[c.src.index()].is_some();
+                    let Some(src) = home[c.src.index()].filter(|_| c.from == s.backend && from_arena) else { continue };
+                    let dst = TensorLoc {
+                        buffer: arena_of[&next.backend],
+                        offset: schedule.memory.copy_offsets[si + 1][cj],
+                        nbytes: src.nbytes,
+                    };
+                    if let Some(span) = self.reach(next.backend, dst, s.backend)? {
+                        io.exports.push((src, span));
+                        in_compute[si + 1][cj] = true;
+                    }
+                }
+            }
+            let t_sync = Instant::now();
+            if s.backend.is_host() {
+                self.finish_io()?;
             }
             let t_compute = Instant::now();
             self.book(|p| {
-                p.copy_ns += (t_compute - t).as_nanos() as u64;
+                p.copy_ns += (t_sync - t).as_nanos() as u64;
                 p.copy_bytes += copied as u64;
+                p.sync_ns += (t_compute - t_sync).as_nanos() as u64;
             });
-            if s.backend.is_host() {
-                self.finish_writes()?;
-            }
-            self.get_mut(s.backend)?.compute(graph, &s.nodes, &locs)?;
+            self.get_mut(s.backend)?.compute_io(graph, &s.nodes, &locs, &io)?;
             let backend = s.backend;
             self.book(|p| *p.compute_ns.entry(backend).or_default() += t_compute.elapsed().as_nanos() as u64);
         }
@@ -318,7 +365,7 @@ impl Backends {
             outputs.push(bytes);
         }
         // The next step's inputs are written into the arenas.
-        self.finish_writes()?;
+        self.finish_io()?;
         self.book(|p| p.readback_ns += t.elapsed().as_nanos() as u64);
         Ok(outputs)
     }
