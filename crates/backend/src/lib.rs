@@ -140,6 +140,9 @@ pub struct OpProfile {
     pub by_op: BTreeMap<String, (u64, u64)>,
     /// Per matmul, by the weight it reads: (nanoseconds, count).
     pub by_label: BTreeMap<String, (u64, u64)>,
+    /// Of the compute time, copies to and from host memory done inside it
+    /// (`compute_io`), also listed in `by_op`.
+    pub io_ns: u64,
 }
 
 impl OpProfile {

@@ -19,7 +19,15 @@ pub fn print(p: &Profile) {
     let r = &p.run;
     row("graph build + schedule", p.graph_ns, String::new());
     row("inputs", r.input_ns, String::new());
-    row("copies", r.copy_ns, format!("{} bytes", r.copy_bytes));
+    // Copies a device did inside its compute count as copies, not compute.
+    let io_ns =
+        |b: &tern_backend::BackendId| p.backends.iter().filter(|(id, _)| id == b).map(|(_, o)| o.io_ns).sum::<u64>();
+    let inside: u64 = p.backends.iter().map(|(_, o)| o.io_ns).sum();
+    row(
+        "copies",
+        r.copy_ns + inside,
+        format!("{} bytes; {:.3} ms of it in copy kernels inside device compute", r.copy_bytes, ms(inside)),
+    );
     for ((from, to), c) in &r.copies {
         let calls = c.count - c.in_compute;
         let each = c.ns as f64 / 1e3 / calls.max(1) as f64;
@@ -35,11 +43,10 @@ pub fn print(p: &Profile) {
     }
     row("sync", r.sync_ns, "host waiting for devices before its splits".into());
     for (b, ns) in &r.compute_ns {
-        row(&format!("{b} compute"), *ns, String::new());
+        row(&format!("{b} compute"), ns.saturating_sub(io_ns(b)), String::new());
     }
     row("sync + readback", r.readback_ns, "waiting for the last device and reading logits".into());
-    let known =
-        p.graph_ns + r.input_ns + r.copy_ns + r.sync_ns + r.compute_ns.values().sum::<u64>() + r.readback_ns;
+    let known = p.graph_ns + r.input_ns + r.copy_ns + r.sync_ns + r.compute_ns.values().sum::<u64>() + r.readback_ns;
     row("other (host)", total.saturating_sub(known), String::new());
     for (b, ops) in &p.backends {
         if ops.by_op.is_empty() {

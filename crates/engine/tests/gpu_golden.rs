@@ -191,6 +191,10 @@ fn hybrid_decoding_steps_match_the_cpu() {
         want.extend(cpu.eval(&[t], Logits::Last).unwrap());
     }
     let (kl, max_abs, top1) = distance(&want, &got, 4096);
-    eprintln!("demo -ot ffn=CPU, {} decoding steps: KL {kl:.2e} max|Δ| {max_abs:.4} top1 {:.1}%", ids.len(), top1 * 100.0);
+    eprintln!(
+        "demo -ot ffn=CPU, {} decoding steps: KL {kl:.2e} max|Δ| {max_abs:.4} top1 {:.1}%",
+        ids.len(),
+        top1 * 100.0
+    );
     assert!(kl <= 1e-3 && top1 >= 0.95, "KL {kl} top1 {top1}");
 }
