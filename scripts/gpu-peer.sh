@@ -10,7 +10,7 @@
 # then `bench`, each call issued right after the last one returns.
 #   scripts/gpu-peer.sh start   # ik build + the f16 model, in the background
 #   scripts/gpu-peer.sh wait    # up to 9.5 minutes
-#   scripts/gpu-peer.sh bench   # ik's IQ2_BN file; ik and tern alternating
+#   scripts/gpu-peer.sh bench   # ik's IQ2_BN file; ik and tern alternating (ROUNDS=3)
 # Needs MAKE_MODEL and TOKENIZER as scripts/gpu-bench.sh does (defaults: .gpu/).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -49,10 +49,13 @@ bench)
         $ik/build/bin/llama-bench -m "$m" -ngl 99 -fa 1 $args 2>&1 | row
         "$tern" bench -m "$m" -ngl 99 $args 2>&1 | row
     done
-    for placement in "-ngl 99 -ot ffn_.*=CPU" "-ngl 15"; do
-        echo "## $placement -t 16"
-        $ik/build/bin/llama-bench -m "$m" $placement -fa 1 -t 16 -p 512 -n 128 -r 5 2>&1 | row
-        "$tern" bench -m "$m" $placement -t 16 -p 512 -n 128 -r 5 2>&1 | row
+    # Hybrid placements: ROUNDS rounds (default 3), ik and tern alternating.
+    for round in $(seq "${ROUNDS:-3}"); do
+        for placement in "-ngl 99 -ot ffn_.*=CPU" "-ngl 15"; do
+            echo "## round $round: $placement -t 16"
+            $ik/build/bin/llama-bench -m "$m" $placement -fa 1 -t 16 -p 512 -n 128 -r 5 2>&1 | row
+            "$tern" bench -m "$m" $placement -t 16 -p 512 -n 128 -r 5 2>&1 | row
+        done
     done
     ;;
 *)

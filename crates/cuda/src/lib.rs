@@ -113,8 +113,6 @@ const MAX_PLANS: usize = 64;
 struct Plan {
     launches: Vec<Launch>,
     graph: Option<driver::Graph>,
-    /// For `--profile`: the launches with an event after each, captured.
-    profiled: Option<driver::Graph>,
 }
 
 /// Identifies a compute call cheaply: the nodes, their ops and shapes, and
@@ -414,48 +412,35 @@ impl CudaBackend {
     }
 
     /// Runs plan `key` with an event between each pair of launches and books
-    /// the kernels' times. Launches and events are captured into a graph once
-    /// and replayed, as an ordinary step is, so that each time is the
-    /// kernel's own rather than the host's gap between two launches.
+    /// the times. Launched one by one, a small kernel's time includes the
+    /// host's gap to the next launch (about 4 µs here), where a replayed
+    /// graph runs them back to back.
     fn run_profiled(&mut self, key: u64, host_start: std::time::Instant) -> std::result::Result<(), String> {
         let mut p = self.profile.take().expect("profiling");
-        let r = self.replay_profiled(key, &mut p);
+        let launches = &self.plans[&key].launches;
+        let n = launches.len();
+        let r = (|| {
+            while p.events.len() < n + 1 {
+                p.events.push(self.gpu.event()?);
+            }
+            self.gpu.record(&p.events[0])?;
+            for (i, l) in launches.iter().enumerate() {
+                l.run(&self.gpu, &self.kernels, false).map_err(|e| format!("{:?}: {e}", l.kernel))?;
+                self.gpu.record(&p.events[i + 1])?;
+            }
+            for (i, l) in launches.iter().enumerate() {
+                let ms = p.events[i].elapsed_ms(&p.events[i + 1])? as f64;
+                let e = p.per_kernel.entry(l.kernel).or_default();
+                e.0 += ms;
+                e.1 += 1;
+            }
+            p.gpu_ms += p.events[0].elapsed_ms(&p.events[n])? as f64;
+            Ok(())
+        })();
         p.host_ms += host_start.elapsed().as_secs_f64() * 1e3;
         p.computes += 1;
         self.profile = Some(p);
         r
-    }
-
-    fn replay_profiled(&mut self, key: u64, p: &mut Profile) -> std::result::Result<(), String> {
-        let n = self.plans[&key].launches.len();
-        while p.events.len() < n + 1 {
-            p.events.push(self.gpu.event()?);
-        }
-        if self.plans[&key].profiled.is_none() {
-            let plan = &self.plans[&key];
-            self.gpu.begin_capture()?;
-            let run = (|| {
-                self.gpu.record(&p.events[0])?;
-                for (i, l) in plan.launches.iter().enumerate() {
-                    l.run(&self.gpu, &self.kernels, false).map_err(|e| format!("{:?}: {e}", l.kernel))?;
-                    self.gpu.record(&p.events[i + 1])?;
-                }
-                Ok::<(), String>(())
-            })();
-            let graph = self.gpu.end_capture();
-            run?;
-            self.plans.get_mut(&key).expect("looked up above").profiled = Some(graph?);
-        }
-        let plan = &self.plans[&key];
-        self.gpu.replay(plan.profiled.as_ref().expect("captured above"))?;
-        for (i, l) in plan.launches.iter().enumerate() {
-            let ms = p.events[i].elapsed_ms(&p.events[i + 1])? as f64;
-            let e = p.per_kernel.entry(l.kernel).or_default();
-            e.0 += ms;
-            e.1 += 1;
-        }
-        p.gpu_ms += p.events[0].elapsed_ms(&p.events[n])? as f64;
-        Ok(())
     }
 
     fn capture(&self, launches: &[Launch]) -> std::result::Result<driver::Graph, String> {
@@ -798,7 +783,7 @@ impl Backend for CudaBackend {
             if self.plans.len() >= MAX_PLANS {
                 self.plans.clear();
             }
-            self.plans.insert(key, Plan { launches, graph: None, profiled: None });
+            self.plans.insert(key, Plan { launches, graph: None });
             return Ok(());
         };
         self.stats.last_launches = plan.launches.len();
