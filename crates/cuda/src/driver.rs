@@ -200,6 +200,13 @@ impl Gpu {
         unsafe { result::memcpy_htod_async(dst, data, self.stream) }.map_err(err)
     }
 
+    /// A copy between any two addresses the device knows (device memory or
+    /// mapped host memory), ordered on the stream; captured into a graph it
+    /// becomes a copy node that the copy engine runs.
+    pub fn copy_async(&self, dst: u64, src: u64, bytes: usize) -> DResult<()> {
+        unsafe { sys::cuMemcpyAsync(dst, src, bytes, self.stream) }.result().map_err(err)
+    }
+
     pub fn download(&self, src: u64, out: &mut [u8]) -> DResult<()> {
         if out.is_empty() {
             return Ok(());

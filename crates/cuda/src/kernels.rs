@@ -46,7 +46,8 @@ pub enum Kernel {
     Attention,
     FlashAttn,
     CopyIn,
-    /// The same copy, of an activation from mapped host memory into the device.
+    /// An activation from pinned host memory into the device: run as a DMA
+    /// copy (a copy node in a captured graph), not as this kernel.
     HostRead,
     /// The same copy, of an activation from the device into mapped host memory.
     HostWrite,

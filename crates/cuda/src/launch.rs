@@ -95,6 +95,16 @@ impl Launch {
     }
 
     pub fn run(&self, gpu: &Gpu, kernels: &Kernels, pdl: bool) -> DResult<()> {
+        if self.kernel == Kernel::HostRead {
+            // A DMA copy, not a kernel: reads of host memory from a kernel
+            // cross the link one round trip at a time.
+            let (Some(Arg::Ptr(src)), Some(Arg::Ptr(dst)), Some(Arg::U64(n16))) =
+                (self.args.first(), self.args.get(1), self.args.get(2))
+            else {
+                return Err("HostRead takes (src, dst, words)".into());
+            };
+            return gpu.copy_async(*dst, *src, *n16 as usize * 16);
+        }
         // The driver copies the argument values at launch; `args` outlives the call.
         let mut params: Vec<*mut c_void> = self
             .args
