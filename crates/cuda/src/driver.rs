@@ -327,6 +327,13 @@ impl Gpu {
         unsafe { result::event::record(e.0, self.stream) }.map_err(err)
     }
 
+    /// Records `e` as a node of the graph being captured (a plain record
+    /// during capture only orders work inside the capture).
+    pub fn record_in_graph(&self, e: &Event) -> DResult<()> {
+        let flags = sys::CUevent_record_flags_enum::CU_EVENT_RECORD_EXTERNAL as u32;
+        unsafe { sys::cuEventRecordWithFlags(e.0, self.stream, flags) }.result().map_err(err)
+    }
+
     pub fn device_ordinal(&self) -> sys::CUdevice {
         self.dev
     }
