@@ -14,6 +14,7 @@
 //!   from device memory, so a decoding step replays the same graph.
 
 mod driver;
+mod host_io;
 pub mod kernels;
 pub mod launch;
 pub mod layout;
@@ -21,6 +22,7 @@ mod lower;
 #[cfg(test)]
 mod lower_tests;
 pub mod nvrtc;
+mod profile;
 pub mod qlayout;
 
 use std::collections::HashMap;
@@ -35,10 +37,12 @@ use tern_quant::GgmlType;
 
 use driver::Gpu;
 pub use driver::{devices, DeviceInfo, Unavailable};
+use host_io::PinnedHost;
 use kernels::Kernels;
 use launch::Launch;
 use layout::GpuTernary;
 use lower::{lower, Need, Scratch};
+use profile::Profile;
 
 /// The shape of a ternary weight in the GPU layout.
 #[derive(Clone, Copy, Debug)]
@@ -170,37 +174,6 @@ pub struct CudaBackend {
     io_in_flight: std::cell::Cell<bool>,
 }
 
-/// A pinned host range and the device's address of it.
-#[derive(Clone, Copy)]
-struct PinnedHost {
-    host: usize,
-    len: usize,
-    dev: u64,
-}
-
-impl PinnedHost {
-    /// The device's address of `span`, when it lies inside this range.
-    fn dev_addr(&self, span: HostSpan) -> Option<u64> {
-        let inside = span.addr >= self.host && span.addr + span.len <= self.host + self.len;
-        inside.then(|| self.dev + (span.addr - self.host) as u64)
-    }
-}
-
-/// Copies at most this large, in whole 16-byte words, run as copy kernels
-/// when zero-copy is on.
-const ZERO_COPY_MAX: usize = 256 << 10;
-
-#[derive(Default)]
-struct Profile {
-    /// Launches are timed one by one (profiling through graphs failed).
-    one_by_one: bool,
-    events: Vec<driver::Event>,
-    per_kernel: HashMap<kernels::Kernel, (f64, u64)>,
-    gpu_ms: f64,
-    host_ms: f64,
-    computes: u64,
-}
-
 fn env_flag(name: &str, default: bool) -> bool {
     std::env::var(name).map_or(default, |v| !matches!(v.as_str(), "0" | "off" | "false"))
 }
@@ -299,43 +272,6 @@ impl CudaBackend {
         self.kernels.compiled
     }
 
-    /// The device's address of host bytes inside a pinned range.
-    fn pinned_addr(&self, span: HostSpan) -> Option<u64> {
-        self.pinned.iter().find_map(|p| p.dev_addr(span))
-    }
-
-    /// A copy kernel for a small copy between device memory and mapped host
-    /// memory: one launch, where a DMA transfer costs more setup than the
-    /// bytes take to cross. `None` when the copy is large or not in whole,
-    /// aligned 16-byte words.
-    fn copy_kernel(&self, kernel: kernels::Kernel, src: u64, dst: u64, bytes: usize) -> Option<Launch> {
-        let words = self.zero_copy && bytes <= ZERO_COPY_MAX && (src | dst | bytes as u64).is_multiple_of(16);
-        let n16 = bytes / 16;
-        // One 16-byte word per thread: every read over the host link is in
-        // flight at once (each is a round trip of a microsecond or more).
-        let grid = (n16.div_ceil(256).max(1) as u32, 1, 1);
-        // Serial: the copy must see its producer finished, and its consumer
-        // may not overwrite what it reads.
-        words.then(|| Launch::new(kernel, grid, 256).ptr(src).ptr(dst).u64(n16 as u64).serial())
-    }
-
-    /// The launches of `io`'s imports and exports, in that order.
-    fn io_launches(&self, io: &HostIo) -> Result<(Vec<Launch>, Vec<Launch>)> {
-        let bad = |what: &str| self.dev_err(format!("{what} copy outside pinned host memory or not in 16-byte words"));
-        let mut imports = Vec::with_capacity(io.imports.len());
-        for &(span, loc) in &io.imports {
-            let (src, dst) = (self.pinned_addr(span).ok_or_else(|| bad("import"))?, self.loc_ptr(loc)?);
-            imports.push(self.copy_kernel(kernels::Kernel::HostRead, src, dst, span.len).ok_or_else(|| bad("import"))?);
-        }
-        let mut exports = Vec::with_capacity(io.exports.len());
-        for &(loc, span) in &io.exports {
-            let (src, dst) = (self.loc_ptr(loc)?, self.pinned_addr(span).ok_or_else(|| bad("export"))?);
-            exports
-                .push(self.copy_kernel(kernels::Kernel::HostWrite, src, dst, span.len).ok_or_else(|| bad("export"))?);
-        }
-        Ok((imports, exports))
-    }
-
     fn dev_err(&self, message: impl Into<String>) -> Error {
         Error::Device { backend: self.id, message: message.into() }
     }
@@ -415,86 +351,6 @@ impl CudaBackend {
         for l in launches {
             l.run(&self.gpu, &self.kernels, self.pdl).map_err(|e| format!("{:?}: {e}", l.kernel))?;
         }
-        Ok(())
-    }
-
-    /// Runs plan `key` with an event between each pair of launches and books
-    /// the times. The launches and events are captured into a graph once and
-    /// replayed, as an ordinary step is, so that a small kernel's time is its
-    /// own rather than the host's gap to the next launch (about 4 µs here).
-    /// Where that capture fails, launches go one by one, as they used to.
-    fn run_profiled(&mut self, key: u64, host_start: std::time::Instant) -> std::result::Result<(), String> {
-        let mut p = self.profile.take().expect("profiling");
-        let n = self.plans[&key].launches.len();
-        let mut r = (|| {
-            while p.events.len() < n + 1 {
-                p.events.push(self.gpu.event()?);
-            }
-            Ok(())
-        })();
-        if r.is_ok() {
-            r = match (self.use_graphs && !p.one_by_one).then(|| self.replay_profiled(key, &p)) {
-                Some(Ok(())) => Ok(()),
-                Some(Err(m)) if !self.plans[&key].profiled_ran => {
-                    eprintln!(
-                        "warning: {}: profiling through a graph failed ({m}); timing launches one by one",
-                        self.id
-                    );
-                    p.one_by_one = true;
-                    self.launch_profiled(key, &p)
-                }
-                Some(Err(m)) => Err(m),
-                None => self.launch_profiled(key, &p),
-            };
-        }
-        if r.is_ok() {
-            r = (|| {
-                for (i, l) in self.plans[&key].launches.iter().enumerate() {
-                    let ms = p.events[i].elapsed_ms(&p.events[i + 1])? as f64;
-                    let e = p.per_kernel.entry(l.kernel).or_default();
-                    e.0 += ms;
-                    e.1 += 1;
-                }
-                p.gpu_ms += p.events[0].elapsed_ms(&p.events[n])? as f64;
-                Ok(())
-            })();
-        }
-        p.host_ms += host_start.elapsed().as_secs_f64() * 1e3;
-        p.computes += 1;
-        self.profile = Some(p);
-        r
-    }
-
-    /// Plan `key` with events recorded around every launch, one by one.
-    fn launch_profiled(&self, key: u64, p: &Profile) -> std::result::Result<(), String> {
-        self.gpu.record(&p.events[0])?;
-        for (i, l) in self.plans[&key].launches.iter().enumerate() {
-            l.run(&self.gpu, &self.kernels, false).map_err(|e| format!("{:?}: {e}", l.kernel))?;
-            self.gpu.record(&p.events[i + 1])?;
-        }
-        Ok(())
-    }
-
-    /// Plan `key` as a captured graph with an event node after every launch.
-    fn replay_profiled(&mut self, key: u64, p: &Profile) -> std::result::Result<(), String> {
-        if self.plans[&key].profiled.is_none() {
-            let plan = &self.plans[&key];
-            self.gpu.begin_capture()?;
-            let run = (|| {
-                self.gpu.record_in_graph(&p.events[0])?;
-                for (i, l) in plan.launches.iter().enumerate() {
-                    l.run(&self.gpu, &self.kernels, self.pdl).map_err(|e| format!("{:?}: {e}", l.kernel))?;
-                    self.gpu.record_in_graph(&p.events[i + 1])?;
-                }
-                Ok::<(), String>(())
-            })();
-            let graph = self.gpu.end_capture();
-            run?;
-            self.plans.get_mut(&key).expect("looked up above").profiled = Some(graph?);
-        }
-        let plan = self.plans.get_mut(&key).expect("looked up above");
-        self.gpu.replay(plan.profiled.as_ref().expect("captured above"))?;
-        plan.profiled_ran = true;
         Ok(())
     }
 
