@@ -43,11 +43,14 @@ pub const HEADS: usize = 4;
 #[inline(always)]
 fn scores_heads_loop<const P: usize>(qs: [&[f32]; HEADS], kt: &[f32], scale: f32, out: &mut [[f32; P]; HEADS]) {
     let mut acc = [[0f32; P]; HEADS];
-    for (d, row) in kt.chunks_exact(P).take(qs[0].len()).enumerate() {
+    // One length for every query, so the loop indexes them unchecked.
+    let n = qs.iter().map(|q| q.len()).min().unwrap_or(0);
+    let qs: [&[f32]; HEADS] = std::array::from_fn(|h| &qs[h][..n]);
+    for (d, row) in kt.chunks_exact(P).take(n).enumerate() {
+        let qd: [f32; HEADS] = std::array::from_fn(|h| qs[h][d]);
         for h in 0..HEADS {
-            let qd = qs[h][d];
             for j in 0..P {
-                acc[h][j] = qd.mul_add(row[j], acc[h][j]);
+                acc[h][j] = qd[h].mul_add(row[j], acc[h][j]);
             }
         }
     }
@@ -81,12 +84,17 @@ fn weighted_rows_chunk<const C: usize>(
             acc[h][i] = accs[h][c0 + i] * rescale[h];
         }
     }
-    for (j, row) in rows.chunks_exact(hd).take(w[0].len()).enumerate() {
+    // Every weight list cut to one length up front, so the loop below
+    // indexes them without bounds checks (which also kept accumulators
+    // from staying in registers).
+    let n = w.iter().map(|w| w.len()).min().unwrap_or(0).min(rows.len() / hd);
+    let w: [&[f32]; HEADS] = std::array::from_fn(|h| &w[h][..n]);
+    for (j, row) in rows.chunks_exact(hd).take(n).enumerate() {
         let r: &[f32; C] = row[c0..c0 + C].try_into().expect("a whole chunk");
+        let wj: [f32; HEADS] = std::array::from_fn(|h| w[h][j]);
         for h in 0..HEADS {
-            let wj = w[h][j];
             for i in 0..C {
-                acc[h][i] = wj.mul_add(r[i], acc[h][i]);
+                acc[h][i] = wj[h].mul_add(r[i], acc[h][i]);
             }
         }
     }
