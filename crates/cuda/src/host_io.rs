@@ -39,14 +39,19 @@ impl CudaBackend {
     /// kernel), so that it is captured with the split's kernels. `None` when
     /// the copy is large or not in whole, aligned 16-byte words.
     pub(crate) fn copy_kernel(&self, kernel: Kernel, src: u64, dst: u64, bytes: usize) -> Option<Launch> {
-        let words = self.zero_copy && bytes <= ZERO_COPY_MAX && (src | dst | bytes as u64).is_multiple_of(16);
+        let words = self.copies_inside(src | dst, bytes);
         let n16 = bytes / 16;
-        // One 16-byte word per thread: every read over the host link is in
-        // flight at once (each is a round trip of a microsecond or more).
+        // One 16-byte word per thread, for the copy kernel of exports.
         let grid = (n16.div_ceil(256).max(1) as u32, 1, 1);
         // Serial: the copy must see its producer finished, and its consumer
         // may not overwrite what it reads.
         words.then(|| Launch::new(kernel, grid, 256).ptr(src).ptr(dst).u64(n16 as u64).serial())
+    }
+
+    /// Whether a copy of `bytes` between addresses whose bits OR to `addrs`
+    /// can be part of a split's work.
+    pub(crate) fn copies_inside(&self, addrs: u64, bytes: usize) -> bool {
+        self.zero_copy && bytes <= ZERO_COPY_MAX && (addrs | bytes as u64).is_multiple_of(16)
     }
 
     /// The launches of `io`'s imports and exports, in that order.

@@ -646,8 +646,7 @@ impl Backend for CudaBackend {
 
     fn reaches_host(&self, mem: &[u8]) -> bool {
         let span = HostSpan::of(mem);
-        self.pinned_addr(span)
-            .is_some_and(|dev| self.copy_kernel(kernels::Kernel::HostRead, dev, dev, span.len).is_some())
+        self.pinned_addr(span).is_some_and(|dev| self.copies_inside(dev, span.len))
     }
 
     fn finish_io(&mut self) -> Result<()> {

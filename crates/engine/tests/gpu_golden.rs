@@ -26,6 +26,11 @@ fn compact() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/compact")
 }
 
+/// The model the repo ships (trained here), for the split-execution tests.
+fn demo_model() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/tern-demo-kjv.gguf")
+}
+
 fn have_gpu() -> bool {
     match tern_cuda::devices() {
         Ok(_) => true,
@@ -117,7 +122,7 @@ fn partial_offload_matches_the_cpu() {
     if !have_gpu() {
         return;
     }
-    let model = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/tern-demo-kjv.gguf");
+    let model = demo_model();
     let ids: Vec<u32> = (0..40).map(|i| (i * 37 + 11) % 4000).collect();
     let mut o = opts(2);
     o.k_type = GgmlType::F16;
@@ -138,7 +143,7 @@ fn offloaded_prompt_matmuls_match_the_cpu() {
     if !have_gpu() {
         return;
     }
-    let model = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/tern-demo-kjv.gguf");
+    let model = demo_model();
     let ids: Vec<u32> = (0..40).map(|i| (i * 37 + 11) % 4000).collect();
     let mut o = opts(99);
     o.k_type = GgmlType::F16;
@@ -177,7 +182,7 @@ fn hybrid_decoding_steps_match_the_cpu() {
     if !have_gpu() {
         return;
     }
-    let model = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/tern-demo-kjv.gguf");
+    let model = demo_model();
     let ids: Vec<u32> = (0..24).map(|i| (i * 53 + 7) % 4000).collect();
     let mut o = opts(99);
     o.overrides = vec!["ffn_.*=CPU".into()];
