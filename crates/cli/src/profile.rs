@@ -25,8 +25,8 @@ pub fn print(p: &Profile) {
     let inside: u64 = p.backends.iter().map(|(_, o)| o.io_ns).sum();
     row(
         "copies",
-        r.copy_ns + inside,
-        format!("{} bytes; {:.3} ms of it in copy kernels inside device compute", r.copy_bytes, ms(inside)),
+        r.copy_ns() + inside,
+        format!("{} bytes; {:.3} ms of it in copy kernels inside device compute", r.copy_bytes(), ms(inside)),
     );
     for ((from, to), c) in &r.copies {
         let calls = c.count - c.in_compute;
@@ -46,7 +46,7 @@ pub fn print(p: &Profile) {
         row(&format!("{b} compute"), ns.saturating_sub(io_ns(b)), String::new());
     }
     row("sync + readback", r.readback_ns, "waiting for the last device and reading logits".into());
-    let known = p.graph_ns + r.input_ns + r.copy_ns + r.sync_ns + r.compute_ns.values().sum::<u64>() + r.readback_ns;
+    let known = p.graph_ns + r.input_ns + r.copy_ns() + r.sync_ns + r.compute_ns.values().sum::<u64>() + r.readback_ns;
     row("other (host)", total.saturating_sub(known), String::new());
     for (b, ops) in &p.backends {
         if ops.by_op.is_empty() {

@@ -168,7 +168,7 @@ fn profile_of_a_split_run() {
     s.eval(&[44], tern_engine::Logits::Last).unwrap();
     let p = s.take_profile();
     assert_eq!(p.evals, 2);
-    assert!(p.run.copy_bytes > 0 && p.run.compute_ns.len() == 2, "{:?}", p.run);
+    assert!(p.run.copy_bytes() > 0 && p.run.compute_ns.len() == 2, "{:?}", p.run);
     let cpu1 = &p.backends.iter().find(|(b, _)| *b == BackendId::cpu(1)).unwrap().1;
     assert!(cpu1.by_label.keys().all(|k| k.starts_with("blk.1.")), "{:?}", cpu1.by_label.keys());
     assert!(cpu1.by_op.contains_key("mul_mat"), "{:?}", cpu1.by_op.keys());

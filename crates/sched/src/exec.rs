@@ -67,10 +67,7 @@ pub struct RunProfile {
     pub runs: u64,
     /// Writing the step inputs.
     pub input_ns: u64,
-    /// Copies between backends, and their bytes.
-    pub copy_ns: u64,
-    pub copy_bytes: u64,
-    /// The same by direction (from, to): nanoseconds, bytes, copies.
+    /// Copies between backends by direction (from, to).
     pub copies: BTreeMap<(BackendId, BackendId), CopyTimes>,
     /// Waiting before a host split for devices to finish their copies to or
     /// from host memory (the GPU's work before them included).
@@ -79,6 +76,18 @@ pub struct RunProfile {
     pub compute_ns: BTreeMap<BackendId, u64>,
     /// Reading the outputs back, which waits for the devices.
     pub readback_ns: u64,
+}
+
+impl RunProfile {
+    /// Time in copies between backends, every direction.
+    pub fn copy_ns(&self) -> u64 {
+        self.copies.values().map(|c| c.ns).sum()
+    }
+
+    /// Bytes copied between backends, every direction.
+    pub fn copy_bytes(&self) -> u64 {
+        self.copies.values().map(|c| c.bytes).sum()
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -296,8 +305,6 @@ impl Backends {
         let mut in_compute: Vec<Vec<bool>> = schedule.splits.iter().map(|s| vec![false; s.copies.len()]).collect();
         for (si, s) in schedule.splits.iter().enumerate() {
             let mut locs = home.clone();
-            let t = Instant::now();
-            let mut copied = 0;
             let mut io = HostIo::default();
             for (ci, c) in s.copies.iter().enumerate() {
                 let src = home[c.src.index()].ok_or(Error::UnboundLeaf { node: c.src.0, op: "copy source" })?;
@@ -307,7 +314,6 @@ impl Backends {
                     nbytes: src.nbytes,
                 };
                 locs[c.src.index()] = Some(dst);
-                copied += src.nbytes;
                 let import = if s.backend.is_host() { None } else { self.reach(c.from, src, s.backend)? };
                 if let Some(span) = import {
                     io.imports.push((span, dst));
@@ -347,8 +353,6 @@ impl Backends {
             }
             let t_compute = Instant::now();
             self.book(|p| {
-                p.copy_ns += (t_sync - t).as_nanos() as u64;
-                p.copy_bytes += copied as u64;
                 p.sync_ns += (t_compute - t_sync).as_nanos() as u64;
             });
             self.get_mut(s.backend)?.compute_io(graph, &s.nodes, &locs, &io)?;
