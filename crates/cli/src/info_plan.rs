@@ -150,7 +150,8 @@ impl Plan {
         self.nodes.print();
         println!("  {} splits, {} bytes copied per token", self.splits.len(), self.copy_bytes);
         for (i, (backend, n, copies)) in self.splits.iter().enumerate() {
-            println!("    split {i}: {backend:<7} {n:>4} nodes, {copies} inputs copied in");
+            let what = if *n == 0 { " (the outputs, read back)" } else { "" };
+            println!("    split {i}: {backend:<7} {n:>4} nodes, {copies} inputs copied in{what}");
         }
         let o = &self.offload;
         println!("\nprompt micro-batch ({} tokens), offload policy {}:", self.prompt_tokens, self.policy);

@@ -26,20 +26,23 @@ pub fn print(p: &Profile) {
     row(
         "copies",
         r.copy_ns() + inside,
-        format!("{} bytes; {:.3} ms of it in copy kernels inside device compute", r.copy_bytes(), ms(inside)),
+        format!(
+            "{} bytes; {:.3} ms of it inside device compute (copies, and ops reading host memory)",
+            r.copy_bytes(),
+            ms(inside)
+        ),
     );
     for ((from, to), c) in &r.copies {
         let calls = c.count - c.in_compute;
-        let each = c.ns as f64 / 1e3 / calls.max(1) as f64;
         let inside = match c.in_compute {
             0 => String::new(),
-            n => format!(" ({n} done inside device compute, as copy kernels)"),
+            n => format!(" ({n} done inside device compute)"),
         };
-        row(
-            &format!("  {from} -> {to}"),
-            c.ns,
-            format!("{} bytes, {} copies{inside}, {each:.1} µs per copy call", c.bytes, c.count),
-        );
+        let each = match calls {
+            0 => String::new(),
+            n => format!(", {:.1} µs per copy call", c.ns as f64 / 1e3 / n as f64),
+        };
+        row(&format!("  {from} -> {to}"), c.ns, format!("{} bytes, {} copies{inside}{each}", c.bytes, c.count));
     }
     row("sync", r.sync_ns, "host waiting for devices before its splits".into());
     for (b, ns) in &r.compute_ns {

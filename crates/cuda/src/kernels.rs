@@ -46,10 +46,11 @@ pub enum Kernel {
     Attention,
     FlashAttn,
     CopyIn,
-    /// An activation from pinned host memory into the device: run as a DMA
-    /// copy (a copy node in a captured graph), not as this kernel.
-    HostRead,
-    /// The same copy, of an activation from the device into mapped host memory.
+    /// A copy between device memory and pinned host memory, either way: run
+    /// as a DMA copy (a copy node in a captured graph), not as this kernel.
+    DmaCopy,
+    /// A small copy from the device into mapped host memory, run as this
+    /// kernel: its writes cross the link without a round trip each.
     HostWrite,
 }
 
@@ -74,7 +75,7 @@ impl Kernel {
         Kernel::Attention,
         Kernel::FlashAttn,
         Kernel::CopyIn,
-        Kernel::HostRead,
+        Kernel::DmaCopy,
         Kernel::HostWrite,
     ];
 
@@ -99,7 +100,7 @@ impl Kernel {
             Kernel::RopeStore => ("attention", "rope_store"),
             Kernel::Attention => ("attention", "attention"),
             Kernel::FlashAttn => ("attention", "flash_attn"),
-            Kernel::CopyIn | Kernel::HostRead | Kernel::HostWrite => ("elementwise", "copy_in"),
+            Kernel::CopyIn | Kernel::DmaCopy | Kernel::HostWrite => ("elementwise", "copy_in"),
         }
     }
 }

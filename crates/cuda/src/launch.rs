@@ -95,15 +95,15 @@ impl Launch {
     }
 
     pub fn run(&self, gpu: &Gpu, kernels: &Kernels, pdl: bool) -> DResult<()> {
-        if self.kernel == Kernel::HostRead {
-            // A DMA copy, not a kernel: reads of host memory from a kernel
-            // cross the link one round trip at a time.
-            let (Some(Arg::Ptr(src)), Some(Arg::Ptr(dst)), Some(Arg::U64(n16))) =
+        if self.kernel == Kernel::DmaCopy {
+            // A DMA copy, not a kernel: a kernel's reads of host memory wait
+            // a round trip over the link before anything arrives.
+            let (Some(Arg::Ptr(src)), Some(Arg::Ptr(dst)), Some(Arg::U64(bytes))) =
                 (self.args.first(), self.args.get(1), self.args.get(2))
             else {
-                return Err("HostRead takes (src, dst, words)".into());
+                return Err("DmaCopy takes (src, dst, bytes)".into());
             };
-            return gpu.copy_async(*dst, *src, *n16 as usize * 16);
+            return gpu.copy_async(*dst, *src, *bytes as usize);
         }
         // The driver copies the argument values at launch; `args` outlives the call.
         let mut params: Vec<*mut c_void> = self

@@ -37,7 +37,7 @@ use tern_quant::GgmlType;
 
 use driver::Gpu;
 pub use driver::{devices, DeviceInfo, Unavailable};
-use host_io::PinnedHost;
+use host_io::{Dir, PinnedHost};
 use kernels::Kernels;
 use launch::Launch;
 use layout::GpuTernary;
@@ -72,8 +72,18 @@ pub(crate) struct DevBuf {
     pub ptr: u64,
     pub bytes: usize,
     pub weight: Option<Weight>,
-    /// The host address of mapped host memory; 0 for device memory.
-    pub host: usize,
+    pub backing: Backing,
+}
+
+/// What memory backs a buffer, which says who frees it and how.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Backing {
+    Device,
+    /// Mapped host memory this backend allocated, at this host address.
+    Mapped(usize),
+    /// A host backend's pinned arena, seen through its device alias; the
+    /// host backend owns it.
+    Borrowed,
 }
 
 #[derive(Default)]
@@ -84,6 +94,13 @@ pub(crate) struct Buffers {
 impl Buffers {
     pub fn get(&self, id: BufferId) -> Option<&DevBuf> {
         self.list.get(id.0 as usize)?.as_ref()
+    }
+
+    /// Forgets a buffer without freeing its memory.
+    fn forget(&mut self, id: BufferId) {
+        if let Some(b) = self.list.get_mut(id.0 as usize) {
+            *b = None;
+        }
     }
 
     fn insert(&mut self, b: DevBuf) -> BufferId {
@@ -311,10 +328,10 @@ impl CudaBackend {
     }
 
     fn free_buf(&self, b: &DevBuf) {
-        if b.host != 0 {
-            self.gpu.free_mapped(b.host as *mut u8);
-        } else {
-            self.gpu.free(b.ptr);
+        match b.backing {
+            Backing::Device => self.gpu.free(b.ptr),
+            Backing::Mapped(host) => self.gpu.free_mapped(host as *mut u8),
+            Backing::Borrowed => {}
         }
     }
 
@@ -496,15 +513,19 @@ impl Backend for CudaBackend {
     }
 
     /// Kernel times by kernel (matmuls are fused per layer here, so there is no
-    /// per-weight breakdown).
+    /// per-weight breakdown). Launches that read or write host memory (copies,
+    /// and ops reading an import in place) count as copies.
     fn take_profile(&mut self) -> OpProfile {
         let mut out = OpProfile::default();
         if let Some(p) = self.profile.as_mut() {
-            for (k, (ms, count)) in p.per_kernel.drain() {
-                if matches!(k, kernels::Kernel::HostRead | kernels::Kernel::HostWrite) {
+            for ((k, host), (ms, count)) in p.per_kernel.drain() {
+                let name = if host {
                     out.io_ns += (ms * 1e6) as u64;
-                }
-                out.by_op.insert(format!("{k:?}"), ((ms * 1e6) as u64, count));
+                    format!("{k:?} (host memory)")
+                } else {
+                    format!("{k:?}")
+                };
+                out.by_op.insert(name, ((ms * 1e6) as u64, count));
             }
         }
         out
@@ -512,7 +533,7 @@ impl Backend for CudaBackend {
 
     fn alloc(&mut self, bytes: usize) -> Result<BufferId> {
         let ptr = self.alloc_raw(bytes)?;
-        Ok(self.buffers.insert(DevBuf { ptr, bytes, weight: None, host: 0 }))
+        Ok(self.buffers.insert(DevBuf { ptr, bytes, weight: None, backing: Backing::Device }))
     }
 
     fn free(&mut self, buffer: BufferId) {
@@ -560,7 +581,7 @@ impl Backend for CudaBackend {
             (ptr, data.len(), w)
         };
         // The location's size is the file's, which is what the graph's byte counts use.
-        let buffer = self.buffers.insert(DevBuf { ptr, bytes: total.max(data.len()), weight: Some(weight), host: 0 });
+        let buffer = self.buffers.insert(DevBuf { ptr, bytes: total.max(data.len()), weight: Some(weight), backing: Backing::Device });
         Ok(LoadedWeight { loc: TensorLoc { buffer, offset: 0, nbytes: data.len() }, aliases_host: false })
     }
 
@@ -590,7 +611,7 @@ impl Backend for CudaBackend {
             q8: false,
             staged: Some(total),
         };
-        let b = DevBuf { ptr: dev, bytes: total.max(data.len()), weight: Some(w), host: host as usize };
+        let b = DevBuf { ptr: dev, bytes: total.max(data.len()), weight: Some(w), backing: Backing::Mapped(host as usize) };
         let buffer = self.buffers.insert(b);
         Ok(LoadedWeight { loc: TensorLoc { buffer, offset: 0, nbytes: data.len() }, aliases_host: false })
     }
@@ -601,9 +622,8 @@ impl Backend for CudaBackend {
         let data = &data[..dst.nbytes];
         if let Some(src) = self.pinned_addr(HostSpan::of(data)) {
             self.io_in_flight.set(true);
-            if let Some(copy) = self.copy_kernel(kernels::Kernel::HostRead, src, p, data.len()) {
-                return copy.run(&self.gpu, &self.kernels, false).map_err(|m| self.dev_err(m));
-            }
+            let copy = self.copy_launch(Dir::ToDevice, src, p, data.len());
+            return copy.run(&self.gpu, &self.kernels, false).map_err(|m| self.dev_err(m));
         }
         self.gpu.upload(p, data).map_err(|m| self.dev_err(m))
     }
@@ -612,11 +632,11 @@ impl Backend for CudaBackend {
     fn read(&self, src: TensorLoc, out: &mut [u8]) -> Result<()> {
         let p = self.loc_ptr(src)?;
         let out = &mut out[..src.nbytes];
-        let copy = self
-            .pinned_addr(HostSpan::of(out))
-            .and_then(|dst| self.copy_kernel(kernels::Kernel::HostWrite, p, dst, out.len()));
-        match copy {
-            Some(c) => c.run(&self.gpu, &self.kernels, false).and_then(|()| self.gpu.sync()),
+        match self.pinned_addr(HostSpan::of(out)) {
+            Some(dst) => self
+                .copy_launch(Dir::ToHost, p, dst, out.len())
+                .run(&self.gpu, &self.kernels, false)
+                .and_then(|()| self.gpu.sync()),
             None => self.gpu.download(p, out),
         }
         .map_err(|m| self.dev_err(m))?;
@@ -629,14 +649,16 @@ impl Backend for CudaBackend {
             return Ok(false);
         }
         let dev = self.gpu.register_host(mem.as_ptr(), mem.len()).map_err(|m| self.dev_err(m))?;
-        self.pinned.push(PinnedHost { host: mem.as_ptr() as usize, len: mem.len(), dev });
+        let buffer = self.buffers.insert(DevBuf { ptr: dev, bytes: mem.len(), weight: None, backing: Backing::Borrowed });
+        self.pinned.push(PinnedHost { host: mem.as_ptr() as usize, len: mem.len(), dev, buffer });
         Ok(true)
     }
 
     fn unpin_host(&mut self, mem: &[u8]) {
         let at = mem.as_ptr() as usize;
         if let Some(i) = self.pinned.iter().position(|p| p.host == at) {
-            self.pinned.swap_remove(i);
+            let p = self.pinned.swap_remove(i);
+            self.buffers.forget(p.buffer);
             // Plans may hold the device's address of this memory.
             self.plans.clear();
             self.gpu.unregister_host(mem.as_ptr());
@@ -645,8 +667,7 @@ impl Backend for CudaBackend {
     }
 
     fn reaches_host(&self, mem: &[u8]) -> bool {
-        let span = HostSpan::of(mem);
-        self.pinned_addr(span).is_some_and(|dev| self.copies_inside(dev, span.len))
+        self.copies_inside(HostSpan::of(mem))
     }
 
     fn finish_io(&mut self) -> Result<()> {
@@ -672,6 +693,8 @@ impl Backend for CudaBackend {
         if !io.is_empty() {
             self.io_in_flight.set(true);
         }
+        let (locs, io) = self.read_in_place(graph, nodes, locs, io);
+        let (locs, io) = (&*locs, &*io);
         self.stats.computes += 1;
         let Some(plan) = self.plans.get(&key) else {
             // First sight: lower, run directly, and keep the launches.

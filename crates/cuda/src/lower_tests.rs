@@ -9,7 +9,7 @@ use tern_quant::GgmlType;
 use crate::kernels::Kernel;
 use crate::launch::Arg;
 use crate::lower::{lower, Scratch};
-use crate::{Buffers, DevBuf, TernaryShape, Weight};
+use crate::{Backing, Buffers, DevBuf, TernaryShape, Weight};
 
 const E: usize = 256; // n_embd
 const F: usize = 512; // n_ff
@@ -71,7 +71,7 @@ fn layer(n: usize) -> Layer {
 /// own buffers with GPU-layout metadata. `alias` puts one node's bytes on another's.
 fn bind(g: &Graph, alias: Option<(NodeId, NodeId)>, staged: &[&str]) -> (Buffers, Vec<Option<TensorLoc>>) {
     let mut bufs = Buffers::default();
-    let arena = bufs.insert(DevBuf { ptr: 1 << 40, bytes: 1 << 30, weight: None, host: 0 });
+    let arena = bufs.insert(DevBuf { ptr: 1 << 40, bytes: 1 << 30, weight: None, backing: Backing::Device });
     let mut locs = vec![None; g.nodes.len()];
     let mut offset = 0;
     for id in g.ids() {
@@ -87,8 +87,8 @@ fn bind(g: &Graph, alias: Option<(NodeId, NodeId)>, staged: &[&str]) -> (Buffers
                 let name = n.label.as_deref().unwrap_or_default();
                 let staged = staged.contains(&name).then_some(1 << 20);
                 let weight = Weight { ty, ptr_codes: ptr, ptr_scales: ptr + 4096, ternary, q8: false, staged };
-                let host = if staged.is_some() { ptr as usize } else { 0 };
-                let buffer = bufs.insert(DevBuf { ptr, bytes: 1 << 24, weight: Some(weight), host });
+                let backing = if staged.is_some() { Backing::Mapped(ptr as usize) } else { Backing::Device };
+                let buffer = bufs.insert(DevBuf { ptr, bytes: 1 << 24, weight: Some(weight), backing });
                 TensorLoc { buffer, offset: 0, nbytes: n.nbytes() }
             }
             _ => {

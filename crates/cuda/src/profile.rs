@@ -11,7 +11,8 @@ pub(crate) struct Profile {
     /// Launches are timed one by one (profiling through graphs failed).
     pub one_by_one: bool,
     pub events: Vec<Event>,
-    pub per_kernel: HashMap<kernels::Kernel, (f64, u64)>,
+    /// By kernel, and whether the launch reached host memory.
+    pub per_kernel: HashMap<(kernels::Kernel, bool), (f64, u64)>,
     pub gpu_ms: f64,
     pub host_ms: f64,
     pub computes: u64,
@@ -51,7 +52,7 @@ impl CudaBackend {
             r = (|| {
                 for (i, l) in self.plans[&key].launches.iter().enumerate() {
                     let ms = p.events[i].elapsed_ms(&p.events[i + 1])? as f64;
-                    let e = p.per_kernel.entry(l.kernel).or_default();
+                    let e = p.per_kernel.entry((l.kernel, self.touches_host(l))).or_default();
                     e.0 += ms;
                     e.1 += 1;
                 }

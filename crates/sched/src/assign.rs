@@ -192,7 +192,11 @@ pub struct Copy {
 }
 
 /// Cuts the computed nodes into splits and finds the copies each needs.
-pub fn split(graph: &Graph, assigned: &[Assigned]) -> Vec<Split> {
+/// Graph outputs computed on a device are read on the host: a last split on
+/// `host`, with no nodes, copies them in. Scheduled like any other copy, a
+/// device can do it as part of its last split's work (`Backend::compute_io`)
+/// instead of a transfer call and a wait after it.
+pub fn split(graph: &Graph, assigned: &[Assigned], host: Option<BackendId>) -> Vec<Split> {
     let mut splits: Vec<Split> = Vec::new();
     for id in graph.ids() {
         let node = graph.node(id);
@@ -211,6 +215,15 @@ pub fn split(graph: &Graph, assigned: &[Assigned]) -> Vec<Split> {
                 s.copies.push(Copy { src, from });
             }
         }
+    }
+    let readback: Vec<Copy> = graph
+        .outputs
+        .iter()
+        .map(|&src| Copy { src, from: assigned[src.index()].backend })
+        .filter(|c| !c.from.is_host())
+        .collect();
+    if let Some(host) = host.filter(|_| !readback.is_empty()) {
+        splits.push(Split { backend: host, nodes: Vec::new(), copies: readback });
     }
     splits
 }

@@ -3,8 +3,8 @@
 //! compute. Copies go through host memory; with only host backends that is
 //! one memcpy.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
-
 use std::time::Instant;
 
 use tern_backend::{Backend, BackendId, BufferId, HostIo, HostSpan, OpProfile, TensorLoc};
@@ -38,7 +38,8 @@ impl Schedule {
     pub fn new(graph: &Graph, placement: &Placement, backends: &Backends) -> Schedule {
         let refs: Vec<&dyn Backend> = backends.list.iter().map(|b| b.as_ref()).collect();
         let assigned = assign(graph, placement, &refs);
-        let splits = split(graph, &assigned);
+        let host = backends.list.iter().map(|b| b.id()).find(|id| id.is_host());
+        let splits = split(graph, &assigned, host);
         let memory = plan_memory(graph, &assigned, &splits);
         Schedule { assigned, splits, memory }
     }
@@ -257,14 +258,15 @@ impl Backends {
 
     /// Runs `graph` under `schedule`. `leaf` gives the location of weight and
     /// cache leaves on the backend a leaf is assigned to; `inputs` are the
-    /// bytes of the step inputs. Returns the bytes of each graph output.
+    /// bytes of the step inputs. Returns the bytes of each graph output,
+    /// borrowed from a host arena where they were computed or read back.
     pub fn run(
         &mut self,
         graph: &Graph,
         schedule: &Schedule,
         leaf: &dyn Fn(&Op, BackendId) -> Option<TensorLoc>,
         inputs: &[(NodeId, &[u8])],
-    ) -> Result<Vec<Vec<u8>>, Error> {
+    ) -> Result<Vec<Cow<'_, [u8]>>, Error> {
         let mut arena_of = BTreeMap::new();
         for (&id, &bytes) in &schedule.memory.arena_bytes {
             arena_of.insert(id, self.arena(id, bytes)?);
@@ -360,17 +362,48 @@ impl Backends {
             self.book(|p| *p.compute_ns.entry(backend).or_default() += t_compute.elapsed().as_nanos() as u64);
         }
         let t = Instant::now();
-
-        let mut outputs = Vec::with_capacity(graph.outputs.len());
-        for &o in &graph.outputs {
-            let loc = home[o.index()].ok_or(Error::UnboundLeaf { node: o.0, op: "output" })?;
-            let mut bytes = vec![0u8; loc.nbytes];
-            self.get(schedule.assigned[o.index()].backend)?.read(loc, &mut bytes)?;
-            outputs.push(bytes);
-        }
-        // The next step's inputs are written into the arenas.
+        // The readback split's copies have landed, and the next step's
+        // inputs may be written into the arenas.
         self.finish_io()?;
+        // Outputs computed on a device were copied to the host by the
+        // readback split; the caller reads them there, in place.
+        let last = schedule.splits.len().wrapping_sub(1);
+        let readback = schedule.splits.last().filter(|s| s.nodes.is_empty());
+        let mut at = Vec::with_capacity(graph.outputs.len());
+        for &o in &graph.outputs {
+            let copied = readback.and_then(|s| s.copies.iter().position(|c| c.src == o).map(|ci| (s.backend, ci)));
+            at.push(match copied {
+                Some((host, ci)) => {
+                    let offset = schedule.memory.copy_offsets[last][ci];
+                    (host, TensorLoc { buffer: arena_of[&host], offset, nbytes: graph.node(o).nbytes() })
+                }
+                None => {
+                    let loc = home[o.index()].ok_or(Error::UnboundLeaf { node: o.0, op: "output" })?;
+                    (schedule.assigned[o.index()].backend, loc)
+                }
+            });
+        }
+        // Without a host backend to read them on, outputs are read from the device.
+        let mut owned = Vec::with_capacity(at.len());
+        for &(backend, loc) in &at {
+            let b = self.get(backend)?;
+            owned.push(match b.host_bytes(loc) {
+                Some(_) => None,
+                None => {
+                    let mut bytes = vec![0u8; loc.nbytes];
+                    b.read(loc, &mut bytes)?;
+                    Some(bytes)
+                }
+            });
+        }
         self.book(|p| p.readback_ns += t.elapsed().as_nanos() as u64);
+        let mut outputs = Vec::with_capacity(at.len());
+        for (&(backend, loc), bytes) in at.iter().zip(owned) {
+            outputs.push(match bytes {
+                Some(v) => Cow::Owned(v),
+                None => Cow::Borrowed(self.get(backend)?.host_bytes(loc).expect("host bytes checked above")),
+            });
+        }
         Ok(outputs)
     }
 }

@@ -94,7 +94,9 @@ pub fn plan_memory(graph: &Graph, assigned: &[Assigned], splits: &[Split]) -> Me
                 .filter(|n| graph.node(**n).srcs.contains(&c.src))
                 .map(|n| step_of[n.index()])
                 .max()
-                .unwrap_or(split_start[si]);
+                // Only the readback split's copies have no reader: the caller
+                // reads them after the last step.
+                .unwrap_or(end_of_graph);
             intervals.push(Interval {
                 backend: s.backend,
                 bytes: graph.node(c.src).nbytes(),

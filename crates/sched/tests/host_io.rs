@@ -182,9 +182,10 @@ impl Backend for Device {
     }
 }
 
-/// `out = table[ids] · w1 · w0`: the lookup and the last product on the
-/// host, the middle one on the device (`w1` lives there).
-fn run(reaches: bool) -> (usize, usize) {
+/// `out = table[ids] · w1 · w0`: the lookup on the host, the middle product
+/// on the device (`w1` lives there), and the last one where `w0` lives. When
+/// that is the device, the output is read back through the readback split.
+fn run(reaches: bool, w0_on: BackendId) -> (usize, usize) {
     let (k, rows, ids) = (8, 4, [3i32, 1, 2]);
     let table: Vec<f32> = (0..k * rows).map(|i| i as f32 * 0.5 - 3.0).collect();
     let w1: Vec<f32> = (0..k).map(|i| 1.0 + i as f32).collect();
@@ -201,7 +202,8 @@ fn run(reaches: bool) -> (usize, usize) {
     g.mark_output(o);
 
     let gpu = BackendId::cuda(0);
-    let rules = PlacementRules::parse_overrides(&["w1=CUDA0".into()], &[BackendId::CPU, gpu]).unwrap();
+    let rules =
+        PlacementRules::parse_overrides(&["w1=CUDA0".into(), format!("w0={w0_on}")], &[BackendId::CPU, gpu]).unwrap();
     let placement = Placement::new(["blk.0.table", "blk.0.w1", "blk.0.w0"], 1, &rules);
     let host = Host(Mem::default());
     let dev =
@@ -209,10 +211,11 @@ fn run(reaches: bool) -> (usize, usize) {
     let mut backends = Backends::new(vec![Box::new(host), Box::new(dev)]);
     let schedule = Schedule::new(&g, &placement, &backends);
     assert_eq!(schedule.splits.iter().map(|s| s.backend).collect::<Vec<_>>(), [BackendId::CPU, gpu, BackendId::CPU]);
+    assert_eq!(schedule.splits[2].nodes.is_empty(), w0_on == gpu, "the last split reads the output back");
 
     let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
     let mut weights = HashMap::new();
-    for (i, (w, on)) in [(&table, BackendId::CPU), (&w1, gpu), (&w0, BackendId::CPU)].into_iter().enumerate() {
+    for (i, (w, on)) in [(&table, BackendId::CPU), (&w1, gpu), (&w0, w0_on)].into_iter().enumerate() {
         let b = backends.get_mut(on).unwrap();
         let buffer = b.alloc(w.len() * 4).unwrap();
         let loc = TensorLoc { buffer, offset: 0, nbytes: w.len() * 4 };
@@ -226,10 +229,10 @@ fn run(reaches: bool) -> (usize, usize) {
     let id_bytes: Vec<u8> = ids.iter().flat_map(|x| x.to_le_bytes()).collect();
     backends.set_profiling(true);
     let out = backends.run(&g, &schedule, &leaf, &[(tokens, &id_bytes)]).unwrap();
+    let got: Vec<f32> = out[0].chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
     let (profile, _) = backends.take_profile();
     let inside: u64 = profile.copies.values().map(|c| c.in_compute).sum();
     let copies: u64 = profile.copies.values().map(|c| c.count).sum();
-    let got: Vec<f32> = out[0].chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
     let want: Vec<f32> = ids
         .iter()
         .flat_map(|&r| (0..k).map(move |i| (r as usize, i)))
@@ -241,12 +244,15 @@ fn run(reaches: bool) -> (usize, usize) {
 
 #[test]
 fn copies_inside_device_compute_land_before_the_host_reads_them() {
-    let (inside, copies) = run(true);
-    assert_eq!((inside, copies), (2, 2), "the import and the export both ran inside the device's compute");
+    for w0_on in [BackendId::CPU, BackendId::cuda(0)] {
+        let (inside, copies) = run(true, w0_on);
+        assert_eq!((inside, copies), (2, 2), "the import and the export both ran inside the device's compute");
+    }
 }
 
 #[test]
 fn without_host_reach_copies_are_transfer_calls() {
-    let (inside, copies) = run(false);
-    assert_eq!((inside, copies), (0, 2));
+    for w0_on in [BackendId::CPU, BackendId::cuda(0)] {
+        assert_eq!(run(false, w0_on), (0, 2));
+    }
 }
