@@ -101,14 +101,30 @@ pub unsafe fn attention(srcs: &[Tensor], p: &AttentionParams, out: &mut [f32], p
     let out_ptr = Out(out.as_mut_ptr());
     // Later token blocks see more of the cache: threads take tasks strided,
     // not in contiguous runs, so each gets a fair share of early and late ones.
+    // Decoding has one task per KV head, fewer than threads: the idle ones
+    // must not pay for scratch, and the busy ones reuse theirs across calls.
     pool.run(&|thread, n_threads| {
-        let mut task = Task::new(p);
-        for i in (thread..blocks * p.n_head_kv).step_by(n_threads) {
-            let (b, g) = (i / p.n_head_kv, i % p.n_head_kv);
-            let tokens = b * TOKENS..((b + 1) * TOKENS).min(n_tokens);
-            task.run(p, q, &kc, &vc, g, tokens, &out_ptr, isa);
+        let tasks = (thread..blocks * p.n_head_kv).step_by(n_threads);
+        if tasks.len() == 0 {
+            return;
         }
+        SCRATCH.with_borrow_mut(|scratch| {
+            let queries = TOKENS.min(n_tokens) * (p.n_head / p.n_head_kv);
+            let task = match scratch {
+                Some(t) if t.fits(p, queries) => t,
+                _ => scratch.insert(Task::new(p, queries)),
+            };
+            for i in tasks {
+                let (b, g) = (i / p.n_head_kv, i % p.n_head_kv);
+                let tokens = b * TOKENS..((b + 1) * TOKENS).min(n_tokens);
+                task.run(p, q, &kc, &vc, g, tokens, &out_ptr, isa);
+            }
+        });
     });
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Option<Task>> = const { std::cell::RefCell::new(None) };
 }
 
 /// Scratch of one task: per query (token of the block × head of the group)
@@ -127,9 +143,9 @@ struct Task {
 }
 
 impl Task {
-    fn new(p: &AttentionParams) -> Task {
+    /// Scratch for up to `queries` (tokens × heads of a group) at a time.
+    fn new(p: &AttentionParams, queries: usize) -> Task {
         let (group, hd) = (p.n_head / p.n_head_kv, p.head_dim);
-        let queries = TOKENS * group;
         Task {
             group,
             hd,
@@ -141,6 +157,10 @@ impl Task {
             sum: vec![0.0; queries],
             acc: vec![0.0; queries * hd],
         }
+    }
+
+    fn fits(&self, p: &AttentionParams, queries: usize) -> bool {
+        self.group == p.n_head / p.n_head_kv && self.hd == p.head_dim && self.max.len() >= queries
     }
 
     /// Folds a block of scores into query `qi`'s running softmax: turns them

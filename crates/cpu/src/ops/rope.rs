@@ -8,29 +8,118 @@ use tern_graph::{RopeMode, RopeParams};
 pub fn rope(x: &[f32], positions: &[i32], factors: Option<&[f32]>, p: &RopeParams, y: &mut [f32]) {
     y.copy_from_slice(x);
     let half = p.n_rot / 2;
-    let freqs: Vec<f64> = (0..half)
-        .map(|i| {
-            let f = (p.freq_base as f64).powf(-2.0 * i as f64 / p.n_rot as f64) * p.freq_scale as f64;
-            factors.map_or(f, |d| f / d[i] as f64)
-        })
-        .collect();
     let width = x.len() / positions.len();
-    let mut cos_sin = vec![(0.0f64, 0.0f64); half];
-    for (t, &pos) in positions.iter().enumerate() {
-        for (cs, f) in cos_sin.iter_mut().zip(&freqs) {
-            let (s, c) = (pos as f64 * f).sin_cos();
-            *cs = (c, s);
+    ANGLES.with_borrow_mut(|angles| {
+        for (t, &pos) in positions.iter().enumerate() {
+            let cos_sin = angles.at(p, factors, pos);
+            for head in y[t * width..(t + 1) * width].chunks_exact_mut(p.head_dim) {
+                for (i, &(cos, sin)) in cos_sin.iter().enumerate() {
+                    let (a, b) = match p.mode {
+                        RopeMode::Norm => (2 * i, 2 * i + 1),
+                        RopeMode::Neox => (i, i + half),
+                    };
+                    let (x0, x1) = (head[a] as f64, head[b] as f64);
+                    head[a] = (x0 * cos - x1 * sin) as f32;
+                    head[b] = (x0 * sin + x1 * cos) as f32;
+                }
+            }
         }
-        for head in y[t * width..(t + 1) * width].chunks_exact_mut(p.head_dim) {
-            for (i, &(cos, sin)) in cos_sin.iter().enumerate() {
+    });
+}
+
+/// The (cos, sin) of every pair at one position. Decoding ropes q and k of
+/// every layer at the same position, so each thread keeps the last table it
+/// computed: 2 × n_layer ropes a token cost one table of sines.
+#[derive(Default)]
+struct Angles {
+    /// (freq_base, freq_scale, n_rot) and the frequency divisors `freqs` is for.
+    params: Option<(u32, u32, usize)>,
+    factors: Vec<f32>,
+    freqs: Vec<f64>,
+    pos: Option<i32>,
+    cos_sin: Vec<(f64, f64)>,
+}
+
+thread_local! {
+    static ANGLES: std::cell::RefCell<Angles> = std::cell::RefCell::new(Angles::default());
+}
+
+impl Angles {
+    fn at(&mut self, p: &RopeParams, factors: Option<&[f32]>, pos: i32) -> &[(f64, f64)] {
+        let params = (p.freq_base.to_bits(), p.freq_scale.to_bits(), p.n_rot);
+        if self.params != Some(params) || self.factors != factors.unwrap_or_default() {
+            self.freqs = (0..p.n_rot / 2)
+                .map(|i| {
+                    let f = (p.freq_base as f64).powf(-2.0 * i as f64 / p.n_rot as f64) * p.freq_scale as f64;
+                    factors.map_or(f, |d| f / d[i] as f64)
+                })
+                .collect();
+            self.params = Some(params);
+            self.factors = factors.unwrap_or_default().to_vec();
+            self.pos = None;
+        }
+        if self.pos != Some(pos) {
+            self.cos_sin.clear();
+            self.cos_sin.extend(self.freqs.iter().map(|f| {
+                let (s, c) = (pos as f64 * f).sin_cos();
+                (c, s)
+            }));
+            self.pos = Some(pos);
+        }
+        &self.cos_sin
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Pair `i` of one head rotated by the angle computed from scratch.
+    fn direct(x: &[f32], pos: i32, factors: Option<&[f32]>, p: &RopeParams) -> Vec<f32> {
+        let mut y = x.to_vec();
+        let half = p.n_rot / 2;
+        for head in y.chunks_exact_mut(p.head_dim) {
+            for i in 0..half {
+                let mut f = (p.freq_base as f64).powf(-2.0 * i as f64 / p.n_rot as f64) * p.freq_scale as f64;
+                if let Some(d) = factors {
+                    f /= d[i] as f64;
+                }
+                let (s, c) = (pos as f64 * f).sin_cos();
                 let (a, b) = match p.mode {
                     RopeMode::Norm => (2 * i, 2 * i + 1),
                     RopeMode::Neox => (i, i + half),
                 };
                 let (x0, x1) = (head[a] as f64, head[b] as f64);
-                head[a] = (x0 * cos - x1 * sin) as f32;
-                head[b] = (x0 * sin + x1 * cos) as f32;
+                head[a] = (x0 * c - x1 * s) as f32;
+                head[b] = (x0 * s + x1 * c) as f32;
             }
+        }
+        y
+    }
+
+    /// The per-thread table must follow every change of position, params and
+    /// frequency factors (two models in one thread, one after the other).
+    #[test]
+    fn cached_angles_follow_params_factors_and_positions() {
+        let a = RopeParams { mode: RopeMode::Norm, n_rot: 16, head_dim: 16, freq_base: 10000.0, freq_scale: 1.0 };
+        let b = RopeParams { mode: RopeMode::Neox, n_rot: 8, head_dim: 16, freq_base: 500000.0, freq_scale: 0.5 };
+        let f1: Vec<f32> = (0..8).map(|i| 1.0 + i as f32).collect();
+        let f2: Vec<f32> = (0..8).map(|i| 8.0 - i as f32 * 0.5).collect();
+        let x: Vec<f32> = (0..48).map(|i| ((i * 37) % 11) as f32 - 5.0).collect();
+        let cases: [(&RopeParams, Option<&[f32]>, i32); 8] = [
+            (&a, None, 3),
+            (&a, None, 3),
+            (&a, None, 4),
+            (&b, None, 4),
+            (&a, Some(&f1), 4),
+            (&a, Some(&f2), 4),
+            (&a, None, 4),
+            (&b, Some(&f1[..4]), 9),
+        ];
+        for (p, factors, pos) in cases {
+            let mut y = vec![0.0; x.len()];
+            rope(&x, &[pos], factors, p, &mut y);
+            assert_eq!(y, direct(&x, pos, factors, p), "{p:?} {factors:?} pos {pos}");
         }
     }
 }
