@@ -89,6 +89,23 @@ unsafe impl Sync for Out {}
 /// # Safety
 /// `srcs[3..5]` are the layer's caches, not aliased by any other view in use.
 pub unsafe fn attention(srcs: &[Tensor], p: &AttentionParams, out: &mut [f32], pool: &Pool, isa: Isa) {
+    let n_tokens = srcs[0].node.ne[1];
+    // Decoding has one task per KV head, few and uneven against the threads:
+    // each is then cut along the cache into parts (up to one per thread, of
+    // whole position blocks) that run at once, and the parts' softmax states
+    // are merged after (flash-decoding). No work is repeated across parts.
+    let cache_blocks = (p.kv_pos + n_tokens).div_ceil(POSITIONS);
+    let threads = pool.threads();
+    let parts = if n_tokens <= TOKENS && threads > 1 { cache_blocks.min(threads) } else { 1 };
+    attention_in_parts(srcs, p, out, pool, isa, parts);
+}
+
+/// [`attention`] with each task's cache cut into `parts` (1 for batches of
+/// more than one token block).
+///
+/// # Safety
+/// As [`attention`].
+unsafe fn attention_in_parts(srcs: &[Tensor], p: &AttentionParams, out: &mut [f32], pool: &Pool, isa: Isa, parts: usize) {
     let (q, k, v) = (srcs[0].f32(), srcs[1].f32(), srcs[2].f32());
     let (kc, vc) = (Cache::new(&srcs[3]), Cache::new(&srcs[4]));
     let kv_width = p.head_dim * p.n_head_kv;
@@ -98,29 +115,91 @@ pub unsafe fn attention(srcs: &[Tensor], p: &AttentionParams, out: &mut [f32], p
         vc.store(p.kv_pos + t, &v[t * kv_width..(t + 1) * kv_width]);
     }
     let blocks = n_tokens.div_ceil(TOKENS);
-    let out_ptr = Out(out.as_mut_ptr());
+    assert!(parts == 1 || blocks == 1, "only one block of tokens is split along the cache");
+    let group = p.n_head / p.n_head_kv;
+    let queries = TOKENS.min(n_tokens) * group;
+    // Each part covers whole position blocks.
+    let per_part = (p.kv_pos + n_tokens).div_ceil(POSITIONS).div_ceil(parts) * POSITIONS;
+    let mut partials = vec![0f32; if parts > 1 { p.n_head_kv * parts * queries * Partial::len(p) } else { 0 }];
+    let sink = match parts {
+        1 => Sink::Out(Out(out.as_mut_ptr())),
+        _ => Sink::Partials(Out(partials.as_mut_ptr())),
+    };
     // Later token blocks see more of the cache: threads take tasks strided,
     // not in contiguous runs, so each gets a fair share of early and late ones.
-    // Decoding has one task per KV head, fewer than threads: the idle ones
-    // must not pay for scratch, and the busy ones reuse theirs across calls.
+    // Threads without a task must not pay for scratch, and the busy ones
+    // reuse theirs across calls.
     pool.run(&|thread, n_threads| {
-        let tasks = (thread..blocks * p.n_head_kv).step_by(n_threads);
+        let tasks = (thread..blocks * p.n_head_kv * parts).step_by(n_threads);
         if tasks.len() == 0 {
             return;
         }
         SCRATCH.with_borrow_mut(|scratch| {
-            let queries = TOKENS.min(n_tokens) * (p.n_head / p.n_head_kv);
             let task = match scratch {
                 Some(t) if t.fits(p, queries) => t,
                 _ => scratch.insert(Task::new(p, queries)),
             };
             for i in tasks {
-                let (b, g) = (i / p.n_head_kv, i % p.n_head_kv);
+                let (b, g, part) = (i / (p.n_head_kv * parts), i / parts % p.n_head_kv, i % parts);
                 let tokens = b * TOKENS..((b + 1) * TOKENS).min(n_tokens);
-                task.run(p, q, &kc, &vc, g, tokens, &out_ptr, isa);
+                task.run(p, q, &kc, &vc, g, tokens.clone(), part * per_part..(part + 1) * per_part, isa);
+                match &sink {
+                    Sink::Out(o) => task.write_out(p, g, tokens, o),
+                    Sink::Partials(o) => task.write_partial(p, tokens.len() * group, o, (g * parts + part) * queries),
+                }
             }
         });
     });
+    if parts > 1 {
+        merge_parts(&partials, p, parts, n_tokens, queries, out);
+    }
+}
+
+/// Where a task's results go: normalised into the output, or as a part's
+/// softmax state into `partials`.
+enum Sink {
+    Out(Out),
+    Partials(Out),
+}
+
+/// One query's softmax state over part of the cache: running max, running
+/// sum, then the unnormalised accumulator (`head_dim`).
+struct Partial;
+
+impl Partial {
+    fn len(p: &AttentionParams) -> usize {
+        2 + p.head_dim
+    }
+}
+
+/// Out = Σ_parts acc·e^(max − M) / Σ_parts sum·e^(max − M), M the largest max.
+/// A part that saw no position of a query has max −∞ and weighs nothing;
+/// position 0 is in the first part and visible to every query.
+fn merge_parts(partials: &[f32], p: &AttentionParams, parts: usize, n_tokens: usize, queries: usize, out: &mut [f32]) {
+    let (group, hd, len) = (p.n_head / p.n_head_kv, p.head_dim, Partial::len(p));
+    let width = hd * p.n_head;
+    for g in 0..p.n_head_kv {
+        for t in 0..n_tokens {
+            for h in 0..group {
+                let qi = t * group + h;
+                let state = |part: usize| &partials[((g * parts + part) * queries + qi) * len..][..len];
+                let m = (0..parts).map(|part| state(part)[0]).fold(f32::NEG_INFINITY, f32::max);
+                let o = &mut out[t * width + (g * group + h) * hd..][..hd];
+                o.fill(0.0);
+                let mut sum = 0.0;
+                for part in 0..parts {
+                    let st = state(part);
+                    let w = (st[0] - m).exp();
+                    sum += st[1] * w;
+                    for (o, a) in o.iter_mut().zip(&st[2..]) {
+                        *o += a * w;
+                    }
+                }
+                let inv = 1.0 / sum;
+                o.iter_mut().for_each(|x| *x *= inv);
+            }
+        }
+    }
 }
 
 thread_local! {
@@ -183,7 +262,7 @@ impl Task {
         vc: &Cache,
         g: usize,
         tokens: std::ops::Range<usize>,
-        out: &Out,
+        positions: std::ops::Range<usize>,
         isa: Isa,
     ) {
         let (group, hd) = (self.group, self.hd);
@@ -193,8 +272,8 @@ impl Task {
         self.sum[..n_q].fill(0.0);
         self.acc[..n_q * hd].fill(0.0);
         // The last token of the block sees the most positions.
-        let end = p.kv_pos + tokens.end;
-        for start in (0..end).step_by(POSITIONS) {
+        let end = (p.kv_pos + tokens.end).min(positions.end);
+        for start in (positions.start..end).step_by(POSITIONS) {
             let n_pos = POSITIONS.min(end - start);
             for j in 0..n_pos {
                 kc.load(start + j, g * hd, &mut self.krows[j * hd..(j + 1) * hd]);
@@ -248,6 +327,12 @@ impl Task {
                 }
             }
         }
+    }
+
+    /// The normalised outputs of `tokens` for the heads of group `g`.
+    fn write_out(&self, p: &AttentionParams, g: usize, tokens: std::ops::Range<usize>, out: &Out) {
+        let (group, hd) = (self.group, self.hd);
+        let width = hd * p.n_head;
         for (ti, t) in tokens.enumerate() {
             for h in 0..group {
                 let qi = ti * group + h;
@@ -257,6 +342,95 @@ impl Task {
                 for (o, a) in o.iter_mut().zip(&self.acc[qi * hd..(qi + 1) * hd]) {
                     *o = a * inv;
                 }
+            }
+        }
+    }
+
+    /// The softmax states of the first `n_q` queries, at query slot `first`
+    /// of `partials`.
+    fn write_partial(&self, p: &AttentionParams, n_q: usize, partials: &Out, first: usize) {
+        let (hd, len) = (self.hd, Partial::len(p));
+        for qi in 0..n_q {
+            // SAFETY: slots first.. belong to this (KV head, part) task alone.
+            let st = unsafe { std::slice::from_raw_parts_mut(partials.0.add((first + qi) * len), len) };
+            st[0] = self.max[qi];
+            st[1] = self.sum[qi];
+            st[2..].copy_from_slice(&self.acc[qi * hd..(qi + 1) * hd]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tern_graph::Node;
+
+    fn node(ne0: usize, ne1: usize, dtype: DType) -> Node {
+        Node { op: tern_graph::Op::Add, srcs: Vec::new(), ne: [ne0, ne1, 1, 1], dtype, label: None }
+    }
+
+    /// Uniform in [-1, 1), from a fixed linear congruential sequence.
+    fn random(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (0..n)
+            .map(|_| {
+                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+            })
+            .collect()
+    }
+
+    /// Runs one attention call over caches whose first `kv_pos` rows hold
+    /// random keys and values, cut into `parts`.
+    fn run(p: &AttentionParams, n_tokens: usize, cache: GgmlType, parts: usize) -> Vec<f32> {
+        let (kv_width, n_ctx) = (p.head_dim * p.n_head_kv, p.kv_pos + n_tokens + 7);
+        let nodes = [
+            node(p.head_dim * p.n_head, n_tokens, DType::F32),
+            node(kv_width, n_tokens, DType::F32),
+            node(kv_width, n_ctx, DType::Ggml(cache)),
+        ];
+        let mut q = random(p.head_dim * p.n_head * n_tokens, 1);
+        let (mut k, mut v) = (random(kv_width * n_tokens, 2), random(kv_width * n_tokens, 3));
+        let row_bytes = cache.row_bytes(kv_width as u64).unwrap() as usize;
+        let mut caches = [vec![0u8; row_bytes * n_ctx], vec![0u8; row_bytes * n_ctx]];
+        for (i, c) in caches.iter_mut().enumerate() {
+            let cc = Cache { ptr: c.as_mut_ptr(), ty: cache, width: kv_width, row_bytes };
+            for (row, vals) in random(kv_width * p.kv_pos, 10 + i as u64).chunks_exact(kv_width).enumerate() {
+                // SAFETY: row < n_ctx; nothing else reads the cache yet.
+                unsafe { cc.store(row, vals) };
+            }
+        }
+        let [kc, vc] = &mut caches;
+        let srcs = [
+            Tensor { ptr: q.as_mut_ptr() as *mut u8, node: &nodes[0], packed: None },
+            Tensor { ptr: k.as_mut_ptr() as *mut u8, node: &nodes[1], packed: None },
+            Tensor { ptr: v.as_mut_ptr() as *mut u8, node: &nodes[1], packed: None },
+            Tensor { ptr: kc.as_mut_ptr(), node: &nodes[2], packed: None },
+            Tensor { ptr: vc.as_mut_ptr(), node: &nodes[2], packed: None },
+        ];
+        let mut out = vec![f32::NAN; p.head_dim * p.n_head * n_tokens];
+        // SAFETY: the caches are only viewed through `srcs`.
+        unsafe { attention_in_parts(&srcs, p, &mut out, &Pool::new(3), crate::isa::active(), parts) };
+        out
+    }
+
+    /// Cutting the cache into parts and merging their softmax states gives
+    /// the single pass's result within float rounding (1e-5 of the largest
+    /// output), including parts that see no position of some query, caches
+    /// of odd lengths, and f16 rows.
+    #[test]
+    fn parts_along_the_cache_merge_to_the_single_pass() {
+        for (kv_pos, n_tokens, cache) in
+            [(0, 1, GgmlType::F32), (5, 1, GgmlType::F32), (200, 1, GgmlType::F16), (130, 3, GgmlType::F32)]
+        {
+            let p = AttentionParams { layer: 0, n_head: 8, n_head_kv: 2, head_dim: 64, scale: 0.125, kv_pos };
+            let whole = run(&p, n_tokens, cache, 1);
+            assert!(whole.iter().all(|x| x.is_finite()));
+            let bound = 1e-5 * whole.iter().fold(0f32, |m, x| m.max(x.abs()));
+            for parts in [2, 3, 5] {
+                let cut = run(&p, n_tokens, cache, parts);
+                let err = whole.iter().zip(&cut).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+                assert!(err <= bound, "kv_pos {kv_pos}, {n_tokens} tokens, {cache}, {parts} parts: |Δ| {err} > {bound}");
             }
         }
     }
