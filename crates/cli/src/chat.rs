@@ -31,7 +31,7 @@ pub struct Args {
 
 /// How each typed line becomes tokens.
 enum Mode {
-    Template { template: ChatTemplate, messages: Vec<Message> },
+    Template { template: Box<ChatTemplate>, messages: Vec<Message> },
     Continue,
 }
 
@@ -43,7 +43,7 @@ pub fn main(a: Args) -> Result<(), CliError> {
     let mut mode = match template {
         Some(template) => {
             let messages = a.system.iter().map(|s| Message::new("system", s)).collect();
-            Mode::Template { template, messages }
+            Mode::Template { template: Box::new(template), messages }
         }
         None => Mode::Continue,
     };

@@ -6,6 +6,7 @@
 //! - class f (float weights): mean KL(peer ‖ tern) ≤ 2e-4 nat, max |Δlogit| ≤ 0.1
 //!   against the peer, and max |Δ| ≤ 1e-3 against float64;
 //! - class q (quantized weights): mean KL ≤ 5e-3 nat and the same top-1 on ≥ 85% of rows.
+//!
 //! A missing fixture fails; nothing is skipped except class moe (MoE is a later issue).
 
 use std::path::{Path, PathBuf};

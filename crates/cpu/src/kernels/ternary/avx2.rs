@@ -112,8 +112,8 @@ unsafe fn tile_bits2<const RR: usize, const TT: usize>(
                 }
                 for t in 0..TT {
                     let a = _mm256_load_si256(acts.q(t0 + t).as_ptr().add(256 * c + 64 * i + 32 * h) as *const _);
-                    for r in 0..RR {
-                        acc[r][t] = dot_acc(acc[r][t], codes[r], a, ones);
+                    for (row, &code) in acc.iter_mut().zip(&codes) {
+                        row[t] = dot_acc(row[t], code, a, ones);
                     }
                 }
             }
@@ -152,8 +152,8 @@ unsafe fn tile_base3<const RR: usize, const TT: usize>(
                 }
                 for t in 0..TT {
                     let a = _mm256_load_si256(acts.q(t0 + t).as_ptr().add(320 * c + 64 * i + 32 * h) as *const _);
-                    for r in 0..RR {
-                        acc[r][t] = dot_acc(acc[r][t], codes[r], a, ones);
+                    for (row, &code) in acc.iter_mut().zip(&codes) {
+                        row[t] = dot_acc(row[t], code, a, ones);
                     }
                 }
             }
