@@ -402,7 +402,12 @@ impl Lower<'_> {
         let d = self.take(rows * 4);
         let lsum = self.take(rows * (k_pad / 64) * 4);
         // The row is staged in shared memory (opted in past 48 KiB at load).
-        let l = Launch::new(Kernel::NormQuant, (rows as u32, 1, 1), 1024)
+        // One token's row is a chain of dependent phases (load, two block
+        // reductions, stores): a lone token runs it fastest on 1024 threads,
+        // while a prompt's rows run best four times as many at once, 256
+        // threads each.
+        let threads = if rows >= 64 { 256 } else { 1024 };
+        let l = Launch::new(Kernel::NormQuant, (rows as u32, 1, 1), threads)
             .smem(ne0 * 4)
             .ptr(x)
             .ptr(w)
