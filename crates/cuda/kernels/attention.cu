@@ -227,8 +227,9 @@ extern "C" __global__ void attention(const float* q, const u8* kc, const u8* vc,
 // block = (KV head, 16 query tokens), one warp per query head of the group.
 // Per 32-key tile: S = Q·Kᵀ with m16n8k16 f16 MMAs (f32 accumulate), the
 // causal mask and online softmax on the S fragments, which are repacked in
-// registers as the A operand of O += P·V. K tiles are staged row-major and V
-// tiles transposed, both padded so the fragment loads hit distinct banks.
+// registers as the A operand of O += P·V. K and V tiles are staged row-major
+// as they are in the cache (16-byte copies), padded so the fragment loads hit
+// distinct banks; V's fragments come transposed by `ldmatrix.trans`.
 // grid: (n_head_kv, ceil(n_tok / 16)), block: 32 * G (G ≤ 8); head_dim a
 // multiple of 16, at most 128; positions ascend within the batch.
 #define FA_BQ 16
@@ -249,13 +250,21 @@ __device__ __forceinline__ void mma_f16(float* c, const u32* a, u32 b0, u32 b1) 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// The m16n8k16 B fragment of rows k0..k0+15 (keys) of a row-major tile at
+// column n0 (8 dims): b0 holds keys 2·tig, 2·tig+1 of dim g, b1 the same 8
+// keys on. Threads 0..15 give the addresses of the 16 rows.
+__device__ __forceinline__ void ldsm_x2_trans(u32& b0, u32& b1, const u16* row) {
+    u32 a = (u32)__cvta_generic_to_shared(row);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];" : "=r"(b0), "=r"(b1) : "r"(a));
+}
+
 extern "C" __global__ void __launch_bounds__(256) flash_attn(const float* q, const u16* kc, const u16* vc,
                                                             const int* pos, float* out, int n_tok, int n_head,
                                                             int n_head_kv, int head_dim, float scale) {
     extern __shared__ __align__(16) u16 sm[];
-    const int KS = head_dim + 8, VS = FA_BK + 8;
+    const int KS = head_dim + 8;
     u16* ks = sm;
-    u16* vt = sm + FA_BK * KS;
+    u16* vs = sm + FA_BK * KS;
     pdl_wait();
     pdl_launch();
     int kvh = blockIdx.x, t0 = blockIdx.y * FA_BQ;
@@ -297,9 +306,7 @@ extern "C" __global__ void __launch_bounds__(256) flash_attn(const float* q, con
                 vv = *(const uint4*)(vc + (u64)(kb + key) * row + off + c * 8);
             }
             *(uint4*)(ks + key * KS + c * 8) = kv;
-            const u32 vw[4] = {vv.x, vv.y, vv.z, vv.w};
-#pragma unroll
-            for (int e = 0; e < 8; ++e) vt[(c * 8 + e) * VS + key] = (u16)(vw[e >> 1] >> (16 * (e & 1)));
+            *(uint4*)(vs + key * KS + c * 8) = vv;
         }
         __syncthreads();
         float s[4][4];
@@ -366,8 +373,9 @@ extern "C" __global__ void __launch_bounds__(256) flash_attn(const float* q, con
 #pragma unroll
             for (int n = 0; n < FA_MAXD / 8; ++n) {
                 if (n >= nnt) break;
-                const u16* vr = vt + (n * 8 + g) * VS + sl * 16 + tig * 2;
-                mma_f16(o[n], pf[sl], *(const u32*)vr, *(const u32*)(vr + 8));
+                u32 b0, b1;
+                ldsm_x2_trans(b0, b1, vs + (sl * 16 + (lane & 15)) * KS + n * 8);
+                mma_f16(o[n], pf[sl], b0, b1);
             }
     }
     float ia = 1.0f / la, ib = 1.0f / lb;
