@@ -258,13 +258,20 @@ __device__ __forceinline__ void ldsm_x2_trans(u32& b0, u32& b1, const u16* row) 
     asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];" : "=r"(b0), "=r"(b1) : "r"(a));
 }
 
+// A 16-byte copy from global to shared memory that does not wait for its
+// data (sm_80+); `bytes` 0 fills the destination with zeros.
+__device__ __forceinline__ void cp_async16(u16* dst, const u16* src, int bytes) {
+    u32 d = (u32)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(bytes));
+}
+
 extern "C" __global__ void __launch_bounds__(256) flash_attn(const float* q, const u16* kc, const u16* vc,
                                                             const int* pos, float* out, int n_tok, int n_head,
                                                             int n_head_kv, int head_dim, float scale) {
     extern __shared__ __align__(16) u16 sm[];
-    const int KS = head_dim + 8;
-    u16* ks = sm;
-    u16* vs = sm + FA_BK * KS;
+    // Two buffers of a K tile and a V tile: the next tile's copies are in
+    // flight while the current one is multiplied.
+    const int KS = head_dim + 8, TILE = FA_BK * KS;
     pdl_wait();
     pdl_launch();
     int kvh = blockIdx.x, t0 = blockIdx.y * FA_BQ;
@@ -295,18 +302,30 @@ extern "C" __global__ void __launch_bounds__(256) flash_attn(const float* q, con
     for (int n = 0; n < FA_MAXD / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     float ma = -INFINITY, mb = -INFINITY, la = 0.0f, lb = 0.0f;
 
-    for (int kb = 0; kb <= pmax; kb += FA_BK) {
-        __syncthreads();
+    // Keys past pmax are zero-filled; their scores are masked below.
+    auto load_tile = [&](int kb, u16* ks, u16* vs) {
         int per_row = head_dim / 8;
         for (int idx = threadIdx.x; idx < FA_BK * per_row; idx += blockDim.x) {
             int key = idx / per_row, c = idx % per_row;
-            uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
-            if (kb + key <= pmax) {
-                kv = *(const uint4*)(kc + (u64)(kb + key) * row + off + c * 8);
-                vv = *(const uint4*)(vc + (u64)(kb + key) * row + off + c * 8);
-            }
-            *(uint4*)(ks + key * KS + c * 8) = kv;
-            *(uint4*)(vs + key * KS + c * 8) = vv;
+            bool in = kb + key <= pmax;
+            u64 at = (u64)(in ? kb + key : 0) * row + off + c * 8;
+            cp_async16(ks + key * KS + c * 8, kc + at, in ? 16 : 0);
+            cp_async16(vs + key * KS + c * 8, vc + at, in ? 16 : 0);
+        }
+        asm volatile("cp.async.commit_group;");
+    };
+    load_tile(0, sm, sm + TILE);
+    for (int kb = 0; kb <= pmax; kb += FA_BK) {
+        int cur = (kb / FA_BK) & 1;
+        const u16* ks = sm + cur * 2 * TILE;
+        const u16* vs = ks + TILE;
+        // The other buffer was last read in the previous tile, which every
+        // warp finished before that tile's closing barrier.
+        if (kb + FA_BK <= pmax) {
+            load_tile(kb + FA_BK, sm + (cur ^ 1) * 2 * TILE, sm + (cur ^ 1) * 2 * TILE + TILE);
+            asm volatile("cp.async.wait_group 1;" ::: "memory");
+        } else {
+            asm volatile("cp.async.wait_group 0;" ::: "memory");
         }
         __syncthreads();
         float s[4][4];
@@ -377,6 +396,7 @@ extern "C" __global__ void __launch_bounds__(256) flash_attn(const float* q, con
                 ldsm_x2_trans(b0, b1, vs + (sl * 16 + (lane & 15)) * KS + n * 8);
                 mma_f16(o[n], pf[sl], b0, b1);
             }
+        __syncthreads();
     }
     float ia = 1.0f / la, ib = 1.0f / lb;
     float* oa = out + ((u64)ta * n_head + h) * head_dim;

@@ -652,8 +652,8 @@ impl Lower<'_> {
             && p.head_dim <= 128
             && group <= 8;
         if tensor_cores {
-            // K and V tiles of 32 keys, rows padded by 8 halves.
-            let smem = 2 * 32 * (p.head_dim + 8) * 2;
+            // Two buffers of K and V tiles of 32 keys, rows padded by 8 halves.
+            let smem = 2 * 2 * 32 * (p.head_dim + 8) * 2;
             let l =
                 Launch::new(Kernel::FlashAttn, (p.n_head_kv as u32, n_tok.div_ceil(16) as u32, 1), 32 * group as u32)
                     .smem(smem)
