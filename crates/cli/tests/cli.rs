@@ -18,10 +18,25 @@ fn model(name: &str) -> String {
     models().join(name).display().to_string()
 }
 
-fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("tern-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
+/// A test's own directory, removed with everything in it when dropped.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(test: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("tern-cli-{}-{test}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+
+    fn file(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 fn ok(out: &Output) -> String {
@@ -54,6 +69,7 @@ fn same_ternary_tensors(ours: &Path, theirs: &Path) -> usize {
 
 #[test]
 fn quantize_reproduces_the_peers_ternary_files() {
+    let dir = Scratch::new("quantize_reproduces_the_peers_ternary_files");
     let cases = [
         ("b158-e512-f16.gguf", "IQ2_BN", "b158-e512-iq2_bn.gguf"),
         ("b158-e512-f16.gguf", "IQ1_BN", "b158-e512-iq1_bn.gguf"),
@@ -62,7 +78,7 @@ fn quantize_reproduces_the_peers_ternary_files() {
         ("bitnet-e256-f16.gguf", "TQ1_0", "bitnet-e256-tq1_0.gguf"),
     ];
     for (src, ty, peer) in cases {
-        let out = tmp(&format!("{ty}-{src}"));
+        let out = dir.file(&format!("{ty}-{src}"));
         ok(&tern(&["quantize", &model(src), out.to_str().unwrap(), ty, "--token-embedding-type", "q4_0"]));
         let n = same_ternary_tensors(&out, &models().join(peer));
         assert_eq!(n, 15, "{peer}: 14 ternary tensors + token_embd");
@@ -71,9 +87,10 @@ fn quantize_reproduces_the_peers_ternary_files() {
 
 #[test]
 fn i2s_model_runs_within_the_quantized_bounds() {
+    let dir = Scratch::new("i2s_model_runs_within_the_quantized_bounds");
     // No peer computes with I2_S; its logits must stay as close to the F16
     // golden as the other ternary formats (class q: top-1 ≥ 85%).
-    let out = tmp("b158-i2s.gguf");
+    let out = dir.file("b158-i2s.gguf");
     ok(&tern(&[
         "quantize",
         &model("b158-e512-f16.gguf"),
@@ -84,7 +101,7 @@ fn i2s_model_runs_within_the_quantized_bounds() {
     ]));
     let f = File::open(&out).unwrap();
     assert_eq!(f.tensor("blk.0.attn_q.weight").unwrap().ty, tern_gguf::GgmlType::I2_S);
-    let npy = tmp("i2s.npy");
+    let npy = dir.file("i2s.npy");
     let ids = "510,296,387,388,44,322,361,380,295,301,440";
     let stdout = ok(&tern(&[
         "eval",
@@ -108,7 +125,8 @@ fn i2s_model_runs_within_the_quantized_bounds() {
 
 #[test]
 fn eval_writes_the_contract_shape_and_ids() {
-    let npy = tmp("eval.npy");
+    let dir = Scratch::new("eval_writes_the_contract_shape_and_ids");
+    let npy = dir.file("eval.npy");
     let stdout = ok(&tern(&[
         "eval",
         "-m",
@@ -135,8 +153,9 @@ fn info_lists_tensors_and_the_plan() {
 
 #[test]
 fn bad_inputs_give_one_error_line() {
+    let dir = Scratch::new("bad_inputs_give_one_error_line");
     let m = model("llama-e256-q8_0.gguf");
-    let npy = tmp("bad.npy");
+    let npy = dir.file("bad.npy");
     let npy = npy.to_str().unwrap();
     fails_cleanly(&tern(&["info", "-m", "/nonexistent/model.gguf"]));
     fails_cleanly(&tern(&["run", "-m", &model("MD5SUMS"), "-p", "x"]));
@@ -148,12 +167,12 @@ fn bad_inputs_give_one_error_line() {
     fails_cleanly(&tern(&["run", "-m", &m, "-p", "x", "-ot", "ffn(=CPU"]));
     let err = fails_cleanly(&tern(&["run", "-m", &m, "-p", "x", "-ot", "ffn=CUDA0"]));
     assert!(err.contains("valid backends: CPU"), "{err}");
-    let out = tmp("never.gguf");
+    let out = dir.file("never.gguf");
     let err = fails_cleanly(&tern(&["quantize", &m, out.to_str().unwrap(), "Q3_XYZ"]));
     assert!(err.contains("valid types"), "{err}");
     assert!(!out.exists());
     // A truncated model: no panic, no output left behind.
-    let cut = tmp("cut.gguf");
+    let cut = dir.file("cut.gguf");
     let bytes = std::fs::read(&m).unwrap();
     std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
     fails_cleanly(&tern(&["eval", "-m", cut.to_str().unwrap(), "--tokens", "1", "--logits-out", npy]));

@@ -51,9 +51,8 @@ fn max_diff_vs_ref64(model: &Path, golden: &str) -> f64 {
 }
 
 fn check(src: &str, arch: &str, activation: Option<&str>, golden: &str) -> f64 {
-    let dir = std::env::temp_dir().join(format!("tern-arch-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let out = dir.join(format!("{arch}-{}-{}", activation.unwrap_or("none"), src));
+    let name = format!("tern-arch-{}-{arch}-{}-{src}", std::process::id(), activation.unwrap_or("none"));
+    let out = std::env::temp_dir().join(name);
     rewrite(src, arch, activation, &out);
     let d = max_diff_vs_ref64(&out, golden);
     std::fs::remove_file(&out).unwrap();
