@@ -280,11 +280,17 @@ impl Task {
                 vc.load(start + j, g * hd, &mut self.vrows[j * hd..(j + 1) * hd]);
             }
             // Scores then run along positions: one broadcast of q[d] feeds a
-            // whole vector of positions, with no horizontal sums.
-            self.kt.fill(0.0);
-            for j in 0..n_pos {
-                for d in 0..hd {
-                    self.kt[d * POSITIONS + j] = self.krows[j * hd + d];
+            // whole vector of positions, with no horizontal sums. One token's
+            // grouped heads read the key rows as they are instead: for them
+            // the transposed copy would cost more than the scores.
+            let grouped = group / vec::HEADS * vec::HEADS;
+            let rows_only = tokens.len() == 1 && grouped == group;
+            if !rows_only {
+                self.kt.fill(0.0);
+                for j in 0..n_pos {
+                    for d in 0..hd {
+                        self.kt[d * POSITIONS + j] = self.krows[j * hd + d];
+                    }
                 }
             }
             for (ti, t) in tokens.clone().enumerate() {
@@ -295,17 +301,15 @@ impl Task {
                 }
                 let qv = |h: usize| &q[t * width + (g * group + h) * hd..][..hd];
                 // Whole groups of HEADS heads share each K and V load; the rest go one by one.
-                let grouped = group / vec::HEADS * vec::HEADS;
                 for h0 in (0..grouped).step_by(vec::HEADS) {
                     let qi0 = ti * group + h0;
                     let mut scores = [[0f32; POSITIONS]; vec::HEADS];
-                    vec::scores_transposed_heads(
-                        std::array::from_fn(|i| qv(h0 + i)),
-                        &self.kt,
-                        p.scale,
-                        &mut scores,
-                        isa,
-                    );
+                    let qs = std::array::from_fn(|i| qv(h0 + i));
+                    if rows_only {
+                        vec::scores_rows_heads(qs, &self.krows[..n_pos * hd], p.scale, &mut scores, isa);
+                    } else {
+                        vec::scores_transposed_heads(qs, &self.kt, p.scale, &mut scores, isa);
+                    }
                     let mut rescale = [0f32; vec::HEADS];
                     for (i, sc) in scores.iter_mut().enumerate() {
                         rescale[i] = self.online_softmax(qi0 + i, &mut sc[..visible], isa);
