@@ -8,7 +8,7 @@ use tern_backend::{BufferId, HostIo, HostSpan, Result, TensorLoc};
 use tern_graph::{Graph, NodeId, Op};
 
 use crate::kernels::Kernel;
-use crate::launch::{Arg, Launch};
+use crate::launch::{Arg, Launch, Step};
 use crate::CudaBackend;
 
 /// A pinned host range, the device's address of it, and the buffer that
@@ -52,19 +52,18 @@ impl CudaBackend {
         self.pinned.iter().find_map(|p| p.dev_addr(span))
     }
 
-    /// A copy between device memory and mapped host memory as an entry of a
-    /// launch list, so that it can be captured with a split's kernels.
-    pub(crate) fn copy_launch(&self, dir: Dir, src: u64, dst: u64, bytes: usize) -> Launch {
+    /// A copy between device memory and mapped host memory as a step of a
+    /// plan, so that it can be captured with a split's kernels.
+    pub(crate) fn copy_step(&self, dir: Dir, src: u64, dst: u64, bytes: usize) -> Step {
         let words = (src | dst | bytes as u64).is_multiple_of(16);
-        // Serial: the copy must see its producer finished, and its consumer
-        // may not overwrite what it reads.
         if dir == Dir::ToHost && words && bytes <= KERNEL_EXPORT_MAX {
             let n16 = bytes / 16;
-            // One 16-byte word per thread.
+            // One 16-byte word per thread. Serial: the copy must see its
+            // producer finished, and its consumer may not overwrite what it reads.
             let grid = (n16.div_ceil(256).max(1) as u32, 1, 1);
-            return Launch::new(Kernel::HostWrite, grid, 256).ptr(src).ptr(dst).u64(n16 as u64).serial();
+            return Step::Kernel(Launch::new(Kernel::HostWrite, grid, 256).ptr(src).ptr(dst).u64(n16 as u64).serial());
         }
-        Launch::new(Kernel::DmaCopy, (1, 1, 1), 1).ptr(src).ptr(dst).u64(bytes as u64).serial()
+        Step::Dma { src, dst, bytes }
     }
 
     /// Whether a split's copies to and from these host bytes can be part of
@@ -73,18 +72,18 @@ impl CudaBackend {
         self.zero_copy && self.pinned_addr(span).is_some()
     }
 
-    /// The launches of `io`'s imports and exports, in that order.
-    pub(crate) fn io_launches(&self, io: &HostIo) -> Result<(Vec<Launch>, Vec<Launch>)> {
+    /// The steps of `io`'s imports and exports, in that order.
+    pub(crate) fn io_steps(&self, io: &HostIo) -> Result<(Vec<Step>, Vec<Step>)> {
         let bad = |what: &str| self.dev_err(format!("{what} copy outside pinned host memory"));
         let mut imports = Vec::with_capacity(io.imports.len());
         for &(span, loc) in &io.imports {
             let (src, dst) = (self.pinned_addr(span).ok_or_else(|| bad("import"))?, self.loc_ptr(loc)?);
-            imports.push(self.copy_launch(Dir::ToDevice, src, dst, span.len));
+            imports.push(self.copy_step(Dir::ToDevice, src, dst, span.len));
         }
         let mut exports = Vec::with_capacity(io.exports.len());
         for &(loc, span) in &io.exports {
             let (src, dst) = (self.loc_ptr(loc)?, self.pinned_addr(span).ok_or_else(|| bad("export"))?);
-            exports.push(self.copy_launch(Dir::ToHost, src, dst, span.len));
+            exports.push(self.copy_step(Dir::ToHost, src, dst, span.len));
         }
         Ok((imports, exports))
     }
@@ -128,14 +127,18 @@ impl CudaBackend {
         (Cow::Owned(locs), Cow::Owned(io))
     }
 
-    /// Whether launch `l` reads or writes pinned host memory: its time is
-    /// the link's as much as the kernel's, and the profile counts it as a
-    /// copy.
-    pub(crate) fn touches_host(&self, l: &Launch) -> bool {
-        matches!(l.kernel, Kernel::DmaCopy | Kernel::HostWrite)
-            || l.args.iter().any(|a| {
-                let Arg::Ptr(p) = *a else { return false };
-                self.pinned.iter().any(|h| p >= h.dev && p < h.dev + h.len as u64)
-            })
+    /// Whether step `s` reads or writes pinned host memory: its time is the
+    /// link's as much as the kernel's, and the profile counts it as a copy.
+    pub(crate) fn touches_host(&self, s: &Step) -> bool {
+        match s {
+            Step::Dma { .. } => true,
+            Step::Kernel(l) => {
+                l.kernel == Kernel::HostWrite
+                    || l.args.iter().any(|a| {
+                        let Arg::Ptr(p) = *a else { return false };
+                        self.pinned.iter().any(|h| p >= h.dev && p < h.dev + h.len as u64)
+                    })
+            }
+        }
     }
 }

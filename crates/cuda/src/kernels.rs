@@ -46,16 +46,13 @@ pub enum Kernel {
     Attention,
     FlashAttn,
     CopyIn,
-    /// A copy between device memory and pinned host memory, either way: run
-    /// as a DMA copy (a copy node in a captured graph), not as this kernel.
-    DmaCopy,
     /// A small copy from the device into mapped host memory, run as this
     /// kernel: its writes cross the link without a round trip each.
     HostWrite,
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 21] = [
+    pub const ALL: [Kernel; 20] = [
         Kernel::GetRows,
         Kernel::RmsNorm,
         Kernel::Binary,
@@ -75,7 +72,6 @@ impl Kernel {
         Kernel::Attention,
         Kernel::FlashAttn,
         Kernel::CopyIn,
-        Kernel::DmaCopy,
         Kernel::HostWrite,
     ];
 
@@ -100,7 +96,7 @@ impl Kernel {
             Kernel::RopeStore => ("attention", "rope_store"),
             Kernel::Attention => ("attention", "attention"),
             Kernel::FlashAttn => ("attention", "flash_attn"),
-            Kernel::CopyIn | Kernel::DmaCopy | Kernel::HostWrite => ("elementwise", "copy_in"),
+            Kernel::CopyIn | Kernel::HostWrite => ("elementwise", "copy_in"),
         }
     }
 }

@@ -1,6 +1,7 @@
 //! A kernel launch as plain data: the kernel, its grid and its arguments by
-//! value. Lowering produces a list of these; the list's hash identifies a
-//! captured CUDA graph that replays it.
+//! value. Lowering produces a list of these; a plan is that list with the
+//! split's copies around it (`Step`), and its hash identifies a captured CUDA
+//! graph that replays it.
 
 use std::ffi::c_void;
 
@@ -95,16 +96,6 @@ impl Launch {
     }
 
     pub fn run(&self, gpu: &Gpu, kernels: &Kernels, pdl: bool) -> DResult<()> {
-        if self.kernel == Kernel::DmaCopy {
-            // A DMA copy, not a kernel: a kernel's reads of host memory wait
-            // a round trip over the link before anything arrives.
-            let (Some(Arg::Ptr(src)), Some(Arg::Ptr(dst)), Some(Arg::U64(bytes))) =
-                (self.args.first(), self.args.get(1), self.args.get(2))
-            else {
-                return Err("DmaCopy takes (src, dst, bytes)".into());
-            };
-            return gpu.copy_async(*dst, *src, *bytes as usize);
-        }
         // The driver copies the argument values at launch; `args` outlives the call.
         let mut params: Vec<*mut c_void> = self
             .args
@@ -117,5 +108,31 @@ impl Launch {
             })
             .collect();
         gpu.launch(kernels.get(self.kernel), self.grid, self.block, self.smem, &mut params, pdl && !self.serial)
+    }
+}
+
+/// One entry of a plan: a kernel launch, or a copy that the copy engine runs
+/// (a copy node in a captured graph).
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+pub enum Step {
+    Kernel(Launch),
+    /// A DMA copy between device memory and pinned host memory, either way.
+    Dma { src: u64, dst: u64, bytes: usize },
+}
+
+impl Step {
+    pub fn run(&self, gpu: &Gpu, kernels: &Kernels, pdl: bool) -> DResult<()> {
+        match self {
+            Step::Kernel(l) => l.run(gpu, kernels, pdl).map_err(|e| format!("{:?}: {e}", l.kernel)),
+            Step::Dma { src, dst, bytes } => gpu.copy_async(*dst, *src, *bytes).map_err(|e| format!("DMA copy: {e}")),
+        }
+    }
+
+    /// The kernel this step launches; `None` for a DMA copy.
+    pub fn kernel(&self) -> Option<Kernel> {
+        match self {
+            Step::Kernel(l) => Some(l.kernel),
+            Step::Dma { .. } => None,
+        }
     }
 }

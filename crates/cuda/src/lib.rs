@@ -39,7 +39,7 @@ use driver::Gpu;
 pub use driver::{devices, DeviceInfo, Unavailable};
 use host_io::{Dir, PinnedHost};
 use kernels::Kernels;
-use launch::Launch;
+use launch::{Launch, Step};
 use layout::GpuTernary;
 use lower::{lower, Need, Scratch};
 use profile::Profile;
@@ -132,7 +132,7 @@ pub struct Stats {
 const MAX_PLANS: usize = 64;
 
 struct Plan {
-    launches: Vec<Launch>,
+    steps: Vec<Step>,
     graph: Option<driver::Graph>,
     /// For `--profile`: the launches with an event node after each.
     profiled: Option<driver::Graph>,
@@ -364,16 +364,16 @@ impl CudaBackend {
         Ok(())
     }
 
-    fn run_launches(&self, launches: &[Launch]) -> std::result::Result<(), String> {
-        for l in launches {
-            l.run(&self.gpu, &self.kernels, self.pdl).map_err(|e| format!("{:?}: {e}", l.kernel))?;
+    fn run_steps(&self, steps: &[Step]) -> std::result::Result<(), String> {
+        for s in steps {
+            s.run(&self.gpu, &self.kernels, self.pdl)?;
         }
         Ok(())
     }
 
-    fn capture(&self, launches: &[Launch]) -> std::result::Result<driver::Graph, String> {
+    fn capture(&self, steps: &[Step]) -> std::result::Result<driver::Graph, String> {
         self.gpu.begin_capture()?;
-        let run = self.run_launches(launches);
+        let run = self.run_steps(steps);
         let graph = self.gpu.end_capture();
         run?;
         graph
@@ -403,7 +403,7 @@ impl Drop for CudaBackend {
             for (k, (ms, count)) in rows {
                 eprintln!(
                     "  {:<12} {:>8.3} ms per compute {:>5.1}%  {:>6.1} launches per compute, {:>7.2} µs each",
-                    format!("{k:?}"),
+                    profile::step_name(*k),
                     ms / n,
                     100.0 * ms / p.gpu_ms.max(1e-9),
                     *count as f64 / n,
@@ -518,13 +518,11 @@ impl Backend for CudaBackend {
     fn take_profile(&mut self) -> OpProfile {
         let mut out = OpProfile::default();
         if let Some(p) = self.profile.as_mut() {
-            for ((k, host), (ms, count)) in p.per_kernel.drain() {
-                let name = if host {
+            for (key, (ms, count)) in p.per_kernel.drain() {
+                if key.1 {
                     out.io_ns += (ms * 1e6) as u64;
-                    format!("{k:?} (host memory)")
-                } else {
-                    format!("{k:?}")
-                };
+                }
+                let name = profile::step_name(key);
                 out.by_op.insert(name, ((ms * 1e6) as u64, count));
             }
         }
@@ -622,7 +620,7 @@ impl Backend for CudaBackend {
         let data = &data[..dst.nbytes];
         if let Some(src) = self.pinned_addr(HostSpan::of(data)) {
             self.io_in_flight.set(true);
-            let copy = self.copy_launch(Dir::ToDevice, src, p, data.len());
+            let copy = self.copy_step(Dir::ToDevice, src, p, data.len());
             return copy.run(&self.gpu, &self.kernels, false).map_err(|m| self.dev_err(m));
         }
         self.gpu.upload(p, data).map_err(|m| self.dev_err(m))
@@ -634,7 +632,7 @@ impl Backend for CudaBackend {
         let out = &mut out[..src.nbytes];
         match self.pinned_addr(HostSpan::of(out)) {
             Some(dst) => self
-                .copy_launch(Dir::ToHost, p, dst, out.len())
+                .copy_step(Dir::ToHost, p, dst, out.len())
                 .run(&self.gpu, &self.kernels, false)
                 .and_then(|()| self.gpu.sync()),
             None => self.gpu.download(p, out),
@@ -707,20 +705,20 @@ impl Backend for CudaBackend {
                     Err(Need::Error(m)) => return Err(self.dev_err(m)),
                 }
             };
-            let (mut launches, exports) = self.io_launches(io)?;
-            launches.extend(lowered.launches);
-            launches.extend(exports);
-            self.stats.last_launches = launches.len();
-            self.stats.launches += launches.len() as u64;
-            self.run_launches(&launches).map_err(|m| self.dev_err(m))?;
+            let (mut steps, exports) = self.io_steps(io)?;
+            steps.extend(lowered.launches.into_iter().map(Step::Kernel));
+            steps.extend(exports);
+            self.stats.last_launches = steps.len();
+            self.stats.launches += steps.len() as u64;
+            self.run_steps(&steps).map_err(|m| self.dev_err(m))?;
             if self.plans.len() >= MAX_PLANS {
                 self.plans.clear();
             }
-            self.plans.insert(key, Plan { launches, graph: None, profiled: None, profiled_ran: false });
+            self.plans.insert(key, Plan { steps, graph: None, profiled: None, profiled_ran: false });
             return Ok(());
         };
-        self.stats.last_launches = plan.launches.len();
-        self.stats.launches += plan.launches.len() as u64;
+        self.stats.last_launches = plan.steps.len();
+        self.stats.launches += plan.steps.len() as u64;
         if self.profile.is_some() {
             self.run_profiled(key, host_start).map_err(|m| self.dev_err(m))?;
             // The profiled replay waited for its last event, after every copy
@@ -733,10 +731,10 @@ impl Backend for CudaBackend {
             return self.gpu.replay(g).map_err(|m| self.dev_err(m));
         }
         if !self.use_graphs {
-            return self.run_launches(&plan.launches).map_err(|m| self.dev_err(m));
+            return self.run_steps(&plan.steps).map_err(|m| self.dev_err(m));
         }
         // Second sight: capture once, then replay from now on.
-        match self.capture(&plan.launches) {
+        match self.capture(&plan.steps) {
             Ok(g) => {
                 self.stats.captures += 1;
                 self.stats.replays += 1;
@@ -749,7 +747,7 @@ impl Backend for CudaBackend {
                 eprintln!("warning: {}: CUDA graph capture failed ({m}); launching kernels directly", self.id);
                 self.use_graphs = false;
                 let plan = &self.plans[&key];
-                self.run_launches(&plan.launches).map_err(|m| self.dev_err(m))
+                self.run_steps(&plan.steps).map_err(|m| self.dev_err(m))
             }
         }
     }

@@ -11,8 +11,8 @@ pub(crate) struct Profile {
     /// Launches are timed one by one (profiling through graphs failed).
     pub one_by_one: bool,
     pub events: Vec<Event>,
-    /// By kernel, and whether the launch reached host memory.
-    pub per_kernel: HashMap<(kernels::Kernel, bool), (f64, u64)>,
+    /// By kernel (`None`: DMA copies), and whether the step reached host memory.
+    pub per_kernel: HashMap<(Option<kernels::Kernel>, bool), (f64, u64)>,
     pub gpu_ms: f64,
     pub host_ms: f64,
     pub computes: u64,
@@ -26,7 +26,7 @@ impl CudaBackend {
     /// Where that capture fails, launches go one by one, as they used to.
     pub(crate) fn run_profiled(&mut self, key: u64, host_start: std::time::Instant) -> std::result::Result<(), String> {
         let mut p = self.profile.take().expect("profiling");
-        let n = self.plans[&key].launches.len();
+        let n = self.plans[&key].steps.len();
         let mut r = (|| {
             while p.events.len() < n + 1 {
                 p.events.push(self.gpu.event()?);
@@ -50,9 +50,9 @@ impl CudaBackend {
         }
         if r.is_ok() {
             r = (|| {
-                for (i, l) in self.plans[&key].launches.iter().enumerate() {
+                for (i, s) in self.plans[&key].steps.iter().enumerate() {
                     let ms = p.events[i].elapsed_ms(&p.events[i + 1])? as f64;
-                    let e = p.per_kernel.entry((l.kernel, self.touches_host(l))).or_default();
+                    let e = p.per_kernel.entry((s.kernel(), self.touches_host(s))).or_default();
                     e.0 += ms;
                     e.1 += 1;
                 }
@@ -69,8 +69,8 @@ impl CudaBackend {
     /// Plan `key` with events recorded around every launch, one by one.
     fn launch_profiled(&self, key: u64, p: &Profile) -> std::result::Result<(), String> {
         self.gpu.record(&p.events[0])?;
-        for (i, l) in self.plans[&key].launches.iter().enumerate() {
-            l.run(&self.gpu, &self.kernels, false).map_err(|e| format!("{:?}: {e}", l.kernel))?;
+        for (i, s) in self.plans[&key].steps.iter().enumerate() {
+            s.run(&self.gpu, &self.kernels, false)?;
             self.gpu.record(&p.events[i + 1])?;
         }
         Ok(())
@@ -83,8 +83,8 @@ impl CudaBackend {
             self.gpu.begin_capture()?;
             let run = (|| {
                 self.gpu.record_in_graph(&p.events[0])?;
-                for (i, l) in plan.launches.iter().enumerate() {
-                    l.run(&self.gpu, &self.kernels, self.pdl).map_err(|e| format!("{:?}: {e}", l.kernel))?;
+                for (i, s) in plan.steps.iter().enumerate() {
+                    s.run(&self.gpu, &self.kernels, self.pdl)?;
                     self.gpu.record_in_graph(&p.events[i + 1])?;
                 }
                 Ok::<(), String>(())
@@ -97,5 +97,16 @@ impl CudaBackend {
         self.gpu.replay(plan.profiled.as_ref().expect("captured above"))?;
         plan.profiled_ran = true;
         Ok(())
+    }
+}
+
+/// A profile row's name: the kernel, or the DMA copies, and whether the step
+/// reached host memory.
+pub(crate) fn step_name((kernel, host): (Option<kernels::Kernel>, bool)) -> String {
+    let name = kernel.map_or("DmaCopy".to_string(), |k| format!("{k:?}"));
+    if host {
+        format!("{name} (host memory)")
+    } else {
+        name
     }
 }
