@@ -44,10 +44,13 @@ bench)
         "$models/f16.gguf" "$m" IQ2_BN 16 > /tmp/ikq.log 2>&1
     row() { grep -E "^\| [a-z]" | grep -vE "model +\|"; }
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-    for args in "-p 512 -n 128 -r 10" "-p 2048 -n 0 -b 2048 -ub 2048 -r 10"; do
-        echo "## -ngl 99 $args"
-        $ik/build/bin/llama-bench -m "$m" -ngl 99 -fa 1 $args 2>&1 | row
-        "$tern" bench -m "$m" -ngl 99 $args 2>&1 | row
+    # Full offload: two rounds, the engines alternating, 10 runs a figure.
+    for round in 1 2; do
+        for args in "-p 512 -n 0 -r 10" "-p 2048 -n 0 -b 2048 -ub 2048 -r 10" "-p 0 -n 128 -r 10"; do
+            echo "## round $round: -ngl 99 $args"
+            $ik/build/bin/llama-bench -m "$m" -ngl 99 -fa 1 $args 2>&1 | row
+            "$tern" bench -m "$m" -ngl 99 $args 2>&1 | row
+        done
     done
     # Hybrid placements: ROUNDS rounds (default 3), ik and tern alternating.
     for round in $(seq "${ROUNDS:-3}"); do
