@@ -13,6 +13,12 @@ __device__ __forceinline__ float ld_cache(const u8* c, u64 i, int type) {
     return type == T_F16 ? h2f(((const u16*)c)[i]) : ((const float*)c)[i];
 }
 
+// The dim that accumulator i of a lane holds: lane + 32i, or with f16 V
+// read 4 dims at a time, 4·(lane + 32·(i/4)) + i%4.
+__device__ __forceinline__ int att_dim(int i, int lane, bool vvec) {
+    return vvec ? 4 * (lane + 32 * (i >> 2)) + (i & 3) : lane + 32 * i;
+}
+
 // grid: n_tok, block: 256. k, v: [row, n_tok] f32.
 extern "C" __global__ void kv_store(const float* k, const float* v, u8* kc, u8* vc, const int* pos, int row,
                                     int k_type, int v_type) {
@@ -121,6 +127,7 @@ extern "C" __global__ void attention(const float* q, const u8* kc, const u8* vc,
     int j0 = s * split, j1 = min(n_kv, j0 + split);
     u64 off = (u64)kvh * head_dim;
     bool vec = k_type == T_F16 ? (head_dim & 7) == 0 : (head_dim & 3) == 0;
+    bool vvec = v_type == T_F16 && (head_dim & 3) == 0;
     for (int jb = j0; jb < j1; jb += 32) {
         int j = jb + lane;
         float sc = -INFINITY;
@@ -155,9 +162,42 @@ extern "C" __global__ void attention(const float* q, const u8* kc, const u8* vc,
         l = l * corr + warp_sum(pj);
 #pragma unroll
         for (int i = 0; i < ATT_MAXD; ++i) acc[i] *= corr;
+        int nk = min(32, j1 - jb);
+        if (vvec) {
+            // f16 V: lane holds dims 4·(lane + 32g) .. +3 (att_dim); sixteen
+            // keys' 8-byte loads in flight per step. Keys past the end have
+            // weight 0 and read row jb (always valid).
+            for (int u0 = 0; u0 < nk; u0 += 16) {
+                float pu[16];
+#pragma unroll
+                for (int u = 0; u < 16; ++u) {
+                    pu[u] = __shfl_sync(0xffffffffu, pj, (u0 + u) & 31);
+                    if (u0 + u >= nk) pu[u] = 0.0f;
+                }
+#pragma unroll
+                for (int g = 0; g < ATT_MAXD / 4; ++g) {
+                    int d0 = 4 * (lane + 32 * g);
+                    if (d0 >= head_dim) continue;
+                    uint2 vv[16];
+#pragma unroll
+                    for (int u = 0; u < 16; ++u) {
+                        int key = u0 + u < nk ? jb + u0 + u : jb;
+                        vv[u] = *(const uint2*)((const u16*)vc + (u64)key * row + off + d0);
+                    }
+#pragma unroll
+                    for (int u = 0; u < 16; ++u) {
+                        acc[4 * g + 0] += pu[u] * h2f(vv[u].x & 0xffff);
+                        acc[4 * g + 1] += pu[u] * h2f(vv[u].x >> 16);
+                        acc[4 * g + 2] += pu[u] * h2f(vv[u].y & 0xffff);
+                        acc[4 * g + 3] += pu[u] * h2f(vv[u].y >> 16);
+                    }
+                }
+            }
+            mx = m_new;
+            continue;
+        }
         // Eight keys per step, their V loads issued together; keys past the
         // end have weight 0 and read row jb (always valid).
-        int nk = min(32, j1 - jb);
         for (int u0 = 0; u0 < nk; u0 += 8) {
             float pu[8];
             u64 vr[8];
@@ -183,7 +223,7 @@ extern "C" __global__ void attention(const float* q, const u8* kc, const u8* vc,
     if (n_active == 1) {
 #pragma unroll
         for (int i = 0; i < ATT_MAXD; ++i) {
-            int dd = lane + 32 * i;
+            int dd = att_dim(i, lane, vvec);
             if (dd < head_dim) oh[dd] = acc[i] / l;
         }
         return;
@@ -191,7 +231,7 @@ extern "C" __global__ void attention(const float* q, const u8* kc, const u8* vc,
     float* pp = part + (((u64)t * n_head + h) * n_split + s) * (head_dim + 2);
 #pragma unroll
     for (int i = 0; i < ATT_MAXD; ++i) {
-        int dd = lane + 32 * i;
+        int dd = att_dim(i, lane, vvec);
         if (dd < head_dim) pp[2 + dd] = acc[i];
     }
     if (lane == 0) {
@@ -208,18 +248,42 @@ extern "C" __global__ void attention(const float* q, const u8* kc, const u8* vc,
     __syncthreads();
     if (!last) return;
     __threadfence();
+    // The merge: the splits' (max, sum) a lane each, then every lane's dims
+    // over the splits, four splits' loads in flight at a time.
     const float* ph = part + ((u64)t * n_head + h) * n_split * (head_dim + 2);
     float big = -INFINITY;
-    for (int i = 0; i < n_active; ++i) big = fmaxf(big, __ldcg(ph + i * (head_dim + 2)));
+    for (int i = lane; i < n_active; i += 32) big = fmaxf(big, __ldcg(ph + i * (head_dim + 2)));
+    big = warp_max(big);
     float sum = 0.0f;
-    for (int i = 0; i < n_active; ++i) sum += __ldcg(ph + i * (head_dim + 2) + 1) * expf(__ldcg(ph + i * (head_dim + 2)) - big);
-    for (int dd = lane; dd < head_dim; dd += 32) {
-        float a = 0.0f;
-        for (int i = 0; i < n_active; ++i) {
-            const float* pi = ph + i * (head_dim + 2);
-            a += __ldcg(pi + 2 + dd) * expf(__ldcg(pi) - big);
+    for (int i = lane; i < n_active; i += 32) {
+        const float* pi = ph + i * (head_dim + 2);
+        sum += __ldcg(pi + 1) * expf(__ldcg(pi) - big);
+    }
+    sum = warp_sum(sum);
+    float a[ATT_MAXD];
+#pragma unroll
+    for (int i = 0; i < ATT_MAXD; ++i) a[i] = 0.0f;
+    for (int i0 = 0; i0 < n_active; i0 += 4) {
+        float wv[4], vals[4][ATT_MAXD];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const float* pi = ph + min(i0 + u, n_active - 1) * (head_dim + 2);
+            wv[u] = i0 + u < n_active ? expf(__ldcg(pi) - big) : 0.0f;
+#pragma unroll
+            for (int i = 0; i < ATT_MAXD; ++i) {
+                int dd = lane + 32 * i;
+                vals[u][i] = dd < head_dim ? __ldcg(pi + 2 + dd) : 0.0f;
+            }
         }
-        oh[dd] = a / sum;
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+#pragma unroll
+            for (int i = 0; i < ATT_MAXD; ++i) a[i] += vals[u][i] * wv[u];
+    }
+#pragma unroll
+    for (int i = 0; i < ATT_MAXD; ++i) {
+        int dd = lane + 32 * i;
+        if (dd < head_dim) oh[dd] = a[i] / sum;
     }
 }
 

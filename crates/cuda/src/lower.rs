@@ -27,8 +27,10 @@ const FMAT_TOKENS: usize = 8;
 /// a token never has more than this many splits.
 const ATT_SPLIT: usize = 256;
 const ATT_MAX_SPLITS: usize = 16;
-const ATT_SPLIT_DECODE: usize = 64;
-const ATT_MAX_SPLITS_DECODE: usize = 64;
+/// Decoding splits finely: fewer keys a block is fewer dependent loads in
+/// the block's chain, and the merge reads the splits four at a time.
+const ATT_SPLIT_DECODE: usize = 32;
+const ATT_MAX_SPLITS_DECODE: usize = 128;
 
 /// Scratch memory one lowering needs beyond the graph's own tensors.
 #[derive(Clone, Copy, Debug, Default)]
