@@ -103,9 +103,27 @@ extern "C" __global__ void rope_store(const float* q, float* q_out, const float*
 // read with 16-byte loads), the warp merges the 32 scores into the running
 // softmax, then every lane accumulates P·V for its dims d = lane + 32i over
 // the 32 keys. All loads of a step are independent, so they overlap.
+//
+// With `r.on` (one token) the attention also does rope_store's work: q
+// arrives unrotated and is rotated as it is staged, and the split that holds
+// the token's own position rotates the new k row and stores it and the v row
+// in the caches before any of its warps reads them. That split is the only
+// reader of that position, so no other block waits for the store.
+struct AttRope {
+    const float* k;
+    const float* v;
+    const float* factors;
+    int n_rot;
+    int mode;
+    float base;
+    float fscale;
+    int on;
+};
+static_assert(sizeof(AttRope) == 48, "AttRope layout (tern_cuda::launch::AttRope)");
+
 extern "C" __global__ void attention(const float* q, const u8* kc, const u8* vc, const int* pos, float* out,
                                      float* part, int* counters, int n_head, int n_head_kv, int head_dim, float scale,
-                                     int split, int n_split, int k_type, int v_type) {
+                                     int split, int n_split, int k_type, int v_type, AttRope r) {
     extern __shared__ float qs_all[];
     __shared__ int last;
     pdl_wait();
@@ -118,7 +136,53 @@ extern "C" __global__ void attention(const float* q, const u8* kc, const u8* vc,
     int row = head_dim * n_head_kv;
     float* qs = qs_all + warp * head_dim;
     const float* qh = q + ((u64)t * n_head + h) * head_dim;
-    for (int dd = lane; dd < head_dim; dd += 32) qs[dd] = qh[dd] * scale;
+    if (r.on) {
+        // Pairs as in rope_store: (2i, 2i+1) or NeoX (i, i + n_rot/2); those
+        // past n_rot/2 are copied. Warp 0 of the last split also rotates k.
+        int p = pos[t], half = r.n_rot / 2;
+        bool store = s == n_active - 1 && warp == 0;
+        const float* kh = r.k + (u64)t * row + (u64)kvh * head_dim;
+        u64 dst = (u64)p * row + (u64)kvh * head_dim;
+        for (int i = lane; i < head_dim / 2; i += 32) {
+            int a, b;
+            float cs = 1.0f, sn = 0.0f;
+            if (i >= half) {
+                a = r.n_rot + 2 * (i - half);
+                b = a + 1;
+            } else {
+                a = r.mode == 0 ? 2 * i : i;
+                b = r.mode == 0 ? 2 * i + 1 : i + half;
+                double c, sd;
+                rope_angle(p, i, r.n_rot, r.base, r.fscale, r.factors, &c, &sd);
+                cs = (float)c;
+                sn = (float)sd;
+            }
+            float x0 = qh[a], x1 = qh[b];
+            float ya = i >= half ? x0 : x0 * cs - x1 * sn, yb = i >= half ? x1 : x0 * sn + x1 * cs;
+            qs[a] = ya * scale;
+            qs[b] = yb * scale;
+            if (store) {
+                float k0 = kh[a], k1 = kh[b];
+                float ka = i >= half ? k0 : k0 * cs - k1 * sn, kb = i >= half ? k1 : k0 * sn + k1 * cs;
+                if (k_type == T_F16) {
+                    ((u16*)kc)[dst + a] = f2h(ka);
+                    ((u16*)kc)[dst + b] = f2h(kb);
+                } else {
+                    ((float*)kc)[dst + a] = ka;
+                    ((float*)kc)[dst + b] = kb;
+                }
+            }
+        }
+        if (store) {
+            const float* vh = r.v + (u64)t * row + (u64)kvh * head_dim;
+            for (int dd = lane; dd < head_dim; dd += 32) {
+                if (v_type == T_F16) ((u16*)vc)[dst + dd] = f2h(vh[dd]); else ((float*)vc)[dst + dd] = vh[dd];
+            }
+        }
+        __syncthreads();
+    } else {
+        for (int dd = lane; dd < head_dim; dd += 32) qs[dd] = qh[dd] * scale;
+    }
     __syncwarp();
     float acc[ATT_MAXD];
 #pragma unroll

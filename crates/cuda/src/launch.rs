@@ -31,6 +31,23 @@ pub struct TernaryBatch {
 }
 const _: () = assert!(std::mem::size_of::<TernaryBatch>() == 144);
 
+/// The rope a one-token attention applies itself (`struct AttRope` in
+/// attention.cu): unrotated k and v rows of the token, and the rotation.
+/// Floats are f32 bits; `on` 0 means q arrives rotated and the caches filled.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Hash, PartialEq, Eq)]
+pub struct AttRope {
+    pub k: u64,
+    pub v: u64,
+    pub factors: u64,
+    pub n_rot: i32,
+    pub mode: i32,
+    pub base: u32,
+    pub fscale: u32,
+    pub on: i32,
+}
+const _: () = assert!(std::mem::size_of::<AttRope>() == 48);
+
 /// A kernel argument, by value. Floats are kept as bits so launches hash.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
 pub enum Arg {
@@ -39,6 +56,7 @@ pub enum Arg {
     I32(i32),
     F32(u32),
     Batch(TernaryBatch),
+    Rope(AttRope),
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
@@ -105,6 +123,7 @@ impl Launch {
                 Arg::I32(v) => v as *const i32 as *mut c_void,
                 Arg::F32(v) => v as *const u32 as *mut c_void,
                 Arg::Batch(v) => v as *const TernaryBatch as *mut c_void,
+                Arg::Rope(v) => v as *const AttRope as *mut c_void,
             })
             .collect();
         gpu.launch(kernels.get(self.kernel), self.grid, self.block, self.smem, &mut params, pdl && !self.serial)

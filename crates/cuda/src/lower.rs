@@ -16,7 +16,7 @@ use tern_graph::{Activation, DType, Graph, NodeId, Op, RopeMode};
 use tern_quant::GgmlType;
 
 use crate::kernels::Kernel;
-use crate::launch::{Arg, Launch, TernaryBatch, TernaryMat};
+use crate::launch::{Arg, AttRope, Launch, TernaryBatch, TernaryMat};
 use crate::{Buffers, Weight};
 
 /// Tokens above which ternary products use the tensor-core GEMM.
@@ -603,7 +603,30 @@ impl Lower<'_> {
                 && !self.overlaps(rq, nk.srcs[0])
                 && !self.overlaps(rq, s[2])
         };
-        if fusable {
+        // One token: the attention rotates q and k and fills the caches itself,
+        // reading the unrotated rows, which the output must not overwrite.
+        let in_attention = fusable && n_tok == 1 && {
+            let (nq, nk) = (self.node_ref(rq), self.node_ref(rk));
+            [nq.srcs[0], nk.srcs[0], s[2]].iter().all(|&src| !self.overlaps(id, src))
+        };
+        let mut rope = AttRope::default();
+        if in_attention {
+            let (nq, nk) = (self.node_ref(rq).clone(), self.node_ref(rk).clone());
+            let Op::Rope(r) = nq.op else { return fail("deferred node is not a rope") };
+            rope = AttRope {
+                k: self.ptr(nk.srcs[0])?,
+                v: self.ptr(s[2])?,
+                factors: match nq.srcs.get(2) {
+                    Some(&f) => self.ptr(f)?,
+                    None => 0,
+                },
+                n_rot: r.n_rot as i32,
+                mode: if r.mode == RopeMode::Norm { 0 } else { 1 },
+                base: r.freq_base.to_bits(),
+                fscale: r.freq_scale.to_bits(),
+                on: 1,
+            };
+        } else if fusable {
             let (nq, nk) = (self.node_ref(rq).clone(), self.node_ref(rk).clone());
             let Op::Rope(r) = nq.op else { return fail("deferred node is not a rope") };
             let factors = match nq.srcs.get(2) {
@@ -684,9 +707,10 @@ impl Lower<'_> {
         let part = if n_split > 1 { self.take(n_tok * p.n_head * n_split * (p.head_dim + 2) * 4) } else { 0 };
         let counters = self.scratch.counters + (self.counters_used * 4) as u64;
         self.counters_used += n_tok * p.n_head_kv;
+        let q = if in_attention { self.node_ref(rq).srcs[0] } else { s[0] };
         let l = Launch::new(Kernel::Attention, (p.n_head_kv as u32, n_tok as u32, n_split as u32), 32 * group as u32)
             .smem(group * p.head_dim * 4)
-            .ptr(self.ptr(s[0])?)
+            .ptr(self.ptr(q)?)
             .ptr(kcp)
             .ptr(vcp)
             .ptr(pos)
@@ -700,7 +724,8 @@ impl Lower<'_> {
             .i32(split as i32)
             .i32(n_split as i32)
             .i32(k_type)
-            .i32(v_type);
+            .i32(v_type)
+            .arg(Arg::Rope(rope));
         self.out.push(l);
         Ok(())
     }

@@ -138,14 +138,14 @@ fn batch(l: &crate::launch::Launch) -> crate::launch::TernaryBatch {
 }
 
 #[test]
-fn decoding_a_layer_takes_ten_launches() {
+fn decoding_a_layer_takes_nine_launches() {
     use Kernel::*;
-    let ls = launches(&layer(1), None);
+    let l = layer(1);
+    let ls = launches(&l, None);
     let want = [
         NormQuant,    // attn_norm + weight + int8
         TernaryGemv1, // q, k, v in one launch
-        RopeStore,    // rope of q and k, cache store
-        Attention,    // flash-decoding with its merge
+        Attention,    // rope of q and k, cache store, flash-decoding with its merge
         NormQuant,    // attn_sub_norm
         TernaryGemv1, // attn_output + residual
         NormQuant,    // ffn_norm
@@ -155,19 +155,38 @@ fn decoding_a_layer_takes_ten_launches() {
     ];
     assert_eq!(kernels(&ls), want);
     assert_eq!(batch(&ls[1]).n, 3);
+    // The attention reads the GEMV's unrotated q and k and rotates them itself.
+    let Some(Arg::Rope(r)) = ls[2].args.last() else { panic!("no rope argument: {:?}", ls[2].args) };
+    let b = batch(&ls[1]);
+    assert_eq!((r.on, r.k, r.n_rot, r.mode), (1, b.m[1].out, HD as i32, 1));
+    assert_eq!(ls[2].args[0], Arg::Ptr(b.m[0].out), "q as the GEMV wrote it");
+    assert_eq!(r.v, b.m[2].out);
     // The GEMV's last argument is the paired activation: relu² (1) for gate/up, none (-1) elsewhere.
-    assert_eq!(ls[7].args.last(), Some(&Arg::I32(1)));
+    assert_eq!(ls[6].args.last(), Some(&Arg::I32(1)));
     assert_eq!(ls[1].args.last(), Some(&Arg::I32(-1)));
-    for i in [5, 9] {
+    for i in [4, 8] {
         assert_ne!(batch(&ls[i]).m[0].res, 0, "launch {i} adds the residual");
     }
-    assert_eq!(batch(&ls[7]).n, 2, "gate and up");
+    assert_eq!(batch(&ls[6]).n, 2, "gate and up");
     // One warp per row, 8 rows a block: q, k, v need 32 + 16 + 16 blocks;
     // paired gate/up cover the gate's 512 rows only.
     assert_eq!(ls[1].grid, (64, 1, 1));
     assert_eq!(batch(&ls[1]).block_start, [0, 32, 48, 64]);
-    assert_eq!(ls[7].grid, (64, 1, 1));
+    assert_eq!(ls[6].grid, (64, 1, 1));
     assert_eq!(ls[1].block, 256);
+}
+
+/// When the attention's output shares bytes with the unrotated k, the
+/// rotation goes back to its own launch before the attention.
+#[test]
+fn an_attention_output_over_its_inputs_keeps_the_rope_launch() {
+    use Kernel::*;
+    let l = layer(1);
+    let k = l.g.ids().filter(|&id| matches!(l.g.node(id).op, Op::MulMat { .. })).nth(1).unwrap();
+    let att = l.g.ids().find(|&id| matches!(l.g.node(id).op, Op::Attention(_))).unwrap();
+    let ls = launches(&l, Some((att, k)));
+    assert_eq!(kernels(&ls)[..4], [NormQuant, TernaryGemv1, RopeStore, Attention]);
+    assert!(matches!(ls[3].args.last(), Some(Arg::Rope(r)) if r.on == 0));
 }
 
 #[test]
