@@ -7,7 +7,9 @@
 //! * consecutive ternary matmuls of one input (q/k/v, gate/up) share one GEMV
 //!   launch and one quantization;
 //! * a matmul whose only reader is the `add` that follows writes the sum
-//!   itself (the residual connections).
+//!   itself (the residual connections);
+//! * the ropes of q and k that only an attention reads go with the cache
+//!   store into one launch, and at one token into the attention itself.
 
 use std::collections::HashMap;
 
