@@ -19,6 +19,11 @@ __device__ __forceinline__ int att_dim(int i, int lane, bool vvec) {
     return vvec ? 4 * (lane + 32 * (i >> 2)) + (i & 3) : lane + 32 * i;
 }
 
+// Element i of a cache, f32 or f16.
+__device__ __forceinline__ void st_cache(u8* c, u64 i, int type, float v) {
+    if (type == T_F16) ((u16*)c)[i] = f2h(v); else ((float*)c)[i] = v;
+}
+
 // grid: n_tok, block: 256. k, v: [row, n_tok] f32.
 extern "C" __global__ void kv_store(const float* k, const float* v, u8* kc, u8* vc, const int* pos, int row,
                                     int k_type, int v_type) {
@@ -27,9 +32,8 @@ extern "C" __global__ void kv_store(const float* k, const float* v, u8* kc, u8* 
     int t = blockIdx.x;
     u64 dst = (u64)pos[t] * row;
     for (int e = threadIdx.x; e < row; e += blockDim.x) {
-        float kv = k[(u64)t * row + e], vv = v[(u64)t * row + e];
-        if (k_type == T_F16) ((u16*)kc)[dst + e] = f2h(kv); else ((float*)kc)[dst + e] = kv;
-        if (v_type == T_F16) ((u16*)vc)[dst + e] = f2h(vv); else ((float*)vc)[dst + e] = vv;
+        st_cache(kc, dst + e, k_type, k[(u64)t * row + e]);
+        st_cache(vc, dst + e, v_type, v[(u64)t * row + e]);
     }
 }
 
@@ -61,17 +65,13 @@ extern "C" __global__ void rope_store(const float* q, float* q_out, const float*
         const float* xh = is_q ? q + ((u64)t * n_head + head) * head_dim : k + (u64)t * row + (head - n_head) * head_dim;
         int a, b;
         float ya, yb;
-        if (i >= half) {
-            a = n_rot + 2 * (i - half);
-            b = a + 1;
-            ya = xh[a];
-            yb = xh[b];
-        } else {
-            a = mode == 0 ? 2 * i : i;
-            b = mode == 0 ? 2 * i + 1 : i + half;
+        if (rope_pair(i, n_rot, mode, &a, &b)) {
             float x0 = xh[a], x1 = xh[b];
             ya = x0 * cs[i] - x1 * sn[i];
             yb = x0 * sn[i] + x1 * cs[i];
+        } else {
+            ya = xh[a];
+            yb = xh[b];
         }
         if (is_q) {
             float* oh = q_out + ((u64)t * n_head + head) * head_dim;
@@ -79,18 +79,12 @@ extern "C" __global__ void rope_store(const float* q, float* q_out, const float*
             oh[b] = yb;
         } else {
             u64 o = dst + (head - n_head) * head_dim;
-            if (k_type == T_F16) {
-                ((u16*)kc)[o + a] = f2h(ya);
-                ((u16*)kc)[o + b] = f2h(yb);
-            } else {
-                ((float*)kc)[o + a] = ya;
-                ((float*)kc)[o + b] = yb;
-            }
+            st_cache(kc, o + a, k_type, ya);
+            st_cache(kc, o + b, k_type, yb);
         }
     }
     for (int e = threadIdx.x; e < row; e += blockDim.x) {
-        float vv = v[(u64)t * row + e];
-        if (v_type == T_F16) ((u16*)vc)[dst + e] = f2h(vv); else ((float*)vc)[dst + e] = vv;
+        st_cache(vc, dst + e, v_type, v[(u64)t * row + e]);
     }
 }
 
@@ -121,7 +115,7 @@ struct AttRope {
 };
 static_assert(sizeof(AttRope) == 48, "AttRope layout (tern_cuda::launch::AttRope)");
 
-extern "C" __global__ void attention(const float* q, const u8* kc, const u8* vc, const int* pos, float* out,
+extern "C" __global__ void attention(const float* q, u8* kc, u8* vc, const int* pos, float* out,
                                      float* part, int* counters, int n_head, int n_head_kv, int head_dim, float scale,
                                      int split, int n_split, int k_type, int v_type, AttRope r) {
     extern __shared__ float qs_all[];
@@ -139,45 +133,33 @@ extern "C" __global__ void attention(const float* q, const u8* kc, const u8* vc,
     if (r.on) {
         // Pairs as in rope_store: (2i, 2i+1) or NeoX (i, i + n_rot/2); those
         // past n_rot/2 are copied. Warp 0 of the last split also rotates k.
-        int p = pos[t], half = r.n_rot / 2;
+        int p = pos[t];
         bool store = s == n_active - 1 && warp == 0;
         const float* kh = r.k + (u64)t * row + (u64)kvh * head_dim;
         u64 dst = (u64)p * row + (u64)kvh * head_dim;
         for (int i = lane; i < head_dim / 2; i += 32) {
             int a, b;
             float cs = 1.0f, sn = 0.0f;
-            if (i >= half) {
-                a = r.n_rot + 2 * (i - half);
-                b = a + 1;
-            } else {
-                a = r.mode == 0 ? 2 * i : i;
-                b = r.mode == 0 ? 2 * i + 1 : i + half;
+            if (rope_pair(i, r.n_rot, r.mode, &a, &b)) {
                 double c, sd;
                 rope_angle(p, i, r.n_rot, r.base, r.fscale, r.factors, &c, &sd);
                 cs = (float)c;
                 sn = (float)sd;
             }
+            // Pairs past n_rot/2 pass through: cos 1, sin 0 gives x0·1 − x1·0
+            // and x0·0 + x1·1, the same floats.
             float x0 = qh[a], x1 = qh[b];
-            float ya = i >= half ? x0 : x0 * cs - x1 * sn, yb = i >= half ? x1 : x0 * sn + x1 * cs;
-            qs[a] = ya * scale;
-            qs[b] = yb * scale;
+            qs[a] = (x0 * cs - x1 * sn) * scale;
+            qs[b] = (x0 * sn + x1 * cs) * scale;
             if (store) {
                 float k0 = kh[a], k1 = kh[b];
-                float ka = i >= half ? k0 : k0 * cs - k1 * sn, kb = i >= half ? k1 : k0 * sn + k1 * cs;
-                if (k_type == T_F16) {
-                    ((u16*)kc)[dst + a] = f2h(ka);
-                    ((u16*)kc)[dst + b] = f2h(kb);
-                } else {
-                    ((float*)kc)[dst + a] = ka;
-                    ((float*)kc)[dst + b] = kb;
-                }
+                st_cache(kc, dst + a, k_type, k0 * cs - k1 * sn);
+                st_cache(kc, dst + b, k_type, k0 * sn + k1 * cs);
             }
         }
         if (store) {
             const float* vh = r.v + (u64)t * row + (u64)kvh * head_dim;
-            for (int dd = lane; dd < head_dim; dd += 32) {
-                if (v_type == T_F16) ((u16*)vc)[dst + dd] = f2h(vh[dd]); else ((float*)vc)[dst + dd] = vh[dd];
-            }
+            for (int dd = lane; dd < head_dim; dd += 32) st_cache(vc, dst + dd, v_type, vh[dd]);
         }
         __syncthreads();
     } else {

@@ -64,7 +64,6 @@ extern "C" __global__ void rope(const float* x, float* out, const int* pos, cons
                                 int n_head, int n_tok, int n_rot, int mode, float base, float fscale) {
     pdl_wait();
     pdl_launch();
-    int half = n_rot / 2;
     u64 total = (u64)n_tok * n_head * (head_dim / 2);
     for (u64 idx = blockIdx.x * (u64)blockDim.x + threadIdx.x; idx < total; idx += (u64)gridDim.x * blockDim.x) {
         int i = idx % (head_dim / 2);
@@ -72,14 +71,13 @@ extern "C" __global__ void rope(const float* x, float* out, const int* pos, cons
         int t = th / n_head;
         const float* xh = x + th * head_dim;
         float* oh = out + th * head_dim;
-        if (i >= half) {
+        int a, b;
+        if (!rope_pair(i, n_rot, mode, &a, &b)) {
             // Dimensions past n_rot pass through; each thread copies two.
-            int d = n_rot + 2 * (i - half);
-            oh[d] = xh[d];
-            oh[d + 1] = xh[d + 1];
+            oh[a] = xh[a];
+            oh[b] = xh[b];
             continue;
         }
-        int a = mode == 0 ? 2 * i : i, b = mode == 0 ? 2 * i + 1 : i + half;
         double c, s;
         rope_angle(pos[t], i, n_rot, base, fscale, factors, &c, &s);
         double x0 = xh[a], x1 = xh[b];

@@ -99,6 +99,21 @@ __device__ __forceinline__ void rope_angle(int pos, int i, int n_rot, float base
     sincos((double)pos * f, s, c);
 }
 
+// The two dimensions of rotation pair i (of head_dim / 2): (2i, 2i+1) in mode
+// 0, NeoX (i, i + n_rot/2) in mode 1. Pairs past n_rot/2 are not rotated (the
+// result is false) and cover the dimensions past n_rot two at a time.
+__device__ __forceinline__ bool rope_pair(int i, int n_rot, int mode, int* a, int* b) {
+    int half = n_rot / 2;
+    if (i >= half) {
+        *a = n_rot + 2 * (i - half);
+        *b = *a + 1;
+        return false;
+    }
+    *a = mode == 0 ? 2 * i : i;
+    *b = mode == 0 ? 2 * i + 1 : i + half;
+    return true;
+}
+
 // One element of a weight row in any of the float or block formats.
 __device__ __forceinline__ float dq(const u8* row, int e, int type) {
     switch (type) {

@@ -385,17 +385,21 @@ fn f16_bytes(v: &[f32]) -> Vec<u8> {
 fn attention_matches_cpu_across_splits_and_cache_types() {
     let Some(mut gpu) = gpu() else { return };
     let mut rng = Rng(21);
-    // (head_dim, n_head, n_head_kv, n_ctx, kv_pos, n_tok)
-    // Prompts of more than 8 tokens with f16 caches take the tensor-core kernel.
+    // (head_dim, n_head, n_head_kv, n_ctx, kv_pos, n_tok, llama-style rope)
+    // Prompts of more than 8 tokens with f16 caches take the tensor-core kernel;
+    // one token ropes q and k inside the attention. The llama-style cases rotate
+    // adjacent pairs of half the dims with per-pair frequency factors.
     let cases = [
-        (64, 8, 2, 512, 0, 5),
-        (128, 20, 5, 4096, 300, 1),
-        (128, 20, 5, 4096, 1000, 3),
-        (32, 4, 4, 256, 17, 2),
-        (64, 8, 2, 512, 0, 40),
-        (128, 20, 5, 4096, 100, 77),
+        (64, 8, 2, 512, 0, 5, false),
+        (128, 20, 5, 4096, 300, 1, false),
+        (128, 20, 5, 4096, 1000, 3, false),
+        (32, 4, 4, 256, 17, 2, false),
+        (64, 8, 2, 512, 0, 40, false),
+        (128, 20, 5, 4096, 100, 77, false),
+        (64, 8, 2, 512, 45, 1, true),
+        (64, 8, 2, 512, 45, 3, true),
     ];
-    for &(hd, nh, nkv, n_ctx, kv_pos, n) in &cases {
+    for &(hd, nh, nkv, n_ctx, kv_pos, n, llama) in &cases {
         for cache_ty in [GgmlType::F32, GgmlType::F16] {
             let row = hd * nkv;
             let mut g = Graph::new();
@@ -414,8 +418,10 @@ fn attention_matches_cpu_across_splits_and_cache_types() {
                 kv_pos,
             };
             // Rope on q and k, as models do: the GPU fuses it with the cache store.
-            let r = RopeParams { mode: RopeMode::Neox, n_rot: hd, head_dim: hd, freq_base: 500000.0, freq_scale: 1.0 };
-            let (qr, kr) = (g.rope(q, pos, None, r), g.rope(k, pos, None, r));
+            let (mode, n_rot) = if llama { (RopeMode::Norm, hd / 2) } else { (RopeMode::Neox, hd) };
+            let r = RopeParams { mode, n_rot, head_dim: hd, freq_base: 500000.0, freq_scale: 1.0 };
+            let factors = llama.then(|| g.weight(3, "rope_freqs", GgmlType::F32, [n_rot / 2, 1, 1, 1]));
+            let (qr, kr) = (g.rope(q, pos, factors, r), g.rope(k, pos, factors, r));
             let a = g.attention(qr, kr, v, kc, vc, pos, p);
             let cache = |rng: &mut Rng| {
                 let vals = rng.vec(row * n_ctx);
@@ -426,7 +432,7 @@ fn attention_matches_cpu_across_splits_and_cache_types() {
                 }
             };
             let positions: Vec<i32> = (kv_pos..kv_pos + n).map(|p| p as i32).collect();
-            let data = HashMap::from([
+            let mut data = HashMap::from([
                 (q, bytes_f32(&rng.vec(hd * nh * n))),
                 (k, bytes_f32(&rng.vec(row * n))),
                 (v, bytes_f32(&rng.vec(row * n))),
@@ -434,6 +440,10 @@ fn attention_matches_cpu_across_splits_and_cache_types() {
                 (vc, cache(&mut rng)),
                 (pos, bytes_i32(&positions)),
             ]);
+            if let Some(f) = factors {
+                data.insert(f, bytes_f32(&rng.vec(n_rot / 2).iter().map(|v| 1.5 + 0.5 * v).collect::<Vec<_>>()));
+            }
+            // The caches are compared too: their new rows are written here.
             // The tensor-core kernel rounds q and the softmax weights to f16.
             let bound = match (cache_ty, n > 8) {
                 (GgmlType::F16, true) => 5e-3,
@@ -444,11 +454,11 @@ fn attention_matches_cpu_across_splits_and_cache_types() {
                 &mut gpu,
                 &g,
                 &data,
-                &[a],
+                &[a, kc, vc],
                 bound,
-                &format!("attention {hd}/{nh}/{nkv} pos {kv_pos} n {n} {cache_ty}"),
+                &format!("attention {hd}/{nh}/{nkv} pos {kv_pos} n {n} {cache_ty} llama rope {llama}"),
             );
-            eprintln!("attention hd={hd} heads={nh}/{nkv} kv_pos={kv_pos} n={n} {cache_ty}: {e:.1e}");
+            eprintln!("attention hd={hd} heads={nh}/{nkv} kv_pos={kv_pos} n={n} {cache_ty} llama rope {llama}: {e:.1e}");
         }
     }
 }
