@@ -109,6 +109,21 @@ fn every_format_packing_and_isa_matches_the_reference() {
     }
 }
 
+/// Prompt-sized batches take decoded panels of up to 64 rows: full and
+/// partial panels, rows left over past the last 16, token tiles cut by the
+/// 64-token block, and ranges (halves) that start off a panel boundary.
+#[test]
+fn prompt_panels_match_the_reference() {
+    let mut rng = Rng(11);
+    for (ty, k) in [(GgmlType::TQ2_0, 512), (GgmlType::IQ1_BN, 320), (GgmlType::I2_S, 384)] {
+        for packing in [Packing::Bits2, Packing::Base3] {
+            for (rows, n) in [(16, 12), (64, 13), (81, 70), (150, 77), (224, 140), (48, 6)] {
+                check(ty, k, rows, n, false, packing, &mut rng);
+            }
+        }
+    }
+}
+
 #[test]
 fn rows_with_several_block_scales_are_exact_too() {
     let mut rng = Rng(11);

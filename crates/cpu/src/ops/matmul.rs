@@ -87,10 +87,10 @@ fn mul_mat_ternary(w: &PackedTernary, x: &Tensor, y: &mut [f32], cx: &Ctx) {
     }
     let acts = &cache.as_ref().expect("filled above").1;
     let out = ternary::Out { ptr: y.as_mut_ptr(), ld: w.rows };
-    // Whole 16-row groups per thread keep the kernels' tiles full.
-    let (groups, isa) = (w.rows.div_ceil(16), cx.isa);
-    cx.pool.for_chunks_claimed(groups, 1, |g| {
-        let rows = (g.start * 16).min(w.rows)..(g.end * 16).min(w.rows);
+    // Whole row groups per thread keep the kernels' tiles full.
+    let (unit, isa) = (ternary::rows_per_claim(acts.n), cx.isa);
+    cx.pool.for_chunks_claimed(w.rows.div_ceil(unit), 1, |g| {
+        let rows = (g.start * unit).min(w.rows)..(g.end * unit).min(w.rows);
         // SAFETY: every thread writes its own rows; `isa` is the backend's, which is available.
         unsafe { ternary::gemm(w, rows, acts, out, isa) };
     });

@@ -170,7 +170,7 @@ pub unsafe fn gemm_bits2(w: &PackedTernary, rows: Range<usize>, acts: &PackedAct
         row_edge: tile_bits2::<1, T>,
         token_edge: &[tile_bits2::<R, 1>],
         single: tile_bits2::<1, 1>,
-        decoded: None,
+        panel: None,
     };
     tiles.drive(w, rows, acts, out)
 }
@@ -183,7 +183,7 @@ pub unsafe fn gemm_base3(w: &PackedTernary, rows: Range<usize>, acts: &PackedAct
         row_edge: tile_base3::<1, T>,
         token_edge: &[tile_base3::<R, 1>],
         single: tile_base3::<1, 1>,
-        decoded: None,
+        panel: None,
     };
     tiles.drive(w, rows, acts, out)
 }

@@ -8,7 +8,7 @@ use std::arch::x86_64::*;
 
 use std::ops::Range;
 
-use super::{finish, Decoded, Out, PackedActs, PackedTernary, Tiles};
+use super::{finish, panel, Out, PackedActs, PackedTernary, Tiles};
 
 /// Tiles ahead that the streaming kernels prefetch. A tile's rows are
 /// contiguous, and the hardware prefetcher stops at page ends, which a
@@ -238,80 +238,10 @@ unsafe fn tile_base3_lut<const RR: usize, const TT: usize>(
     store(&acc, w, r0, acts, t0, out);
 }
 
-/// Rows per decoded tile: 6 × 4 accumulators + 6 code vectors + 1 activation
-/// fill 31 of the 32 registers.
-const DR: usize = 6;
-
-/// Rows `r0..r0 + DR` of a Bits2 matrix as code bytes, `k_pad` per row.
-#[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn decode_bits2(w: &PackedTernary, r0: usize, codes: &mut [u8]) {
-    let (mask, k_pad) = (_mm512_set1_epi8(3), w.layout.k_pad);
-    for r in 0..DR {
-        let (src, dst) = (w.row(r0 + r).as_ptr(), codes.as_mut_ptr().add(r * k_pad));
-        for c in 0..k_pad / 256 {
-            let mut cur = _mm512_loadu_si512(src.add(64 * c) as *const _);
-            for i in 0..4 {
-                _mm512_storeu_si512(dst.add(256 * c + 64 * i) as *mut _, _mm512_and_si512(cur, mask));
-                cur = _mm512_srli_epi16::<2>(cur);
-            }
-        }
-    }
-}
-
-/// Rows `r0..r0 + DR` of a Base3 matrix as code bytes, `k_pad` per row.
-#[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn decode_base3(w: &PackedTernary, r0: usize, codes: &mut [u8]) {
-    let one = _mm512_set1_epi8(1);
-    let (t1, t2) = (_mm512_set1_epi8(86u8 as i8), _mm512_set1_epi8(171u8 as i8));
-    let k_pad = w.layout.k_pad;
-    for r in 0..DR {
-        let (src, dst) = (w.row(r0 + r).as_ptr(), codes.as_mut_ptr().add(r * k_pad));
-        for c in 0..k_pad / 320 {
-            let mut q = _mm512_loadu_si512(src.add(64 * c) as *const _);
-            for i in 0..5 {
-                if i > 0 {
-                    q = _mm512_add_epi8(_mm512_add_epi8(q, q), q);
-                }
-                let lo = _mm512_maskz_mov_epi8(_mm512_cmpge_epu8_mask(q, t1), one);
-                let code = _mm512_mask_add_epi8(lo, _mm512_cmpge_epu8_mask(q, t2), lo, one);
-                _mm512_storeu_si512(dst.add(320 * c + 64 * i) as *mut _, code);
-            }
-        }
-    }
-}
-
-/// A tile over decoded code bytes (`RR × k_pad`): loads and `vpdpbusd` only.
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn tile_codes<const RR: usize, const TT: usize>(
-    w: &PackedTernary,
-    r0: usize,
-    codes: &[u8],
-    acts: &PackedActs,
-    t0: usize,
-    out: Out,
-) {
-    let k_pad = w.layout.k_pad;
-    let mut acc = [[_mm512_setzero_si512(); TT]; RR];
-    let ap = act_ptrs::<TT>(acts, t0);
-    for j in (0..k_pad).step_by(64) {
-        let mut cw = [_mm512_setzero_si512(); RR];
-        for (r, v) in cw.iter_mut().enumerate() {
-            *v = _mm512_loadu_si512(codes.as_ptr().add(r * k_pad + j) as *const _);
-        }
-        for t in 0..TT {
-            let a = _mm512_load_si512(ap[t].add(j) as *const _);
-            for r in 0..RR {
-                acc[r][t] = _mm512_dpbusd_epi32(acc[r][t], cw[r], a);
-            }
-        }
-    }
-    store(&acc, w, r0, acts, t0, out);
-}
-
-/// The AVX-512 tile set of a direct tile kernel and a decoder: full R×T tiles,
-/// their edges, and the decoded path for prompt-sized batches.
+/// The AVX-512 tile set of a direct tile kernel and a panel decoder: full
+/// R×T tiles, their edges, and decoded panels for prompt-sized batches.
 macro_rules! tiles {
-    ($tile:ident, $decode:ident) => {
+    ($tile:ident, $panel:expr) => {
         Tiles {
             rows: R,
             tokens: T,
@@ -319,12 +249,7 @@ macro_rules! tiles {
             row_edge: $tile::<1, T>,
             token_edge: &[$tile::<R, 1>, $tile::<R, 2>, $tile::<R, 3>],
             single: $tile::<1, 1>,
-            decoded: Some(Decoded {
-                rows: DR,
-                decode: $decode,
-                full: tile_codes::<DR, T>,
-                token_edge: &[tile_codes::<DR, 1>, tile_codes::<DR, 2>, tile_codes::<DR, 3>],
-            }),
+            panel: Some($panel),
         }
     };
 }
@@ -345,16 +270,16 @@ pub unsafe fn gemm_bits2(w: &PackedTernary, rows: Range<usize>, acts: &PackedAct
         }
         return;
     }
-    tiles!(tile_bits2, decode_bits2).drive(w, rows, acts, out)
+    tiles!(tile_bits2, panel::bits2()).drive(w, rows, acts, out)
 }
 
 pub unsafe fn gemm_base3(w: &PackedTernary, rows: Range<usize>, acts: &PackedActs, out: Out, lut: bool) {
     if lut {
         return gemm_base3_lut(w, rows, acts, out);
     }
-    tiles!(tile_base3, decode_base3).drive(w, rows, acts, out)
+    tiles!(tile_base3, panel::base3()).drive(w, rows, acts, out)
 }
 
 unsafe fn gemm_base3_lut(w: &PackedTernary, rows: Range<usize>, acts: &PackedActs, out: Out) {
-    tiles!(tile_base3_lut, decode_base3).drive(w, rows, acts, out)
+    tiles!(tile_base3_lut, panel::base3()).drive(w, rows, acts, out)
 }

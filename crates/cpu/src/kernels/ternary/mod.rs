@@ -10,6 +10,7 @@
 
 mod avx2;
 mod avx512;
+mod panel;
 
 use tern_quant::ternary::rows::{self, Layout, Packing};
 
@@ -37,6 +38,11 @@ impl PackedTernary {
 
     pub fn row(&self, r: usize) -> &[u8] {
         &self.data.as_slice()[r * self.layout.row_bytes..(r + 1) * self.layout.row_bytes]
+    }
+
+    /// The scales of rows `r..` (one per row when `layout.groups` is 1).
+    pub fn scales_from(&self, r: usize) -> &[f32] {
+        &self.scales[r * self.layout.groups..]
     }
 
     pub fn row_scales(&self, r: usize) -> &[f32] {
@@ -144,6 +150,16 @@ impl Base3Decode {
     }
 }
 
+/// The row count that a thread's share of a product should be a multiple
+/// of: whole panels for a prompt, whole 16-row tiles for a few tokens.
+pub fn rows_per_claim(tokens: usize) -> usize {
+    if tokens >= TOKEN_BLOCK {
+        64
+    } else {
+        16
+    }
+}
+
 /// `y[t·ld + r] = W[r] · x[t]` for `r` in `rows`, every token of `acts`.
 ///
 /// # Safety
@@ -193,21 +209,25 @@ unsafe fn gemm_scalar(w: &PackedTernary, rows: std::ops::Range<usize>, acts: &Pa
 /// A kernel for one tile: R weight rows starting at a row, T tokens starting at a token.
 type Tile = unsafe fn(&PackedTernary, usize, &PackedActs, usize, Out);
 
-/// A kernel for one tile whose R rows were decoded to one code byte per weight.
-type CodesTile = unsafe fn(&PackedTernary, usize, &[u8], &PackedActs, usize, Out);
+/// A tile over a decoded panel (see [`Panel`]): its rows start at a row,
+/// T tokens start at a token.
+type PanelTile = unsafe fn(&PackedTernary, usize, &[u8], &PackedActs, usize, Out);
 
-/// Prompt-sized batches decode each row tile once per token block into a
-/// scratch of codes, then every token tile reads plain bytes: the unpacking
-/// is paid once per block instead of once per token tile.
-struct Decoded {
-    /// Rows per decoded tile (its accumulators need fewer registers than a
-    /// direct tile's, so it can be taller).
-    rows: usize,
-    /// Decodes rows `r0..r0 + rows` into `rows × k_pad` code bytes.
-    decode: unsafe fn(&PackedTernary, usize, &mut [u8]),
-    full: CodesTile,
-    /// R rows × 1..T-1 tokens (index = tokens − 1).
-    token_edge: &'static [CodesTile],
+/// Prompt-sized batches decode a panel of up to `vectors` × 16 rows once per
+/// token block into code bytes interleaved for `vpdpbusd`: one 64-byte
+/// vector holds 4 consecutive weights of 16 rows. A tile then broadcasts 4
+/// activations of a token against it, so each accumulator holds 16 rows'
+/// sums and the tile ends with no horizontal reductions; the unpacking is
+/// paid once per panel and block instead of once per token tile.
+struct Panel {
+    /// 16-row vectors in a full panel.
+    vectors: usize,
+    /// Tokens in a full tile.
+    tokens: usize,
+    /// Decodes `v` vectors of rows from a row into the scratch.
+    decode: unsafe fn(&PackedTernary, usize, usize, &mut [u8]),
+    /// The tile for `v` vectors and `t` tokens: `tiles[v − 1][t − 1]`.
+    tiles: &'static [&'static [PanelTile]],
 }
 
 /// An ISA's tile kernels: the full R×T tile and the smaller ones for edges.
@@ -220,52 +240,73 @@ struct Tiles {
     /// R rows × 1..T-1 tokens (index = tokens − 1).
     token_edge: &'static [Tile],
     single: Tile,
-    decoded: Option<Decoded>,
+    panel: Option<Panel>,
 }
 
-/// Tokens whose activations stay in cache while every row tile passes over
-/// them (64 rows of 6912 int8 is 442 KB, within a core's L2). Weights are
-/// then read from memory once per block of tokens instead of once per tile.
+/// Tokens whose activations stay in cache while every direct row tile passes
+/// over them (64 rows of 6912 int8 is 442 KB, within a core's L2). Weights
+/// are then read from memory once per block of tokens instead of once per tile.
 const TOKEN_BLOCK: usize = 64;
 
+thread_local! {
+    /// A thread's decoded panel, kept between calls: a fresh zeroed buffer of
+    /// this size would be new pages, faulted in on every matmul.
+    static PANEL: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 impl Tiles {
-    /// Covers `rows` × every token: token blocks outermost, then row tiles,
-    /// then token tiles; edges get the smaller kernels.
+    /// Covers `rows` × every token. A prompt-sized batch runs whole panels
+    /// over every token (each panel decoded once, the activations streaming
+    /// past it); the rows left, and smaller batches, run the direct tiles by
+    /// token blocks.
     unsafe fn drive(&self, w: &PackedTernary, rows: std::ops::Range<usize>, acts: &PackedActs, out: Out) {
-        let (rr, tt) = (self.rows, self.tokens);
+        let mut r = rows.start;
+        if let Some(p) = self.panel.as_ref().filter(|p| acts.n >= 2 * p.tokens) {
+            PANEL.with_borrow_mut(|scratch| {
+                scratch.resize(16 * p.vectors * w.layout.k_pad, 0);
+                while rows.end - r >= 16 {
+                    let v = ((rows.end - r) / 16).min(p.vectors);
+                    (p.decode)(w, r, v, scratch);
+                    for t0 in (0..acts.n).step_by(p.tokens) {
+                        let tt = (acts.n - t0).min(p.tokens);
+                        (p.tiles[v - 1][tt - 1])(w, r, scratch, acts, t0, out);
+                    }
+                    r += 16 * v;
+                }
+            });
+        }
         for block in (0..acts.n).step_by(TOKEN_BLOCK) {
-            let block_end = (block + TOKEN_BLOCK).min(acts.n);
-            let full_end = block + (block_end - block) / tt * tt;
-            let mut r = rows.start;
-            if let Some(d) = self.decoded.as_ref().filter(|_| full_end - block >= 2 * tt) {
-                let mut scratch = vec![0u8; d.rows * w.layout.k_pad];
-                while r + d.rows <= rows.end {
-                    (d.decode)(w, r, &mut scratch);
-                    for t0 in (block..full_end).step_by(tt) {
-                        (d.full)(w, r, &scratch, acts, t0, out);
-                    }
-                    if full_end < block_end {
-                        (d.token_edge[block_end - full_end - 1])(w, r, &scratch, acts, full_end, out);
-                    }
-                    r += d.rows;
-                }
+            self.direct(w, r..rows.end, acts, block..(block + TOKEN_BLOCK).min(acts.n), out);
+        }
+    }
+
+    /// Rows × tokens with the tiles that unpack weights as they go.
+    unsafe fn direct(
+        &self,
+        w: &PackedTernary,
+        rows: std::ops::Range<usize>,
+        acts: &PackedActs,
+        tokens: std::ops::Range<usize>,
+        out: Out,
+    ) {
+        let (rr, tt) = (self.rows, self.tokens);
+        let full_end = tokens.start + tokens.len() / tt * tt;
+        let mut r = rows.start;
+        while r + rr <= rows.end {
+            for t0 in (tokens.start..full_end).step_by(tt) {
+                (self.full)(w, r, acts, t0, out);
             }
-            while r + rr <= rows.end {
-                for t0 in (block..full_end).step_by(tt) {
-                    (self.full)(w, r, acts, t0, out);
-                }
-                if full_end < block_end {
-                    (self.token_edge[block_end - full_end - 1])(w, r, acts, full_end, out);
-                }
-                r += rr;
+            if full_end < tokens.end {
+                (self.token_edge[tokens.end - full_end - 1])(w, r, acts, full_end, out);
             }
-            for r in r..rows.end {
-                for t0 in (block..full_end).step_by(tt) {
-                    (self.row_edge)(w, r, acts, t0, out);
-                }
-                for t in full_end..block_end {
-                    (self.single)(w, r, acts, t, out);
-                }
+            r += rr;
+        }
+        for r in r..rows.end {
+            for t0 in (tokens.start..full_end).step_by(tt) {
+                (self.row_edge)(w, r, acts, t0, out);
+            }
+            for t in full_end..tokens.end {
+                (self.single)(w, r, acts, t, out);
             }
         }
     }
