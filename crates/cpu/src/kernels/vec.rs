@@ -219,6 +219,31 @@ fn exp_shifted_sum_loop(xs: &mut [f32], shift: f32) -> f32 {
     s.iter().sum()
 }
 
+/// `dst = src` widened from f16 (exact). The AVX-512 path converts 16 at a
+/// time in place; elsewhere `half` picks its own instructions.
+pub fn f16_to_f32(src: &[half::f16], dst: &mut [f32], isa: Isa) {
+    use half::slice::HalfFloatSliceExt;
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn avx512(src: &[half::f16], dst: &mut [f32]) {
+        use std::arch::x86_64::*;
+        let n = src.len().min(dst.len());
+        let mut i = 0;
+        while i + 16 <= n {
+            let h = _mm256_loadu_si256(src.as_ptr().add(i) as *const _);
+            _mm512_storeu_ps(dst.as_mut_ptr().add(i), _mm512_cvtph_ps(h));
+            i += 16;
+        }
+        src[i..n].convert_to_f32_slice(&mut dst[i..n]);
+    }
+    match isa {
+        // SAFETY: the caller's `isa` is available on this processor.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { avx512(src, dst) },
+        _ => src.convert_to_f32_slice(dst),
+    }
+}
+
 /// Instantiates a loop at each SIMD level (the same body compiled with each
 /// level's target features; the plain build is the scalar twin) and
 /// dispatches on `isa`.

@@ -60,14 +60,14 @@ impl Cache {
 
     /// Element range `[start, start + out.len())` of `row`, widened into `out`
     /// (`start` and the length are whole blocks: head boundaries).
-    fn load(&self, row: usize, start: usize, out: &mut [f32]) {
+    fn load(&self, row: usize, start: usize, out: &mut [f32], isa: Isa) {
         // SAFETY: rows below the current position were written by `store`; the
         // cache buffer holds n_ctx rows (checked when the graph was built).
         unsafe {
             let base = self.ptr.add(row * self.row_bytes);
             match self.ty {
                 GgmlType::F16 => {
-                    std::slice::from_raw_parts((base as *const f16).add(start), out.len()).convert_to_f32_slice(out)
+                    vec::f16_to_f32(std::slice::from_raw_parts((base as *const f16).add(start), out.len()), out, isa)
                 }
                 GgmlType::F32 => {
                     out.copy_from_slice(std::slice::from_raw_parts((base as *const f32).add(start), out.len()))
@@ -276,8 +276,8 @@ impl Task {
         for start in (positions.start..end).step_by(POSITIONS) {
             let n_pos = POSITIONS.min(end - start);
             for j in 0..n_pos {
-                kc.load(start + j, g * hd, &mut self.krows[j * hd..(j + 1) * hd]);
-                vc.load(start + j, g * hd, &mut self.vrows[j * hd..(j + 1) * hd]);
+                kc.load(start + j, g * hd, &mut self.krows[j * hd..(j + 1) * hd], isa);
+                vc.load(start + j, g * hd, &mut self.vrows[j * hd..(j + 1) * hd], isa);
             }
             // Scores then run along positions: one broadcast of q[d] feeds a
             // whole vector of positions, with no horizontal sums. One token's
