@@ -250,7 +250,7 @@ pub fn f16_to_f32(src: &[half::f16], dst: &mut [f32], isa: Isa) {
 macro_rules! per_isa {
     ($(#[$doc:meta])* pub fn $name:ident($($arg:ident: $ty:ty),*) $(-> $ret:ty)? => $body:expr) => {
         $(#[$doc])*
-        pub fn $name($($arg: $ty,)* isa: Isa) $(-> $ret)? {
+        pub fn $name($($arg: $ty,)* isa: $crate::isa::Isa) $(-> $ret)? {
             #[cfg(target_arch = "x86_64")]
             #[target_feature(enable = "avx512f")]
             unsafe fn avx512($($arg: $ty),*) $(-> $ret)? {
@@ -264,14 +264,16 @@ macro_rules! per_isa {
             match isa {
                 // SAFETY: the caller's `isa` is available on this processor.
                 #[cfg(target_arch = "x86_64")]
-                Isa::Avx512 => unsafe { avx512($($arg),*) },
+                $crate::isa::Isa::Avx512 => unsafe { avx512($($arg),*) },
                 #[cfg(target_arch = "x86_64")]
-                Isa::Avx2 => unsafe { avx2($($arg),*) },
+                $crate::isa::Isa::Avx2 => unsafe { avx2($($arg),*) },
                 _ => $body,
             }
         }
     };
 }
+
+pub(crate) use per_isa;
 
 per_isa! {
     /// Attention scores of `q` against 64 keys stored transposed (`[q.len()][64]`).

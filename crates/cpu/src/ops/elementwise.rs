@@ -1,10 +1,14 @@
-//! Row-wise and pointwise ops on f32 tensors.
+//! Row-wise and pointwise ops on f32 tensors, each compiled per ISA level
+//! (the same loop; results do not depend on the level).
 
 use tern_graph::Activation;
 
+use crate::kernels::vec::per_isa;
+
 /// `y = x / sqrt(mean(x²) + eps)` per row of `n`. The mean is accumulated in
 /// f64 so long rows do not lose precision.
-pub fn rms_norm(x: &[f32], n: usize, eps: f32, y: &mut [f32]) {
+#[inline(always)]
+fn rms_norm_loop(x: &[f32], n: usize, eps: f32, y: &mut [f32]) {
     for (xr, yr) in x.chunks_exact(n).zip(y.chunks_exact_mut(n)) {
         // Eight independent f64 partial sums: the loop vectorises and is not
         // one long dependency chain.
@@ -27,9 +31,14 @@ pub fn rms_norm(x: &[f32], n: usize, eps: f32, y: &mut [f32]) {
     }
 }
 
+per_isa! {
+    pub fn rms_norm(x: &[f32], n: usize, eps: f32, y: &mut [f32]) => rms_norm_loop(x, n, eps, y)
+}
+
 /// `y = f(a, b)` where `b` is either the same shape as `a` or one row
 /// broadcast over all rows of `a`.
-pub fn binary(a: &[f32], b: &[f32], y: &mut [f32], f: impl Fn(f32, f32) -> f32) {
+#[inline(always)]
+fn binary_loop(a: &[f32], b: &[f32], y: &mut [f32], f: impl Fn(f32, f32) -> f32) {
     let n = b.len();
     for (ar, yr) in a.chunks_exact(n).zip(y.chunks_exact_mut(n)) {
         for ((o, &x), &w) in yr.iter_mut().zip(ar).zip(b) {
@@ -38,22 +47,42 @@ pub fn binary(a: &[f32], b: &[f32], y: &mut [f32], f: impl Fn(f32, f32) -> f32) 
     }
 }
 
-pub fn scale(x: &[f32], factor: f32, y: &mut [f32]) {
-    for (o, &v) in y.iter_mut().zip(x) {
-        *o = v * factor;
+per_isa! {
+    /// `y = a · b` (see [`binary_loop`] for the shapes).
+    pub fn mul(a: &[f32], b: &[f32], y: &mut [f32]) => binary_loop(a, b, y, |x, w| x * w)
+}
+
+per_isa! {
+    /// `y = a + b` (see [`binary_loop`] for the shapes).
+    pub fn add(a: &[f32], b: &[f32], y: &mut [f32]) => binary_loop(a, b, y, |x, w| x + w)
+}
+
+per_isa! {
+    pub fn scale(x: &[f32], factor: f32, y: &mut [f32]) => {
+        for (o, &v) in y.iter_mut().zip(x) {
+            *o = v * factor;
+        }
     }
 }
 
 /// `y = act(gate) * up`.
-pub fn gated(gate: &[f32], up: &[f32], act: Activation, y: &mut [f32]) {
-    for ((o, &g), &u) in y.iter_mut().zip(gate).zip(up) {
-        let a = match act {
-            Activation::Silu => g / (1.0 + (-g).exp()),
-            Activation::Relu2 => {
-                let r = g.max(0.0);
-                r * r
+#[inline(always)]
+fn gated_loop(gate: &[f32], up: &[f32], act: Activation, y: &mut [f32]) {
+    match act {
+        Activation::Silu => {
+            for ((o, &g), &u) in y.iter_mut().zip(gate).zip(up) {
+                *o = g / (1.0 + (-g).exp()) * u;
             }
-        };
-        *o = a * u;
+        }
+        Activation::Relu2 => {
+            for ((o, &g), &u) in y.iter_mut().zip(gate).zip(up) {
+                let r = g.max(0.0);
+                *o = r * r * u;
+            }
+        }
     }
+}
+
+per_isa! {
+    pub fn gated(gate: &[f32], up: &[f32], act: Activation, y: &mut [f32]) => gated_loop(gate, up, act, y)
 }

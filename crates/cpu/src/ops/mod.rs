@@ -88,7 +88,7 @@ unsafe fn rows_mut(base: Rows, width: usize, r: &std::ops::Range<usize>) -> &mut
 /// `dst` must not overlap any of `srcs`, and no other thread may access them.
 pub unsafe fn run(node: &Node, dst: Tensor, srcs: &[Tensor], cx: &Ctx) {
     let (width, n_rows) = (node.ne[0], node.n_rows());
-    let out = Rows(dst.ptr as *mut f32);
+    let (out, isa) = (Rows(dst.ptr as *mut f32), cx.isa);
     // Row `r`'s slice of a source; a one-row source broadcasts.
     let src_rows = |i: usize, r: &std::ops::Range<usize>| -> &[f32] {
         let x = srcs[i].f32();
@@ -102,19 +102,19 @@ pub unsafe fn run(node: &Node, dst: Tensor, srcs: &[Tensor], cx: &Ctx) {
         Op::Weight(_) | Op::Input(_) | Op::KvCache { .. } => {}
         Op::GetRows => matmul::get_rows(&srcs[0], srcs[1].i32(), dst.f32_mut(), cx),
         Op::RmsNorm { eps } => {
-            by_rows(cx, n_rows, |r| elementwise::rms_norm(src_rows(0, &r), width, *eps, rows_mut(out, width, &r)))
+            by_rows(cx, n_rows, |r| elementwise::rms_norm(src_rows(0, &r), width, *eps, rows_mut(out, width, &r), isa))
         }
         Op::Mul => by_rows(cx, n_rows, |r| {
-            elementwise::binary(src_rows(0, &r), src_rows(1, &r), rows_mut(out, width, &r), |a, b| a * b)
+            elementwise::mul(src_rows(0, &r), src_rows(1, &r), rows_mut(out, width, &r), isa)
         }),
         Op::Add => by_rows(cx, n_rows, |r| {
-            elementwise::binary(src_rows(0, &r), src_rows(1, &r), rows_mut(out, width, &r), |a, b| a + b)
+            elementwise::add(src_rows(0, &r), src_rows(1, &r), rows_mut(out, width, &r), isa)
         }),
         Op::Scale { factor } => {
-            by_rows(cx, n_rows, |r| elementwise::scale(src_rows(0, &r), *factor, rows_mut(out, width, &r)))
+            by_rows(cx, n_rows, |r| elementwise::scale(src_rows(0, &r), *factor, rows_mut(out, width, &r), isa))
         }
         Op::GatedAct(act) => by_rows(cx, n_rows, |r| {
-            elementwise::gated(src_rows(0, &r), src_rows(1, &r), *act, rows_mut(out, width, &r))
+            elementwise::gated(src_rows(0, &r), src_rows(1, &r), *act, rows_mut(out, width, &r), isa)
         }),
         Op::Rope(p) => by_rows(cx, n_rows, |r| {
             let pos = &srcs[1].i32()[r.clone()];

@@ -27,18 +27,26 @@ pub fn rope(x: &[f32], positions: &[i32], factors: Option<&[f32]>, p: &RopeParam
     });
 }
 
-/// The (cos, sin) of every pair at one position. Decoding ropes q and k of
-/// every layer at the same position, so each thread keeps the last table it
-/// computed: 2 × n_layer ropes a token cost one table of sines.
+/// The (cos, sin) of every pair at a run of consecutive positions. Decoding
+/// ropes q and k of every layer at the same position, and a prompt's tokens
+/// keep their positions through every layer (a thread gets the same rows of
+/// each rope op), so each thread keeps the run it computed last and extends
+/// it while positions follow on: a prompt's sines are computed once, not
+/// 2 × n_layer times.
 #[derive(Default)]
 struct Angles {
     /// (freq_base, freq_scale, n_rot) and the frequency divisors `freqs` is for.
     params: Option<(u32, u32, usize)>,
     factors: Vec<f32>,
     freqs: Vec<f64>,
-    pos: Option<i32>,
+    /// The first position of the run; `cos_sin` holds `freqs.len()` pairs per position.
+    first: i32,
     cos_sin: Vec<(f64, f64)>,
 }
+
+/// Positions a run may hold before it starts over (2 MB of angles at 64
+/// pairs a position).
+const MAX_RUN: usize = 2048;
 
 thread_local! {
     static ANGLES: std::cell::RefCell<Angles> = std::cell::RefCell::new(Angles::default());
@@ -56,17 +64,23 @@ impl Angles {
                 .collect();
             self.params = Some(params);
             self.factors = factors.unwrap_or_default().to_vec();
-            self.pos = None;
-        }
-        if self.pos != Some(pos) {
             self.cos_sin.clear();
+        }
+        let half = self.freqs.len();
+        let held = (self.cos_sin.len() / half.max(1)) as i64;
+        let i = pos as i64 - self.first as i64;
+        if !(0..held).contains(&i) {
+            if i != held || held as usize >= MAX_RUN {
+                self.first = pos;
+                self.cos_sin.clear();
+            }
             self.cos_sin.extend(self.freqs.iter().map(|f| {
                 let (s, c) = (pos as f64 * f).sin_cos();
                 (c, s)
             }));
-            self.pos = Some(pos);
         }
-        &self.cos_sin
+        let i = (pos - self.first) as usize;
+        &self.cos_sin[i * half..(i + 1) * half]
     }
 }
 
@@ -106,9 +120,13 @@ mod tests {
         let f1: Vec<f32> = (0..8).map(|i| 1.0 + i as f32).collect();
         let f2: Vec<f32> = (0..8).map(|i| 8.0 - i as f32 * 0.5).collect();
         let x: Vec<f32> = (0..48).map(|i| ((i * 37) % 11) as f32 - 5.0).collect();
-        let cases: [(&RopeParams, Option<&[f32]>, i32); 8] = [
+        let cases: [(&RopeParams, Option<&[f32]>, i32); 12] = [
             (&a, None, 3),
             (&a, None, 3),
+            (&a, None, 4),
+            (&a, None, 2),
+            (&a, None, 3),
+            (&a, None, 5),
             (&a, None, 4),
             (&b, None, 4),
             (&a, Some(&f1), 4),
