@@ -20,7 +20,7 @@ pub use calibrate::Rates;
 
 use buffer::{Buffers, Storage};
 use isa::Isa;
-use kernels::ternary::PackedTernary;
+use kernels::ternary::{Base3Decode, PackedTernary};
 use pool::Pool;
 
 pub struct CpuBackend {
@@ -43,11 +43,16 @@ impl CpuBackend {
     }
 }
 
-/// The in-memory layout a ternary file type is repacked into: 1.6-bit files
-/// stay 1.6-bit, the rest become 2-bit.
-fn packing(ty: GgmlType) -> Packing {
+/// The in-memory layout a ternary file type is repacked into. Both layouts
+/// hold the same trits, so results do not depend on the choice. Where
+/// base-3 bytes decode by table lookups (AVX-512 VBMI) fast enough to keep
+/// up with memory, every file goes to 1.6 bits: a token then reads 20% fewer
+/// weight bytes. Elsewhere 1.6-bit files stay 1.6-bit and the rest become 2-bit.
+fn packing(ty: GgmlType, isa: Isa) -> Packing {
+    let lookups = isa == Isa::Avx512 && Base3Decode::best() == Base3Decode::Lookup;
     match ty {
         GgmlType::TQ1_0 | GgmlType::IQ1_BN => Packing::Base3,
+        _ if lookups => Packing::Base3,
         _ => Packing::Bits2,
     }
 }
@@ -85,7 +90,7 @@ impl Backend for CpuBackend {
         let (storage, aliases_host) = if desc.ty.is_ternary() && is_matrix {
             // Repacked once into the kernels' layout; the file bytes are no longer read.
             let (k, rows) = (desc.ne[0], desc.ne[1]);
-            (Storage::Ternary(PackedTernary::new(desc.ty, bytes.as_slice(), k, rows, packing(desc.ty))), false)
+            (Storage::Ternary(PackedTernary::new(desc.ty, bytes.as_slice(), k, rows, packing(desc.ty, self.isa))), false)
         } else {
             (Storage::Host(bytes), true)
         };

@@ -122,33 +122,33 @@ impl Pool {
     }
 }
 
-/// Chunks per thread when threads take chunks as they finish: enough that a
-/// thread slowed by the machine (a busy neighbour, a descheduled vCPU) does
-/// not hold up the op, few enough that each chunk streams a long run of rows.
-const CHUNKS_PER_THREAD: usize = 4;
+/// How finely claimed work is cut: each claim takes this fraction of what is
+/// left divided by the thread count, so early claims stream long runs of
+/// rows and the last ones are small, and threads finish together even when
+/// one was slowed by the machine (a busy neighbour, a descheduled vCPU).
+const CLAIM_SHARE: usize = 2;
 
 impl Pool {
-    /// Like [`Pool::for_chunks`], but `0..n` is cut into about four chunks per
-    /// thread that threads claim as they go, so the op ends when the work
-    /// does rather than when the slowest thread's fixed share does. Matrix
-    /// products use it; `TERN_CPU_STEAL=0` falls back to fixed shares.
+    /// Like [`Pool::for_chunks`], but threads claim shrinking chunks of
+    /// `0..n` (none under `min_per_chunk`, except the last) as they go, so
+    /// the op ends when the work does rather than when the slowest thread's
+    /// fixed share does. Matrix products use it; `TERN_CPU_STEAL=0` falls
+    /// back to fixed shares.
     pub fn for_chunks_claimed(&self, n: usize, min_per_chunk: usize, f: impl Fn(Range<usize>) + Sync) {
         if !*CLAIMING {
             return self.for_chunks(n, min_per_chunk, f);
         }
-        let chunks = (self.threads() * CHUNKS_PER_THREAD).min(n / min_per_chunk.max(1)).max(1);
-        if chunks == 1 || self.threads() == 1 {
+        let threads = self.threads();
+        if threads == 1 || n < 2 * min_per_chunk.max(1) {
             return f(0..n);
         }
-        let size = n.div_ceil(chunks);
+        let min = min_per_chunk.max(1);
+        let end_of = |start: usize| (start + ((n - start) / (CLAIM_SHARE * threads)).max(min)).min(n);
         let next = AtomicUsize::new(0);
-        self.run(&|_, _| loop {
-            let c = next.fetch_add(1, Ordering::Relaxed);
-            let range = (c * size).min(n)..((c + 1) * size).min(n);
-            if range.is_empty() {
-                break;
+        self.run(&|_, _| {
+            while let Ok(start) = next.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |s| (s < n).then(|| end_of(s))) {
+                f(start..end_of(start));
             }
-            f(range);
         });
     }
 }

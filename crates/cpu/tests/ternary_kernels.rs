@@ -101,7 +101,7 @@ fn every_format_packing_and_isa_matches_the_reference() {
     for (ty, ks) in cases {
         for &k in ks {
             for packing in [Packing::Bits2, Packing::Base3] {
-                for (rows, n) in [(1, 1), (5, 1), (8, 3), (9, 4), (6, 5), (3, 9), (5, 70), (13, 70)] {
+                for (rows, n) in [(1, 1), (5, 1), (9, 1), (21, 1), (8, 3), (9, 4), (6, 5), (3, 9), (5, 70), (13, 70)] {
                     check(ty, k, rows, n, false, packing, &mut rng);
                 }
             }

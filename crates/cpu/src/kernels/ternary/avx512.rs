@@ -166,18 +166,31 @@ unsafe fn tile_base3<const RR: usize, const TT: usize>(
     store(&acc, w, r0, acts, t0, out);
 }
 
-/// The base-3 digits of every byte as two 256-entry tables: digits 0..4 packed
-/// 2 bits each (digit i at bit 2i), and digit 4 alone.
-fn base3_tables() -> ([u8; 256], [u8; 256]) {
-    let digit = |b: u8, k: u32| (((b.wrapping_mul(3u8.pow(k)) as u16) * 3) >> 8) as u8;
-    let mut four = [0u8; 256];
-    let mut fifth = [0u8; 256];
-    for b in 0..=255u8 {
-        four[b as usize] = (0..4).fold(0, |acc, k| acc | digit(b, k) << (2 * k));
-        fifth[b as usize] = digit(b, 4);
-    }
-    (four, fifth)
+/// Digit `k` (0..5) of a base-3 byte: the top of `(b · 3^k mod 256) · 3`.
+const fn digit(b: u8, k: u32) -> u8 {
+    (((b.wrapping_mul(3u8.pow(k)) as u16) * 3) >> 8) as u8
 }
+
+/// The base-3 digits of every byte as two 256-entry tables, built at compile
+/// time: digits 0..4 packed 2 bits each (digit i at bit 2i), and digit 4 alone.
+static BASE3_FOUR: [u8; 256] = {
+    let mut t = [0u8; 256];
+    let mut b = 0;
+    while b < 256 {
+        t[b] = digit(b as u8, 0) | digit(b as u8, 1) << 2 | digit(b as u8, 2) << 4 | digit(b as u8, 3) << 6;
+        b += 1;
+    }
+    t
+};
+static BASE3_FIFTH: [u8; 256] = {
+    let mut t = [0u8; 256];
+    let mut b = 0;
+    while b < 256 {
+        t[b] = digit(b as u8, 4);
+        b += 1;
+    }
+    t
+};
 
 /// A 256-entry byte table in four registers, looked up with two `vpermi2b`.
 #[derive(Clone, Copy)]
@@ -208,8 +221,7 @@ unsafe fn tile_base3_lut<const RR: usize, const TT: usize>(
     t0: usize,
     out: Out,
 ) {
-    let (four, fifth) = base3_tables();
-    let (four, fifth) = (Lut::new(&four), Lut::new(&fifth));
+    let (four, fifth) = (Lut::new(&BASE3_FOUR), Lut::new(&BASE3_FIFTH));
     let mask = _mm512_set1_epi8(3);
     let mut acc = [[_mm512_setzero_si512(); TT]; RR];
     let (wp, ap) = (row_ptrs::<RR>(w, r0), act_ptrs::<TT>(acts, t0));
@@ -281,5 +293,43 @@ pub unsafe fn gemm_base3(w: &PackedTernary, rows: Range<usize>, acts: &PackedAct
 }
 
 unsafe fn gemm_base3_lut(w: &PackedTernary, rows: Range<usize>, acts: &PackedActs, out: Out) {
+    if acts.n == 1 {
+        let mut r = rows.start;
+        while r + GEMV_ROWS <= rows.end {
+            gemv_base3_lut::<GEMV_ROWS>(w, r, acts, out);
+            r += GEMV_ROWS;
+        }
+        for r in r..rows.end {
+            gemv_base3_lut::<1>(w, r, acts, out);
+        }
+        return;
+    }
     tiles!(tile_base3_lut, panel::base3()).drive(w, rows, acts, out)
+}
+
+/// One token against `RR` Base3 rows by table lookups, streaming: each row's
+/// byte chunk is decoded and multiplied before the next row's, so only the
+/// `RR` accumulators, the tables and one chunk's five activation vectors
+/// stay in registers; weights are prefetched as in [`tile_bits2`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx512vbmi")]
+unsafe fn gemv_base3_lut<const RR: usize>(w: &PackedTernary, r0: usize, acts: &PackedActs, out: Out) {
+    let (four, fifth) = (Lut::new(&BASE3_FOUR), Lut::new(&BASE3_FIFTH));
+    let mask = _mm512_set1_epi8(3);
+    let mut acc = [[_mm512_setzero_si512(); 1]; RR];
+    let (wp, ap) = (row_ptrs::<RR>(w, r0), act_ptrs::<1>(acts, 0)[0]);
+    let ahead = PREFETCH_TILES * RR * w.layout.row_bytes;
+    for c in 0..w.layout.k_pad / 320 {
+        let a: [__m512i; 5] = std::array::from_fn(|i| _mm512_load_si512(ap.add(320 * c + 64 * i) as *const _));
+        for r in 0..RR {
+            _mm_prefetch::<_MM_HINT_T0>(wp[r].wrapping_add(64 * c + ahead) as *const i8);
+            let b = _mm512_loadu_si512(wp[r].add(64 * c) as *const _);
+            let mut packed = four.get(b);
+            for &ai in &a[..4] {
+                acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], _mm512_and_si512(packed, mask), ai);
+                packed = _mm512_srli_epi16::<2>(packed);
+            }
+            acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], fifth.get(b), a[4]);
+        }
+    }
+    store(&acc, w, r0, acts, 0, out);
 }
