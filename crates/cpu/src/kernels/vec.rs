@@ -244,6 +244,28 @@ pub fn f16_to_f32(src: &[half::f16], dst: &mut [f32], isa: Isa) {
     }
 }
 
+/// One online-softmax step for `HEADS` queries over `n` new scores each:
+/// `max[h]` and `sum[h]` advance, the scores become their weights (in place),
+/// and the factor rescaling each query's old accumulator is returned. The
+/// same loops as [`max`] and [`exp_shifted_sum`], in one call for the group.
+#[inline(always)]
+fn softmax_heads_loop(
+    scores: &mut [[f32; 64]; HEADS],
+    n: usize,
+    max: &mut [f32],
+    sum: &mut [f32],
+) -> [f32; HEADS] {
+    let mut rescale = [0f32; HEADS];
+    for (h, sc) in scores.iter_mut().enumerate() {
+        let sc = &mut sc[..n];
+        let new_max = max[h].max(max_loop(sc));
+        rescale[h] = (max[h] - new_max).exp();
+        max[h] = new_max;
+        sum[h] = sum[h] * rescale[h] + exp_shifted_sum_loop(sc, new_max);
+    }
+    rescale
+}
+
 /// Instantiates a loop at each SIMD level (the same body compiled with each
 /// level's target features; the plain build is the scalar twin) and
 /// dispatches on `isa`.
@@ -304,6 +326,12 @@ per_isa! {
     /// [`weighted_rows`] for the `HEADS` heads of a group at once (same rows).
     pub fn weighted_rows_heads(accs: [&mut [f32]; HEADS], rescale: [f32; HEADS], w: [&[f32]; HEADS], rows: &[f32]) =>
         weighted_rows_heads_loop(accs, rescale, w, rows)
+}
+
+per_isa! {
+    /// See [`softmax_heads_loop`].
+    pub fn softmax_heads(scores: &mut [[f32; 64]; HEADS], n: usize, max: &mut [f32], sum: &mut [f32]) -> [f32; HEADS] =>
+        softmax_heads_loop(scores, n, max, sum)
 }
 
 per_isa! {

@@ -286,7 +286,10 @@ impl Task {
             let grouped = group / vec::HEADS * vec::HEADS;
             let rows_only = tokens.len() == 1 && grouped == group;
             if !rows_only {
-                self.kt.fill(0.0);
+                // Scores of positions past a short block must read zeros.
+                if n_pos < POSITIONS {
+                    self.kt.fill(0.0);
+                }
                 for j in 0..n_pos {
                     for d in 0..hd {
                         self.kt[d * POSITIONS + j] = self.krows[j * hd + d];
@@ -310,10 +313,8 @@ impl Task {
                     } else {
                         vec::scores_transposed_heads(qs, &self.kt, p.scale, &mut scores, isa);
                     }
-                    let mut rescale = [0f32; vec::HEADS];
-                    for (i, sc) in scores.iter_mut().enumerate() {
-                        rescale[i] = self.online_softmax(qi0 + i, &mut sc[..visible], isa);
-                    }
+                    let (max, sum) = (&mut self.max[qi0..qi0 + vec::HEADS], &mut self.sum[qi0..qi0 + vec::HEADS]);
+                    let rescale = vec::softmax_heads(&mut scores, visible, max, sum, isa);
                     let mut accs = self.acc[qi0 * hd..(qi0 + vec::HEADS) * hd].chunks_exact_mut(hd);
                     let accs = std::array::from_fn(|_| accs.next().expect("HEADS accumulators"));
                     let w = std::array::from_fn(|i| &scores[i][..visible]);
