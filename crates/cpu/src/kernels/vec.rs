@@ -382,6 +382,44 @@ mod tests {
         }
     }
 
+    /// The grouped softmax step is the per-head one (max, exp, sums) for
+    /// every ISA, bit for bit, at lengths that are not multiples of 16.
+    #[test]
+    fn softmax_heads_is_the_per_head_step() {
+        for n in [1usize, 15, 17, 40, 64] {
+            let base: [[f32; 64]; HEADS] =
+                std::array::from_fn(|h| std::array::from_fn(|j| ((j * (h + 3) % 29) as f32 - 14.0) * 0.37));
+            for isa in isas() {
+                let mut grouped = base;
+                let (mut max, mut sum) = ([0.5, f32::NEG_INFINITY, -3.0, 2.0], [1.5, 0.0, 0.25, 4.0]);
+                let (max0, sum0) = (max, sum);
+                let rescale = softmax_heads(&mut grouped, n, &mut max, &mut sum, isa);
+                for h in 0..HEADS {
+                    let mut one = base[h];
+                    let m = max0[h].max(super::max(&one[..n], Isa::Scalar));
+                    let r = (max0[h] - m).exp();
+                    let s = sum0[h] * r + exp_shifted_sum(&mut one[..n], m, Isa::Scalar);
+                    assert_eq!((rescale[h], max[h], sum[h]), (r, m, s), "{isa:?} n={n} head {h}");
+                    assert_eq!(one[..n], grouped[h][..n], "{isa:?} n={n} head {h} weights");
+                }
+            }
+        }
+    }
+
+    /// f16 → f32 widening is exact on every ISA, including the tail past the
+    /// last 16 and subnormal, infinite and NaN halves.
+    #[test]
+    fn f16_widening_is_exact() {
+        let src: Vec<half::f16> = (0..70u16).map(|i| half::f16::from_bits(i.wrapping_mul(2039) ^ 0x7c00)).collect();
+        for isa in isas() {
+            let mut out = vec![0f32; src.len()];
+            f16_to_f32(&src, &mut out, isa);
+            for (h, o) in src.iter().zip(&out) {
+                assert_eq!(h.to_f32().to_bits(), o.to_bits(), "{isa:?} {h:?}");
+            }
+        }
+    }
+
     /// The grouped kernels give exactly the single-head kernels' results.
     #[test]
     fn grouped_heads_match_single_heads_bit_for_bit() {

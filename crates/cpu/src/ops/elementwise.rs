@@ -86,3 +86,34 @@ fn gated_loop(gate: &[f32], up: &[f32], act: Activation, y: &mut [f32]) {
 per_isa! {
     pub fn gated(gate: &[f32], up: &[f32], act: Activation, y: &mut [f32]) => gated_loop(gate, up, act, y)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::isa::Isa;
+
+    /// Every ISA level computes the scalar loop's exact results (row lengths
+    /// that are not multiples of a vector, one broadcast row, both activations).
+    #[test]
+    fn every_isa_matches_the_scalar_loop() {
+        let v = |n: usize, m: usize| -> Vec<f32> { (0..n).map(|i| ((i * m % 31) as f32 - 15.0) * 0.21).collect() };
+        for width in [1usize, 7, 33, 2560] {
+            let (a, b, row) = (v(3 * width, 7), v(3 * width, 11), v(width, 5));
+            let run = |isa: Isa| {
+                let mut outs = vec![vec![0f32; 3 * width]; 7];
+                rms_norm(&a, width, 1e-5, &mut outs[0], isa);
+                mul(&a, &b, &mut outs[1], isa);
+                add(&a, &row, &mut outs[2], isa);
+                scale(&a, 0.3, &mut outs[3], isa);
+                gated(&a, &b, Activation::Silu, &mut outs[4], isa);
+                gated(&a, &b, Activation::Relu2, &mut outs[5], isa);
+                mul(&a, &row, &mut outs[6], isa);
+                outs
+            };
+            let want = run(Isa::Scalar);
+            for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
+                assert_eq!(run(isa), want, "{isa:?} width {width}");
+            }
+        }
+    }
+}
