@@ -94,8 +94,10 @@ __device__ __forceinline__ void fetch_row(const TernaryMat& m, int row, int k_pa
 // ≤ MAXT tokens share each weight load. With `pair_act` ≥ 0 the batch is
 // (gate, up): each warp computes both rows and writes act(gate) * up (0 =
 // SiLU, 1 = relu²) into the first matrix's output. Instantiated for 8 tokens
-// and, with far fewer registers (more warps in flight), for one.
-#define GEMV_KERNEL(NAME, ROW_DOTS, MAXT) \
+// and, with far fewer registers (more warps in flight), for one; MINB blocks
+// per SM bound the registers: at 64, four 256-thread blocks fit an SM, so
+// the 480 blocks of q/k/v at the 2B-4T shape run in one wave, not two.
+#define GEMV_KERNEL(NAME, ROW_DOTS, MAXT, MINB) \
 __device__ __forceinline__ void ROW_DOTS(const TernaryMat& m, int row, int k_pad, const i8* q, const float* d, \
                                          const int* lsum, int n_tok, uint4* wv, float* y) { \
     int lane = threadIdx.x & 31, tig = lane & 3, cs = lane >> 2; \
@@ -139,7 +141,7 @@ _Pragma("unroll") \
     } \
 } \
  \
-extern "C" __global__ void __launch_bounds__(256) NAME(TernaryBatch b, int k_pad, const i8* q, const float* d, \
+extern "C" __global__ void __launch_bounds__(256, MINB) NAME(TernaryBatch b, int k_pad, const i8* q, const float* d, \
                                                               const int* lsum, int n_tok, int pair_act) { \
     int mi = pick(b, blockIdx.x); \
     const TernaryMat& m = b.m[mi]; \
@@ -176,8 +178,8 @@ _Pragma("unroll") \
     } \
 } \
 
-GEMV_KERNEL(ternary_gemv, row_dots8, 8)
-GEMV_KERNEL(ternary_gemv1, row_dots1, 1)
+GEMV_KERNEL(ternary_gemv, row_dots8, 8, 1)
+GEMV_KERNEL(ternary_gemv1, row_dots1, 1, 4)
 
 #define MMA_MT 2
 #define MMA_NT 4

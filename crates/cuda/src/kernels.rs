@@ -39,6 +39,8 @@ pub enum Kernel {
     TernaryGemm,
     FmatGemv,
     Q8Gemv,
+    /// `Q8Gemv` for one token, with fewer registers (more warps in flight).
+    Q8Gemv1,
     F16Gemv,
     GetRowsQ8,
     KvStore,
@@ -52,7 +54,7 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 20] = [
+    pub const ALL: [Kernel; 21] = [
         Kernel::GetRows,
         Kernel::RmsNorm,
         Kernel::Binary,
@@ -65,6 +67,7 @@ impl Kernel {
         Kernel::TernaryGemm,
         Kernel::FmatGemv,
         Kernel::Q8Gemv,
+        Kernel::Q8Gemv1,
         Kernel::F16Gemv,
         Kernel::GetRowsQ8,
         Kernel::KvStore,
@@ -90,6 +93,7 @@ impl Kernel {
             Kernel::TernaryGemm => ("ternary", "ternary_gemm"),
             Kernel::FmatGemv => ("fmat", "fmat_gemv"),
             Kernel::Q8Gemv => ("fmat", "q8_gemv"),
+            Kernel::Q8Gemv1 => ("fmat", "q8_gemv1"),
             Kernel::F16Gemv => ("fmat", "f16_gemv"),
             Kernel::GetRowsQ8 => ("fmat", "get_rows_q8"),
             Kernel::KvStore => ("attention", "kv_store"),

@@ -570,7 +570,8 @@ impl Lower<'_> {
             let off = (t0 * rows * 4) as u64;
             let (xt, res_t) = (x + (t0 * k * 4) as u64, if res == 0 { 0 } else { res + off });
             let l = if w.q8 {
-                Launch::new(Kernel::Q8Gemv, grid1(rows, 8), 256).ptr(w.ptr_codes).ptr(w.ptr_scales)
+                let kernel = if nt == 1 { Kernel::Q8Gemv1 } else { Kernel::Q8Gemv };
+                Launch::new(kernel, grid1(rows, 8), 256).ptr(w.ptr_codes).ptr(w.ptr_scales)
             } else if w.ty == GgmlType::F16 && k % 8 == 0 {
                 Launch::new(Kernel::F16Gemv, grid1(rows, 8), 256).ptr(w.ptr_codes)
             } else {
