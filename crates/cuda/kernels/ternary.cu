@@ -181,6 +181,72 @@ _Pragma("unroll") \
 GEMV_KERNEL(ternary_gemv, row_dots8, 8, 1)
 GEMV_KERNEL(ternary_gemv1, row_dots1, 1, 4)
 
+// gate/up for one token with k_pad ≤ 4096 (two fetches of 8 chunks per
+// row): 16 rows per block, each warp two (gate, up) row pairs, all four rows'
+// weights fetched before pdl_wait. The 2B-4T's 6912 pairs then take 432
+// blocks, one wave at four blocks per SM; a pair per warp took 864 (1.6
+// waves, the second wave's loads all after the wait).
+#define PAIR_UNROLL 2
+
+__device__ __forceinline__ void fetch_row2(const TernaryMat& m, int row, int k_pad, uint4* wv) {
+    int lane = threadIdx.x & 31, tig = lane & 3, cs = lane >> 2, n_chunks = k_pad >> 8;
+    const uint4* wr = (const uint4*)(m.w + (u64)row * (k_pad >> 2));
+#pragma unroll
+    for (int u = 0; u < PAIR_UNROLL; ++u) {
+        int c = cs + 8 * u;
+        wv[u] = c < n_chunks ? ld_stream(wr + c * 4 + tig) : make_uint4(0, 0, 0, 0);
+    }
+}
+
+// Row `row` of `m` against one token, all of its chunks in `wv` (fetch_row2).
+__device__ __forceinline__ float row_dot2(const TernaryMat& m, int row, int k_pad, const i8* q, const float* d,
+                                          const int* lsum, const uint4* wv) {
+    int lane = threadIdx.x & 31, tig = lane & 3, cs = lane >> 2;
+    int n_chunks = k_pad >> 8;
+    int acc = 0;
+    float facc = 0.0f;
+#pragma unroll
+    for (int u = 0; u < PAIR_UNROLL; ++u) {
+        int c = cs + 8 * u;
+        if (c >= n_chunks) break;
+        int s = chunk_dot(wv[u], q + c * 256 + tig * 64) - lsum[c * 4 + tig];
+        if (m.groups == 1) {
+            acc += s;
+        } else {
+            facc += (float)s * m.scales[(u64)row * m.groups + c];
+        }
+    }
+    return m.groups == 1 ? (float)warp_sum_i(acc) * m.scales[row] * d[0] : warp_sum(facc) * d[0];
+}
+
+__device__ __forceinline__ void pair_out(const TernaryMat& m, int row, float g, float up, int pair_act) {
+    float a = pair_act == 0 ? g / (1.0f + expf(-g)) : fmaxf(g, 0.0f) * fmaxf(g, 0.0f);
+    float y = a * up;
+    if ((threadIdx.x & 31) == 0) m.out[row] = m.res ? y + m.res[row] : y;
+}
+
+extern "C" __global__ void __launch_bounds__(256, 4) ternary_gemv1_pair(TernaryBatch b, int k_pad, const i8* q,
+                                                                       const float* d, const int* lsum, int n_tok,
+                                                                       int pair_act) {
+    const TernaryMat& g = b.m[0];
+    const TernaryMat& up = b.m[1];
+    int r0 = blockIdx.x * 16 + (threadIdx.x >> 5), r1 = r0 + 8;
+    bool l0 = r0 < g.rows, l1 = r1 < g.rows;
+    uint4 wg0[PAIR_UNROLL], wu0[PAIR_UNROLL], wg1[PAIR_UNROLL], wu1[PAIR_UNROLL];
+    if (l0) {
+        fetch_row2(g, r0, k_pad, wg0);
+        fetch_row2(up, r0, k_pad, wu0);
+    }
+    if (l1) {
+        fetch_row2(g, r1, k_pad, wg1);
+        fetch_row2(up, r1, k_pad, wu1);
+    }
+    pdl_wait();
+    pdl_launch();
+    if (l0) pair_out(g, r0, row_dot2(g, r0, k_pad, q, d, lsum, wg0), row_dot2(up, r0, k_pad, q, d, lsum, wu0), pair_act);
+    if (l1) pair_out(g, r1, row_dot2(g, r1, k_pad, q, d, lsum, wg1), row_dot2(up, r1, k_pad, q, d, lsum, wu1), pair_act);
+}
+
 #define MMA_MT 2
 #define MMA_NT 4
 #define B_TOK (8 * MMA_NT)

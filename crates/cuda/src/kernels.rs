@@ -36,6 +36,8 @@ pub enum Kernel {
     NormQuant,
     TernaryGemv,
     TernaryGemv1,
+    /// gate/up for one token at `k_pad` ≤ `PAIR_MAX_K_PAD`: two row pairs a warp.
+    TernaryGemv1Pair,
     TernaryGemm,
     FmatGemv,
     Q8Gemv,
@@ -54,7 +56,7 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 21] = [
+    pub const ALL: [Kernel; 22] = [
         Kernel::GetRows,
         Kernel::RmsNorm,
         Kernel::Binary,
@@ -64,6 +66,7 @@ impl Kernel {
         Kernel::NormQuant,
         Kernel::TernaryGemv,
         Kernel::TernaryGemv1,
+        Kernel::TernaryGemv1Pair,
         Kernel::TernaryGemm,
         Kernel::FmatGemv,
         Kernel::Q8Gemv,
@@ -90,6 +93,7 @@ impl Kernel {
             Kernel::NormQuant => ("quantize", "norm_quant"),
             Kernel::TernaryGemv => ("ternary", "ternary_gemv"),
             Kernel::TernaryGemv1 => ("ternary", "ternary_gemv1"),
+            Kernel::TernaryGemv1Pair => ("ternary", "ternary_gemv1_pair"),
             Kernel::TernaryGemm => ("ternary", "ternary_gemm"),
             Kernel::FmatGemv => ("fmat", "fmat_gemv"),
             Kernel::Q8Gemv => ("fmat", "q8_gemv"),

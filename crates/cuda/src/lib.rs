@@ -166,7 +166,6 @@ fn fingerprint(graph: &Graph, nodes: &[NodeId], locs: &[Option<TensorLoc>]) -> u
 
 pub struct CudaBackend {
     id: BackendId,
-    gpu: Gpu,
     kernels: Kernels,
     buffers: Buffers,
     scratch: Scratch,
@@ -189,6 +188,10 @@ pub struct CudaBackend {
     zero_copy: bool,
     /// A `write` from pinned memory, or a `compute_io` copy, may still be running.
     io_in_flight: std::cell::Cell<bool>,
+    /// Last, because fields drop in order: modules, graphs, events and pinned
+    /// memory above are released while the context is still alive (events of
+    /// `TERN_CUDA_PROFILE=1` destroyed after it crashed the process at exit).
+    gpu: Gpu,
 }
 
 fn env_flag(name: &str, default: bool) -> bool {

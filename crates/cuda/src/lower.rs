@@ -23,6 +23,9 @@ use crate::{Buffers, Weight};
 
 /// Tokens above which ternary products use the tensor-core GEMM.
 pub const GEMV_MAX_TOKENS: usize = 8;
+/// The largest `k_pad` of `ternary_gemv1_pair`: each lane fetches two
+/// chunks of a row, 8 chunks apart: 16 chunks of 256.
+const PAIR_MAX_K_PAD: usize = 4096;
 /// Tokens per `fmat_gemv` launch.
 const FMAT_TOKENS: usize = 8;
 /// Keys per attention split, at least; long caches use larger splits so that
@@ -523,13 +526,16 @@ impl Lower<'_> {
             mats[0].out = self.ptr(act)?;
             consumed += 1;
         }
-        let (kernel, rows_per_block, covered, grid_y, threads) = if n_tok <= GEMV_MAX_TOKENS {
-            let kernel = if n_tok == 1 { Kernel::TernaryGemv1 } else { Kernel::TernaryGemv };
-            // In pair mode the blocks cover the first matrix; each warp does both rows.
-            (kernel, 8, if pair.is_some() { 1 } else { mats.len() }, 1, 256)
-        } else {
-            (Kernel::TernaryGemm, crate::layout::ROW_ALIGN, mats.len(), n_tok.div_ceil(32), 128)
-        };
+        let (kernel, rows_per_block, covered, grid_y, threads) =
+            if n_tok == 1 && pair.is_some() && q.k_pad <= PAIR_MAX_K_PAD {
+                (Kernel::TernaryGemv1Pair, 16, 1, 1, 256)
+            } else if n_tok <= GEMV_MAX_TOKENS {
+                let kernel = if n_tok == 1 { Kernel::TernaryGemv1 } else { Kernel::TernaryGemv };
+                // In pair mode the blocks cover the first matrix; each warp does both rows.
+                (kernel, 8, if pair.is_some() { 1 } else { mats.len() }, 1, 256)
+            } else {
+                (Kernel::TernaryGemm, crate::layout::ROW_ALIGN, mats.len(), n_tok.div_ceil(32), 128)
+            };
         let mut b = TernaryBatch { n: mats.len() as i32, ..Default::default() };
         let mut blocks = 0;
         for (k, m) in mats.iter().enumerate() {

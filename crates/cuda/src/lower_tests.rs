@@ -143,15 +143,15 @@ fn decoding_a_layer_takes_nine_launches() {
     let l = layer(1);
     let ls = launches(&l, None);
     let want = [
-        NormQuant,    // attn_norm + weight + int8
-        TernaryGemv1, // q, k, v in one launch
-        Attention,    // rope of q and k, cache store, flash-decoding with its merge
-        NormQuant,    // attn_sub_norm
-        TernaryGemv1, // attn_output + residual
-        NormQuant,    // ffn_norm
-        TernaryGemv1, // gate and up + relu²
-        NormQuant,    // ffn_sub_norm
-        TernaryGemv1, // ffn_down + residual
+        NormQuant,        // attn_norm + weight + int8
+        TernaryGemv1,     // q, k, v in one launch
+        Attention,        // rope of q and k, cache store, flash-decoding with its merge
+        NormQuant,        // attn_sub_norm
+        TernaryGemv1,     // attn_output + residual
+        NormQuant,        // ffn_norm
+        TernaryGemv1Pair, // gate and up + relu², two row pairs a warp
+        NormQuant,        // ffn_sub_norm
+        TernaryGemv1,     // ffn_down + residual
     ];
     assert_eq!(kernels(&ls), want);
     assert_eq!(batch(&ls[1]).n, 3);
@@ -169,10 +169,10 @@ fn decoding_a_layer_takes_nine_launches() {
     }
     assert_eq!(batch(&ls[6]).n, 2, "gate and up");
     // One warp per row, 8 rows a block: q, k, v need 32 + 16 + 16 blocks;
-    // paired gate/up cover the gate's 512 rows only.
+    // paired gate/up cover the gate's 512 rows only, two row pairs a warp.
     assert_eq!(ls[1].grid, (64, 1, 1));
     assert_eq!(batch(&ls[1]).block_start, [0, 32, 48, 64]);
-    assert_eq!(ls[6].grid, (64, 1, 1));
+    assert_eq!(ls[6].grid, (32, 1, 1));
     assert_eq!(ls[1].block, 256);
 }
 

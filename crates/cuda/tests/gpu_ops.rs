@@ -317,6 +317,31 @@ fn fused_norm_batched_projections_and_residual_match_cpu() {
     }
 }
 
+/// One token's gate/up pair at row counts that leave a block's second row
+/// pairs (or part of them) empty, and `k_pad` at and past the two-fetch limit
+/// of the two-pairs-a-warp kernel: act(gate)·up equals the CPU's.
+#[test]
+fn gated_pairs_of_odd_row_counts_match_cpu() {
+    let Some(mut gpu) = gpu() else { return };
+    let mut rng = Rng(29);
+    for (k, rows) in [(256usize, 40usize), (768, 37), (4096, 24), (4352, 19)] {
+        let mut g = Graph::new();
+        let x = g.weight(0, "x", GgmlType::F32, [k, 1, 1, 1]);
+        let wg = g.weight(1, "wg", GgmlType::TQ2_0, [k, rows, 1, 1]);
+        let wu = g.weight(2, "wu", GgmlType::TQ2_0, [k, rows, 1, 1]);
+        let gate = g.mul_mat(wg, x, Precision::Paired);
+        let up = g.mul_mat(wu, x, Precision::Paired);
+        let a = g.gated_act(gate, up, Activation::Relu2);
+        g.mark_output(a);
+        let mut data = HashMap::from([(x, bytes_f32(&rng.vec(k)))]);
+        for w in [wg, wu] {
+            data.insert(w, ternary_weight(GgmlType::TQ2_0, k, rows, false, &mut rng));
+        }
+        let e = compare(&mut gpu, &g, &data, &[a], 1e-6, &format!("gated pair k={k} rows={rows}"));
+        eprintln!("gated pair k={k} rows={rows}: {e:.1e}");
+    }
+}
+
 #[test]
 fn float_and_block_matmuls_and_get_rows_match_cpu() {
     let Some(mut gpu) = gpu() else { return };
