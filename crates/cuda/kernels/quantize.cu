@@ -47,10 +47,21 @@ extern "C" __global__ void __launch_bounds__(1024) norm_quant(const float* x, co
     extern __shared__ __align__(16) float xs[];
     __shared__ double dscratch[32];
     __shared__ float scratch[32];
-    pdl_wait();
-    pdl_launch();
     const float* xr = x + (u64)blockIdx.x * ne0;
     bool vec = (ne0 & 3) == 0 && ((u64)xr & 15) == 0 && (!w || ((u64)w & 15) == 0);
+    // The norm weight never depends on the previous kernel: its first
+    // ROW_UNROLL vectors per thread (a whole row at one token's 1024
+    // threads) are loaded before pdl_wait, off the critical path.
+    const float4* w4 = (const float4*)w;
+    int n4 = ne0 >> 2, stride = blockDim.x;
+    float4 wpre[ROW_UNROLL];
+    if (vec && w) {
+#pragma unroll
+        for (int u = 0; u < ROW_UNROLL; ++u)
+            if (threadIdx.x + u * stride < n4) wpre[u] = w4[threadIdx.x + u * stride];
+    }
+    pdl_wait();
+    pdl_launch();
     if (vec) {
         load_row4(xr, xs, ne0);
     } else {
@@ -66,15 +77,13 @@ extern "C" __global__ void __launch_bounds__(1024) norm_quant(const float* x, co
     }
     float amax = 0.0f;
     if (vec && w) {
-        // The weight streams from global memory: its loads go out together too.
-        const float4* w4 = (const float4*)w;
+        // The rest of the weight streams from global memory, its loads together.
         float4* x4 = (float4*)xs;
-        int n4 = ne0 >> 2, stride = blockDim.x;
         for (int i0 = threadIdx.x; i0 < n4; i0 += ROW_UNROLL * stride) {
             float4 wv[ROW_UNROLL];
 #pragma unroll
             for (int u = 0; u < ROW_UNROLL; ++u)
-                if (i0 + u * stride < n4) wv[u] = w4[i0 + u * stride];
+                if (i0 + u * stride < n4) wv[u] = i0 == threadIdx.x ? wpre[u] : w4[i0 + u * stride];
 #pragma unroll
             for (int u = 0; u < ROW_UNROLL; ++u) {
                 int i = i0 + u * stride;
