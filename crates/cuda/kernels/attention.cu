@@ -8,6 +8,8 @@
 // step (CUDA graphs replay it).
 
 #define ATT_MAXD 8
+// Rope pairs per lane in the one-token attention: head_dim ≤ 32 · ATT_MAXD.
+#define ATT_ROPE_PAIRS (ATT_MAXD / 2)
 
 __device__ __forceinline__ float ld_cache(const u8* c, u64 i, int type) {
     return type == T_F16 ? h2f(((const u16*)c)[i]) : ((const float*)c)[i];
@@ -120,32 +122,57 @@ extern "C" __global__ void attention(const float* q, u8* kc, u8* vc, const int* 
                                      int split, int n_split, int k_type, int v_type, AttRope r) {
     extern __shared__ float qs_all[];
     __shared__ int last;
-    pdl_wait();
-    pdl_launch();
+    // Before pdl_wait, what does not depend on the previous kernel: the
+    // positions (inputs), the rope angles (double pow and sincos, long
+    // latency), and the cache rows of earlier positions, fetched into L1.
     int kvh = blockIdx.x, t = blockIdx.y, s = blockIdx.z;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int h = kvh * (n_head / n_head_kv) + warp;
-    int n_kv = pos[t] + 1, n_active = (n_kv + split - 1) / split;
-    if (s >= n_active) return;
+    int p = pos[t];
+    int n_kv = p + 1, n_active = (n_kv + split - 1) / split;
     int row = head_dim * n_head_kv;
+    float rcs[ATT_ROPE_PAIRS], rsn[ATT_ROPE_PAIRS];
+    if (s < n_active) {
+        if (r.on) {
+#pragma unroll
+            for (int m = 0; m < ATT_ROPE_PAIRS; ++m) {
+                int i = lane + 32 * m, a, b;
+                rcs[m] = 1.0f;
+                rsn[m] = 0.0f;
+                if (i < head_dim / 2 && rope_pair(i, r.n_rot, r.mode, &a, &b)) {
+                    double c, sd;
+                    rope_angle(p, i, r.n_rot, r.base, r.fscale, r.factors, &c, &sd);
+                    rcs[m] = (float)c;
+                    rsn[m] = (float)sd;
+                }
+            }
+        }
+        // Only rows written by earlier steps: this batch's own positions
+        // (from pos[0] on) may be written by the kernel before this one.
+        int jp = min(min(p, pos[0]), s * split + split);
+        for (int j = s * split + threadIdx.x; j < jp; j += blockDim.x) {
+            u64 e = (u64)j * row + (u64)kvh * head_dim;
+            prefetch_l1(kc + e * (k_type == T_F16 ? 2 : 4), head_dim * (k_type == T_F16 ? 2 : 4));
+            prefetch_l1(vc + e * (v_type == T_F16 ? 2 : 4), head_dim * (v_type == T_F16 ? 2 : 4));
+        }
+    }
+    pdl_wait();
+    pdl_launch();
+    if (s >= n_active) return;
     float* qs = qs_all + warp * head_dim;
     const float* qh = q + ((u64)t * n_head + h) * head_dim;
     if (r.on) {
         // Pairs as in rope_store: (2i, 2i+1) or NeoX (i, i + n_rot/2); those
         // past n_rot/2 are copied. Warp 0 of the last split also rotates k.
-        int p = pos[t];
         bool store = s == n_active - 1 && warp == 0;
         const float* kh = r.k + (u64)t * row + (u64)kvh * head_dim;
         u64 dst = (u64)p * row + (u64)kvh * head_dim;
-        for (int i = lane; i < head_dim / 2; i += 32) {
-            int a, b;
-            float cs = 1.0f, sn = 0.0f;
-            if (rope_pair(i, r.n_rot, r.mode, &a, &b)) {
-                double c, sd;
-                rope_angle(p, i, r.n_rot, r.base, r.fscale, r.factors, &c, &sd);
-                cs = (float)c;
-                sn = (float)sd;
-            }
+#pragma unroll
+        for (int m = 0; m < ATT_ROPE_PAIRS; ++m) {
+            int i = lane + 32 * m, a, b;
+            if (i >= head_dim / 2) break;
+            rope_pair(i, r.n_rot, r.mode, &a, &b);
+            float cs = rcs[m], sn = rsn[m];
             // Pairs past n_rot/2 pass through: cos 1, sin 0 gives x0·1 − x1·0
             // and x0·0 + x1·1, the same floats.
             float x0 = qh[a], x1 = qh[b];

@@ -78,6 +78,12 @@ __device__ __forceinline__ float block_max(float v, float* scratch) { return blo
 // Programmatic dependent launch (sm_90+): wait for the previous kernel's
 // results, and let the next kernel be scheduled early. Both are no-ops when a
 // kernel was launched without the attribute.
+// Brings `bytes` from `p` into L1, a 128-byte line at a time: a hint that
+// takes no registers and does not wait.
+__device__ __forceinline__ void prefetch_l1(const void* p, int bytes) {
+    for (int o = 0; o < bytes; o += 128) asm volatile("prefetch.global.L1 [%0];" ::"l"((const char*)p + o));
+}
+
 __device__ __forceinline__ void pdl_wait() {
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
