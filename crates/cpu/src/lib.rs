@@ -121,7 +121,10 @@ impl Backend for CpuBackend {
 
     fn compute(&mut self, graph: &Graph, nodes: &[NodeId], locs: &[Option<TensorLoc>]) -> Result<()> {
         let cx = ops::Ctx { pool: &self.pool, isa: self.isa, acts: Default::default() };
-        for &id in nodes {
+        let readers = readers(graph);
+        let mut i = 0;
+        while i < nodes.len() {
+            let id = nodes[i];
             let node = graph.node(id);
             let view = |n: NodeId| -> Result<ops::Tensor> {
                 let loc = locs[n.index()].ok_or_else(|| unbound(self.id, n))?;
@@ -131,13 +134,44 @@ impl Backend for CpuBackend {
                 let ptr = self.buffers.ptr(loc).ok_or_else(|| bad_loc(self.id, loc))?;
                 Ok(ops::Tensor { ptr, node: graph.node(n), packed: None })
             };
-            let dst = view(id)?;
-            let srcs = node.srcs.iter().map(|&s| view(s)).collect::<Result<Vec<_>>>()?;
             let start = self.profile.as_ref().map(|_| std::time::Instant::now());
-            // SAFETY: the memory plan gives every live tensor its own bytes, so
-            // `dst` never overlaps a source it reads, and mmapped weights are
-            // only read. Caches are written only by the attention op of their layer.
-            unsafe { ops::run(node, dst, &srcs, &cx) }
+            // An RMS norm whose only reader is the next node, a multiply by
+            // one weight row: both in one pass, written where the multiply's
+            // result goes (the norm's own bytes are never read).
+            let fused = nodes.get(i + 1).map(|&m| (m, graph.node(m))).filter(|(_, m)| {
+                matches!(node.op, Op::RmsNorm { .. })
+                    && matches!(m.op, Op::Mul)
+                    && m.srcs[0] == id
+                    && readers[id.index()] == 1
+                    && graph.node(m.srcs[1]).ne == [node.ne[0], 1, 1, 1]
+                    && graph.node(m.srcs[1]).dtype == DType::F32
+            });
+            let fused = match (fused, &node.op) {
+                (Some((m, mul)), Op::RmsNorm { eps }) => {
+                    let (x, w, dst) = (view(node.srcs[0])?, view(mul.srcs[1])?, view(m)?);
+                    // The plan may give the multiply's result the bytes of the
+                    // norm's input (its last reader was the norm): a row-wise
+                    // pass may write over the row it reads, but over nothing else.
+                    let (xs, ds) = (x.ptr as usize, dst.ptr as usize);
+                    let apart = xs + x.node.nbytes() <= ds || ds + dst.node.nbytes() <= xs;
+                    (apart || xs == ds).then_some((x, w, dst, *eps))
+                }
+                _ => None,
+            };
+            if let Some((x, w, dst, eps)) = fused {
+                // SAFETY: `dst` is `x` itself or apart from it, and apart from `w`
+                // (a weight); nobody else uses them during the op.
+                unsafe { ops::rms_norm_mul(&x, &w, eps, dst, &cx) }
+                i += 2;
+            } else {
+                let dst = view(id)?;
+                let srcs = node.srcs.iter().map(|&s| view(s)).collect::<Result<Vec<_>>>()?;
+                // SAFETY: the memory plan gives every live tensor its own bytes, so
+                // `dst` never overlaps a source it reads, and mmapped weights are
+                // only read. Caches are written only by the attention op of their layer.
+                unsafe { ops::run(node, dst, &srcs, &cx) }
+                i += 1;
+            }
             if let (Some(p), Some(t)) = (self.profile.as_mut(), start) {
                 let ns = t.elapsed().as_nanos() as u64;
                 OpProfile::add(&mut p.by_op, node.op.name(), ns);
@@ -157,6 +191,20 @@ impl Backend for CpuBackend {
     fn take_profile(&mut self) -> OpProfile {
         self.profile.as_mut().map(std::mem::take).unwrap_or_default()
     }
+}
+
+/// How many nodes read each node, the graph's outputs counting as readers.
+fn readers(graph: &Graph) -> Vec<u32> {
+    let mut n = vec![0u32; graph.ids().count()];
+    for id in graph.ids() {
+        for s in &graph.node(id).srcs {
+            n[s.index()] += 1;
+        }
+    }
+    for o in &graph.outputs {
+        n[o.index()] += 1;
+    }
+    n
 }
 
 fn bad_loc(backend: BackendId, loc: TensorLoc) -> Error {

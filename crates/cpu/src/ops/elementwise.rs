@@ -5,10 +5,12 @@ use tern_graph::Activation;
 
 use crate::kernels::vec::per_isa;
 
-/// `y = x / sqrt(mean(x²) + eps)` per row of `n`. The mean is accumulated in
-/// f64 so long rows do not lose precision.
+/// `y = x / sqrt(mean(x²) + eps)` per row of `n`, then `y · w` when a weight
+/// row is given (the graph's `mul` after the norm, in the same float
+/// operations). The mean is accumulated in f64 so long rows do not lose
+/// precision.
 #[inline(always)]
-fn rms_norm_loop(x: &[f32], n: usize, eps: f32, y: &mut [f32]) {
+fn rms_norm_loop(x: &[f32], n: usize, eps: f32, w: Option<&[f32]>, y: &mut [f32]) {
     for (xr, yr) in x.chunks_exact(n).zip(y.chunks_exact_mut(n)) {
         // Eight independent f64 partial sums: the loop vectorises and is not
         // one long dependency chain.
@@ -25,14 +27,57 @@ fn rms_norm_loop(x: &[f32], n: usize, eps: f32, y: &mut [f32]) {
         }
         let ss: f64 = lanes.iter().sum();
         let inv = (1.0 / (ss / n as f64 + eps as f64).sqrt()) as f32;
-        for (o, &v) in yr.iter_mut().zip(xr) {
-            *o = v * inv;
+        match w {
+            Some(w) => {
+                for ((o, &v), &wi) in yr.iter_mut().zip(xr).zip(w) {
+                    *o = v * inv * wi;
+                }
+            }
+            None => {
+                for (o, &v) in yr.iter_mut().zip(xr) {
+                    *o = v * inv;
+                }
+            }
         }
     }
 }
 
 per_isa! {
-    pub fn rms_norm(x: &[f32], n: usize, eps: f32, y: &mut [f32]) => rms_norm_loop(x, n, eps, y)
+    pub fn rms_norm(x: &[f32], n: usize, eps: f32, y: &mut [f32]) => rms_norm_loop(x, n, eps, None, y)
+}
+
+per_isa! {
+    /// [`rms_norm`] then `· w` (one row of `n`), in one pass.
+    pub fn rms_norm_mul(x: &[f32], n: usize, eps: f32, w: &[f32], y: &mut [f32]) =>
+        rms_norm_loop(x, n, eps, Some(w), y)
+}
+
+/// [`rms_norm_mul`] over `y` in place, the same float operations.
+#[inline(always)]
+fn rms_norm_mul_in_place_loop(y: &mut [f32], n: usize, eps: f32, w: &[f32]) {
+    for yr in y.chunks_exact_mut(n) {
+        let mut lanes = [0f64; 8];
+        let chunks = yr.chunks_exact(8);
+        let tail = chunks.remainder();
+        for c in chunks {
+            for i in 0..8 {
+                lanes[i] += c[i] as f64 * c[i] as f64;
+            }
+        }
+        for (l, &v) in lanes.iter_mut().zip(tail) {
+            *l += v as f64 * v as f64;
+        }
+        let ss: f64 = lanes.iter().sum();
+        let inv = (1.0 / (ss / n as f64 + eps as f64).sqrt()) as f32;
+        for (o, &wi) in yr.iter_mut().zip(w) {
+            *o = *o * inv * wi;
+        }
+    }
+}
+
+per_isa! {
+    pub fn rms_norm_mul_in_place(y: &mut [f32], n: usize, eps: f32, w: &[f32]) =>
+        rms_norm_mul_in_place_loop(y, n, eps, w)
 }
 
 /// `y = f(a, b)` where `b` is either the same shape as `a` or one row
@@ -100,7 +145,7 @@ mod tests {
         for width in [1usize, 7, 33, 2560] {
             let (a, b, row) = (v(3 * width, 7), v(3 * width, 11), v(width, 5));
             let run = |isa: Isa| {
-                let mut outs = vec![vec![0f32; 3 * width]; 7];
+                let mut outs = vec![vec![0f32; 3 * width]; 9];
                 rms_norm(&a, width, 1e-5, &mut outs[0], isa);
                 mul(&a, &b, &mut outs[1], isa);
                 add(&a, &row, &mut outs[2], isa);
@@ -108,6 +153,13 @@ mod tests {
                 gated(&a, &b, Activation::Silu, &mut outs[4], isa);
                 gated(&a, &b, Activation::Relu2, &mut outs[5], isa);
                 mul(&a, &row, &mut outs[6], isa);
+                rms_norm_mul(&a, width, 1e-5, &row, &mut outs[7], isa);
+                let normed = outs[0].clone();
+                mul(&normed, &row, &mut outs[8], isa);
+                assert_eq!(outs[7], outs[8], "{isa:?} width {width}: fused norm · w");
+                let mut in_place = a.clone();
+                rms_norm_mul_in_place(&mut in_place, width, 1e-5, &row, isa);
+                assert_eq!(in_place, outs[7], "{isa:?} width {width}: in place");
                 outs
             };
             let want = run(Isa::Scalar);

@@ -82,6 +82,24 @@ unsafe fn rows_mut(base: Rows, width: usize, r: &std::ops::Range<usize>) -> &mut
     std::slice::from_raw_parts_mut(base.0.add(r.start * width), r.len() * width)
 }
 
+/// `dst = rms_norm(x) · w`, `w` one row: a norm and the multiply that is its
+/// only reader, in one pass.
+///
+/// # Safety
+/// `dst` is `x` itself or overlaps it nowhere, it does not overlap `w`, and
+/// no other thread uses them.
+pub unsafe fn rms_norm_mul(x: &Tensor, w: &Tensor, eps: f32, dst: Tensor, cx: &Ctx) {
+    let (width, n_rows) = (dst.node.ne[0], dst.node.n_rows());
+    let (out, isa, ws) = (Rows(dst.ptr as *mut f32), cx.isa, w.f32());
+    if x.ptr == dst.ptr {
+        return by_rows(cx, n_rows, |r| elementwise::rms_norm_mul_in_place(rows_mut(out, width, &r), width, eps, ws, isa));
+    }
+    let xs = x.f32();
+    by_rows(cx, n_rows, |r| {
+        elementwise::rms_norm_mul(&xs[r.start * width..r.end * width], width, eps, ws, rows_mut(out, width, &r), isa)
+    })
+}
+
 /// Runs one node.
 ///
 /// # Safety
