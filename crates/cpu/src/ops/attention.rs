@@ -18,7 +18,7 @@ use crate::kernels::vec;
 use crate::pool::Pool;
 
 /// Query tokens per task and cache positions per block.
-const TOKENS: usize = 16;
+const TOKENS: usize = 32;
 const POSITIONS: usize = 64;
 
 /// A cache as rows of `width` elements of type `ty` (F32, F16 or Q8_0).
