@@ -74,73 +74,76 @@ __device__ __forceinline__ int chunk_dot(uint4 wv, const i8* a) {
     return s;
 }
 
-// The weight vectors lane (cs = lane/4, tig = lane%4) reads for the first
-// GEMV_UNROLL*8 chunks of `row`: lane block tig of chunks cs, cs+8, ...; a
-// warp reads 512 contiguous bytes per step. Weights never depend on the
-// previous kernel, so they are fetched before `pdl_wait`.
-__device__ __forceinline__ void fetch_row(const TernaryMat& m, int row, int k_pad, uint4* wv) {
+// The weight vectors lane (cs = lane/4, tig = lane%4) reads for U chunk
+// slots of `row` from chunk c0 + cs on: lane block tig of chunks c0 + cs,
+// c0 + cs + 8, ...; a warp reads 512 contiguous bytes per slot. Weights never
+// depend on the previous kernel, so the first fetch (c0 = 0) goes out before
+// `pdl_wait`.
+template <int U>
+__device__ __forceinline__ void fetch_row(const TernaryMat& m, int row, int k_pad, int c0, uint4* wv) {
     int lane = threadIdx.x & 31, tig = lane & 3, cs = lane >> 2, n_chunks = k_pad >> 8;
     const uint4* wr = (const uint4*)(m.w + (u64)row * (k_pad >> 2));
 #pragma unroll
-    for (int u = 0; u < GEMV_UNROLL; ++u) {
-        int c = cs + 8 * u;
+    for (int u = 0; u < U; ++u) {
+        int c = c0 + cs + 8 * u;
         wv[u] = c < n_chunks ? ld_stream(wr + c * 4 + tig) : make_uint4(0, 0, 0, 0);
     }
 }
 
-// Row `row` of `m` times the n_tok activations, summed over the warp: one
-// result per token in every lane; `wv` holds the first fetch (fetch_row).
-// Then the GEMV itself: one warp per row, 8 rows per 256-thread block; n_tok
-// ≤ MAXT tokens share each weight load. With `pair_act` ≥ 0 the batch is
-// (gate, up): each warp computes both rows and writes act(gate) * up (0 =
-// SiLU, 1 = relu²) into the first matrix's output. Instantiated for 8 tokens
-// and, with far fewer registers (more warps in flight), for one; MINB blocks
-// per SM bound the registers: at 64, four 256-thread blocks fit an SM, so
-// the 480 blocks of q/k/v at the 2B-4T shape run in one wave, not two.
-#define GEMV_KERNEL(NAME, ROW_DOTS, MAXT, MINB) \
-__device__ __forceinline__ void ROW_DOTS(const TernaryMat& m, int row, int k_pad, const i8* q, const float* d, \
-                                         const int* lsum, int n_tok, uint4* wv, float* y) { \
-    int lane = threadIdx.x & 31, tig = lane & 3, cs = lane >> 2; \
-    int n_chunks = k_pad >> 8, nls = k_pad >> 6; \
-    const uint4* wr = (const uint4*)(m.w + (u64)row * (k_pad >> 2)); \
-    int acc[MAXT]; \
-    float facc[MAXT]; \
-_Pragma("unroll") \
-    for (int t = 0; t < MAXT; ++t) { \
-        acc[t] = 0; \
-        facc[t] = 0.0f; \
-    } \
-    for (int c0 = cs; c0 < n_chunks; c0 += 8 * GEMV_UNROLL) { \
-        if (c0 != cs) { \
-_Pragma("unroll") \
-            for (int u = 0; u < GEMV_UNROLL; ++u) { \
-                int c = c0 + 8 * u; \
-                wv[u] = c < n_chunks ? ld_stream(wr + c * 4 + tig) : make_uint4(0, 0, 0, 0); \
-            } \
-        } \
-_Pragma("unroll") \
-        for (int u = 0; u < GEMV_UNROLL; ++u) { \
-            int c = c0 + 8 * u; \
-            if (c >= n_chunks) break; \
-_Pragma("unroll") \
-            for (int t = 0; t < MAXT; ++t) { \
-                if (t >= n_tok) break; \
-                int s = chunk_dot(wv[u], q + (u64)t * k_pad + c * 256 + tig * 64) - lsum[t * nls + c * 4 + tig]; \
-                if (m.groups == 1) { \
-                    acc[t] += s; \
-                } else { \
-                    facc[t] += (float)s * m.scales[(u64)row * m.groups + c]; \
-                } \
-            } \
-        } \
-    } \
-_Pragma("unroll") \
-    for (int t = 0; t < MAXT; ++t) { \
-        if (t >= n_tok) break; \
-        y[t] = m.groups == 1 ? (float)warp_sum_i(acc[t]) * m.scales[row] * d[t] : warp_sum(facc[t]) * d[t]; \
-    } \
-} \
- \
+// Row `row` of `m` times the n_tok (≤ MAXT) activations, summed over the
+// warp: one result per token in every lane. `wv` holds the first fetch
+// (fetch_row<U> from chunk 0); rows longer than 8·U chunks fetch the rest here.
+template <int MAXT, int U>
+__device__ __forceinline__ void row_dots(const TernaryMat& m, int row, int k_pad, const i8* q, const float* d,
+                                         const int* lsum, int n_tok, uint4* wv, float* y) {
+    int lane = threadIdx.x & 31, tig = lane & 3, cs = lane >> 2;
+    int n_chunks = k_pad >> 8, nls = k_pad >> 6;
+    int acc[MAXT];
+    float facc[MAXT];
+#pragma unroll
+    for (int t = 0; t < MAXT; ++t) {
+        acc[t] = 0;
+        facc[t] = 0.0f;
+    }
+    for (int c0 = 0; c0 + cs < n_chunks; c0 += 8 * U) {
+        if (c0 != 0) fetch_row<U>(m, row, k_pad, c0, wv);
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            int c = c0 + cs + 8 * u;
+            if (c >= n_chunks) break;
+#pragma unroll
+            for (int t = 0; t < MAXT; ++t) {
+                if (t >= n_tok) break;
+                int s = chunk_dot(wv[u], q + (u64)t * k_pad + c * 256 + tig * 64) - lsum[t * nls + c * 4 + tig];
+                if (m.groups == 1) {
+                    acc[t] += s;
+                } else {
+                    facc[t] += (float)s * m.scales[(u64)row * m.groups + c];
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < MAXT; ++t) {
+        if (t >= n_tok) break;
+        y[t] = m.groups == 1 ? (float)warp_sum_i(acc[t]) * m.scales[row] * d[t] : warp_sum(facc[t]) * d[t];
+    }
+}
+
+// act(gate) · up: 0 = SiLU, 1 = relu².
+__device__ __forceinline__ float gated(float g, float up, int act) {
+    float a = act == 0 ? g / (1.0f + expf(-g)) : fmaxf(g, 0.0f) * fmaxf(g, 0.0f);
+    return a * up;
+}
+
+// The GEMV: one warp per row, 8 rows per 256-thread block; n_tok ≤ MAXT
+// tokens share each weight load. With `pair_act` ≥ 0 the batch is (gate,
+// up): each warp computes both rows and writes gated(gate, up) into the first
+// matrix's output. Instantiated for 8 tokens and, with far fewer registers
+// (more warps in flight), for one; MINB blocks per SM bound the registers: at
+// 64, four 256-thread blocks fit an SM, so the 480 blocks of q/k/v at the
+// 2B-4T shape run in one wave, not two.
+#define GEMV_KERNEL(NAME, MAXT, MINB) \
 extern "C" __global__ void __launch_bounds__(256, MINB) NAME(TernaryBatch b, int k_pad, const i8* q, const float* d, \
                                                               const int* lsum, int n_tok, int pair_act) { \
     int mi = pick(b, blockIdx.x); \
@@ -149,23 +152,21 @@ extern "C" __global__ void __launch_bounds__(256, MINB) NAME(TernaryBatch b, int
     bool live = row < m.rows; \
     uint4 wg[GEMV_UNROLL], wu[GEMV_UNROLL]; \
     if (live) { \
-        fetch_row(m, row, k_pad, wg); \
-        if (pair_act >= 0) fetch_row(b.m[1], row, k_pad, wu); \
+        fetch_row<GEMV_UNROLL>(m, row, k_pad, 0, wg); \
+        if (pair_act >= 0) fetch_row<GEMV_UNROLL>(b.m[1], row, k_pad, 0, wu); \
     } \
     pdl_wait(); \
     pdl_launch(); \
     if (!live) return; \
     float y[MAXT]; \
-    ROW_DOTS(m, row, k_pad, q, d, lsum, n_tok, wg, y); \
+    row_dots<MAXT, GEMV_UNROLL>(m, row, k_pad, q, d, lsum, n_tok, wg, y); \
     if (pair_act >= 0) { \
         float up[MAXT]; \
-        ROW_DOTS(b.m[1], row, k_pad, q, d, lsum, n_tok, wu, up); \
+        row_dots<MAXT, GEMV_UNROLL>(b.m[1], row, k_pad, q, d, lsum, n_tok, wu, up); \
 _Pragma("unroll") \
         for (int t = 0; t < MAXT; ++t) { \
             if (t >= n_tok) break; \
-            float g = y[t]; \
-            float a = pair_act == 0 ? g / (1.0f + expf(-g)) : fmaxf(g, 0.0f) * fmaxf(g, 0.0f); \
-            y[t] = a * up[t]; \
+            y[t] = gated(y[t], up[t], pair_act); \
         } \
     } \
     if ((threadIdx.x & 31) == 0) { \
@@ -176,75 +177,44 @@ _Pragma("unroll") \
             m.out[o] = m.res ? y[t] + m.res[o] : y[t]; \
         } \
     } \
-} \
+}
 
-GEMV_KERNEL(ternary_gemv, row_dots8, 8, 1)
-GEMV_KERNEL(ternary_gemv1, row_dots1, 1, 4)
+GEMV_KERNEL(ternary_gemv, 8, 1)
+GEMV_KERNEL(ternary_gemv1, 1, 4)
 
-// gate/up for one token with k_pad ≤ 4096 (two fetches of 8 chunks per
+// gate/up for one token with k_pad ≤ 4096 (two fetch slots of 8 chunks a
 // row): 16 rows per block, each warp two (gate, up) row pairs, all four rows'
 // weights fetched before pdl_wait. The 2B-4T's 6912 pairs then take 432
 // blocks, one wave at four blocks per SM; a pair per warp took 864 (1.6
 // waves, the second wave's loads all after the wait).
 #define PAIR_UNROLL 2
 
-__device__ __forceinline__ void fetch_row2(const TernaryMat& m, int row, int k_pad, uint4* wv) {
-    int lane = threadIdx.x & 31, tig = lane & 3, cs = lane >> 2, n_chunks = k_pad >> 8;
-    const uint4* wr = (const uint4*)(m.w + (u64)row * (k_pad >> 2));
-#pragma unroll
-    for (int u = 0; u < PAIR_UNROLL; ++u) {
-        int c = cs + 8 * u;
-        wv[u] = c < n_chunks ? ld_stream(wr + c * 4 + tig) : make_uint4(0, 0, 0, 0);
-    }
-}
-
-// Row `row` of `m` against one token, all of its chunks in `wv` (fetch_row2).
-__device__ __forceinline__ float row_dot2(const TernaryMat& m, int row, int k_pad, const i8* q, const float* d,
-                                          const int* lsum, const uint4* wv) {
-    int lane = threadIdx.x & 31, tig = lane & 3, cs = lane >> 2;
-    int n_chunks = k_pad >> 8;
-    int acc = 0;
-    float facc = 0.0f;
-#pragma unroll
-    for (int u = 0; u < PAIR_UNROLL; ++u) {
-        int c = cs + 8 * u;
-        if (c >= n_chunks) break;
-        int s = chunk_dot(wv[u], q + c * 256 + tig * 64) - lsum[c * 4 + tig];
-        if (m.groups == 1) {
-            acc += s;
-        } else {
-            facc += (float)s * m.scales[(u64)row * m.groups + c];
-        }
-    }
-    return m.groups == 1 ? (float)warp_sum_i(acc) * m.scales[row] * d[0] : warp_sum(facc) * d[0];
-}
-
-__device__ __forceinline__ void pair_out(const TernaryMat& m, int row, float g, float up, int pair_act) {
-    float a = pair_act == 0 ? g / (1.0f + expf(-g)) : fmaxf(g, 0.0f) * fmaxf(g, 0.0f);
-    float y = a * up;
-    if ((threadIdx.x & 31) == 0) m.out[row] = m.res ? y + m.res[row] : y;
-}
-
 extern "C" __global__ void __launch_bounds__(256, 4) ternary_gemv1_pair(TernaryBatch b, int k_pad, const i8* q,
                                                                        const float* d, const int* lsum, int n_tok,
                                                                        int pair_act) {
     const TernaryMat& g = b.m[0];
     const TernaryMat& up = b.m[1];
-    int r0 = blockIdx.x * 16 + (threadIdx.x >> 5), r1 = r0 + 8;
-    bool l0 = r0 < g.rows, l1 = r1 < g.rows;
-    uint4 wg0[PAIR_UNROLL], wu0[PAIR_UNROLL], wg1[PAIR_UNROLL], wu1[PAIR_UNROLL];
-    if (l0) {
-        fetch_row2(g, r0, k_pad, wg0);
-        fetch_row2(up, r0, k_pad, wu0);
-    }
-    if (l1) {
-        fetch_row2(g, r1, k_pad, wg1);
-        fetch_row2(up, r1, k_pad, wu1);
+    int rows[2] = {(int)blockIdx.x * 16 + (int)(threadIdx.x >> 5), (int)blockIdx.x * 16 + 8 + (int)(threadIdx.x >> 5)};
+    uint4 wg[2][PAIR_UNROLL], wu[2][PAIR_UNROLL];
+#pragma unroll
+    for (int p = 0; p < 2; ++p) {
+        if (rows[p] < g.rows) {
+            fetch_row<PAIR_UNROLL>(g, rows[p], k_pad, 0, wg[p]);
+            fetch_row<PAIR_UNROLL>(up, rows[p], k_pad, 0, wu[p]);
+        }
     }
     pdl_wait();
     pdl_launch();
-    if (l0) pair_out(g, r0, row_dot2(g, r0, k_pad, q, d, lsum, wg0), row_dot2(up, r0, k_pad, q, d, lsum, wu0), pair_act);
-    if (l1) pair_out(g, r1, row_dot2(g, r1, k_pad, q, d, lsum, wg1), row_dot2(up, r1, k_pad, q, d, lsum, wu1), pair_act);
+#pragma unroll
+    for (int p = 0; p < 2; ++p) {
+        int row = rows[p];
+        if (row >= g.rows) break;
+        float yg, yu;
+        row_dots<1, PAIR_UNROLL>(g, row, k_pad, q, d, lsum, 1, wg[p], &yg);
+        row_dots<1, PAIR_UNROLL>(up, row, k_pad, q, d, lsum, 1, wu[p], &yu);
+        float y = gated(yg, yu, pair_act);
+        if ((threadIdx.x & 31) == 0) g.out[row] = g.res ? y + g.res[row] : y;
+    }
 }
 
 #define MMA_MT 2

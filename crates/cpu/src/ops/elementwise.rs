@@ -5,6 +5,26 @@ use tern_graph::Activation;
 
 use crate::kernels::vec::per_isa;
 
+/// `1 / sqrt(mean(row²) + eps)`, the mean accumulated in f64 over eight
+/// independent partial sums (the loop vectorises and is not one long
+/// dependency chain), combined in a fixed order.
+#[inline(always)]
+fn inv_rms(row: &[f32], eps: f32) -> f32 {
+    let mut lanes = [0f64; 8];
+    let chunks = row.chunks_exact(8);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for i in 0..8 {
+            lanes[i] += c[i] as f64 * c[i] as f64;
+        }
+    }
+    for (l, &v) in lanes.iter_mut().zip(tail) {
+        *l += v as f64 * v as f64;
+    }
+    let ss: f64 = lanes.iter().sum();
+    (1.0 / (ss / row.len() as f64 + eps as f64).sqrt()) as f32
+}
+
 /// `y = x / sqrt(mean(x²) + eps)` per row of `n`, then `y · w` when a weight
 /// row is given (the graph's `mul` after the norm, in the same float
 /// operations). The mean is accumulated in f64 so long rows do not lose
@@ -12,21 +32,7 @@ use crate::kernels::vec::per_isa;
 #[inline(always)]
 fn rms_norm_loop(x: &[f32], n: usize, eps: f32, w: Option<&[f32]>, y: &mut [f32]) {
     for (xr, yr) in x.chunks_exact(n).zip(y.chunks_exact_mut(n)) {
-        // Eight independent f64 partial sums: the loop vectorises and is not
-        // one long dependency chain.
-        let mut lanes = [0f64; 8];
-        let chunks = xr.chunks_exact(8);
-        let tail = chunks.remainder();
-        for c in chunks {
-            for i in 0..8 {
-                lanes[i] += c[i] as f64 * c[i] as f64;
-            }
-        }
-        for (l, &v) in lanes.iter_mut().zip(tail) {
-            *l += v as f64 * v as f64;
-        }
-        let ss: f64 = lanes.iter().sum();
-        let inv = (1.0 / (ss / n as f64 + eps as f64).sqrt()) as f32;
+        let inv = inv_rms(xr, eps);
         match w {
             Some(w) => {
                 for ((o, &v), &wi) in yr.iter_mut().zip(xr).zip(w) {
@@ -56,19 +62,7 @@ per_isa! {
 #[inline(always)]
 fn rms_norm_mul_in_place_loop(y: &mut [f32], n: usize, eps: f32, w: &[f32]) {
     for yr in y.chunks_exact_mut(n) {
-        let mut lanes = [0f64; 8];
-        let chunks = yr.chunks_exact(8);
-        let tail = chunks.remainder();
-        for c in chunks {
-            for i in 0..8 {
-                lanes[i] += c[i] as f64 * c[i] as f64;
-            }
-        }
-        for (l, &v) in lanes.iter_mut().zip(tail) {
-            *l += v as f64 * v as f64;
-        }
-        let ss: f64 = lanes.iter().sum();
-        let inv = (1.0 / (ss / n as f64 + eps as f64).sqrt()) as f32;
+        let inv = inv_rms(yr, eps);
         for (o, &wi) in yr.iter_mut().zip(w) {
             *o = *o * inv * wi;
         }
