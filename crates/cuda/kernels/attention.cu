@@ -7,9 +7,9 @@
 // come from device memory, which keeps the launch identical from step to
 // step (CUDA graphs replay it).
 
+// Accumulators per lane: head_dim ≤ 32 · ATT_MAXD. (attention_unit takes
+// it as its parameter D, and holds D / 2 rope pairs per lane.)
 #define ATT_MAXD 8
-// Rope pairs per lane in the one-token attention: head_dim ≤ 32 · ATT_MAXD.
-#define ATT_ROPE_PAIRS (ATT_MAXD / 2)
 
 __device__ __forceinline__ float ld_cache(const u8* c, u64 i, int type) {
     return type == T_F16 ? h2f(((const u16*)c)[i]) : ((const float*)c)[i];
@@ -114,28 +114,77 @@ struct AttRope {
     float base;
     float fscale;
     int on;
+    int pad;
 };
 static_assert(sizeof(AttRope) == 48, "AttRope layout (tern_cuda::launch::AttRope)");
 
-extern "C" __global__ void attention(const float* q, u8* kc, u8* vc, const int* pos, float* out,
-                                     float* part, int* counters, int n_head, int n_head_kv, int head_dim, float scale,
-                                     int split, int n_split, int k_type, int v_type, AttRope r) {
-    extern __shared__ float qs_all[];
-    __shared__ int last;
+// Everything one attention op reads, as `attention`'s arguments.
+struct AttArgs {
+    const float* q;
+    u8* kc;
+    u8* vc;
+    const int* pos;
+    float* out;
+    float* part;
+    int* counters;
+    int n_head;
+    int n_head_kv;
+    int head_dim;
+    float scale;
+    int split;
+    int n_split;
+    int k_type;
+    int v_type;
+    AttRope r;
+};
+static_assert(sizeof(AttArgs) == 136, "AttArgs layout (tern_cuda::decode::AttArgs)");
+
+// The threads that take one (KV head, token, split): `nthreads` = 32 ·
+// group of them, `tid` this thread's index among them and `warp` its query
+// head within the group; named barrier `bar` syncs just them, so that a
+// persistent block can run several units side by side.
+struct AttUnit {
+    int warp;
+    int tid;
+    int nthreads;
+    int bar;
+};
+
+__device__ __forceinline__ void unit_sync(const AttUnit& u) {
+    asm volatile("bar.sync %0, %1;" ::"r"(u.bar), "r"(u.nthreads) : "memory");
+}
+
+// One unit's work. `qs_all` holds the group's q heads (group · head_dim
+// floats), `last` one shared int. With `pdl` the unit waits for the previous
+// kernel once the work that does not depend on it is issued.
+template <int D>
+__device__ __forceinline__ void attention_unit(const AttArgs& A, int kvh, int t, int s, const AttUnit& U,
+                                               float* qs_all, int* last, bool pdl) {
+    // References, not copies: in the persistent kernel A sits in shared
+    // memory, and fields reloaded from there cost less than the registers
+    // copies would hold across the whole unit.
+    const float* const& q = A.q;
+    u8* const& kc = A.kc;
+    u8* const& vc = A.vc;
+    float* const& out = A.out;
+    float* const& part = A.part;
+    const int &n_head = A.n_head, &n_head_kv = A.n_head_kv, &head_dim = A.head_dim;
+    const int &split = A.split, &n_split = A.n_split, &k_type = A.k_type, &v_type = A.v_type;
+    const float& scale = A.scale;
+    const AttRope& r = A.r;
     // Before pdl_wait, what does not depend on the previous kernel: the
     // positions (inputs), the rope angles (double pow and sincos, long
     // latency), and the cache rows of earlier positions, fetched into L1.
-    int kvh = blockIdx.x, t = blockIdx.y, s = blockIdx.z;
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int warp = U.warp, lane = U.tid & 31;
     int h = kvh * (n_head / n_head_kv) + warp;
-    int p = pos[t];
+    int p = A.pos[t];
     int n_kv = p + 1, n_active = (n_kv + split - 1) / split;
     int row = head_dim * n_head_kv;
-    float rcs[ATT_ROPE_PAIRS], rsn[ATT_ROPE_PAIRS];
+    float rcs[(D / 2)], rsn[(D / 2)];
     if (s < n_active) {
         if (r.on) {
 #pragma unroll
-            for (int m = 0; m < ATT_ROPE_PAIRS; ++m) {
+            for (int m = 0; m < (D / 2); ++m) {
                 int i = lane + 32 * m, a, b;
                 rcs[m] = 1.0f;
                 rsn[m] = 0.0f;
@@ -149,15 +198,17 @@ extern "C" __global__ void attention(const float* q, u8* kc, u8* vc, const int* 
         }
         // Only rows written by earlier steps: this batch's own positions
         // (from pos[0] on) may be written by the kernel before this one.
-        int jp = min(min(p, pos[0]), s * split + split);
-        for (int j = s * split + threadIdx.x; j < jp; j += blockDim.x) {
+        int jp = min(min(p, A.pos[0]), s * split + split);
+        for (int j = s * split + U.tid; j < jp; j += U.nthreads) {
             u64 e = (u64)j * row + (u64)kvh * head_dim;
             prefetch_l1(kc + e * (k_type == T_F16 ? 2 : 4), head_dim * (k_type == T_F16 ? 2 : 4));
             prefetch_l1(vc + e * (v_type == T_F16 ? 2 : 4), head_dim * (v_type == T_F16 ? 2 : 4));
         }
     }
-    pdl_wait();
-    pdl_launch();
+    if (pdl) {
+        pdl_wait();
+        pdl_launch();
+    }
     if (s >= n_active) return;
     float* qs = qs_all + warp * head_dim;
     const float* qh = q + ((u64)t * n_head + h) * head_dim;
@@ -168,7 +219,7 @@ extern "C" __global__ void attention(const float* q, u8* kc, u8* vc, const int* 
         const float* kh = r.k + (u64)t * row + (u64)kvh * head_dim;
         u64 dst = (u64)p * row + (u64)kvh * head_dim;
 #pragma unroll
-        for (int m = 0; m < ATT_ROPE_PAIRS; ++m) {
+        for (int m = 0; m < (D / 2); ++m) {
             int i = lane + 32 * m, a, b;
             if (i >= head_dim / 2) break;
             rope_pair(i, r.n_rot, r.mode, &a, &b);
@@ -188,14 +239,14 @@ extern "C" __global__ void attention(const float* q, u8* kc, u8* vc, const int* 
             const float* vh = r.v + (u64)t * row + (u64)kvh * head_dim;
             for (int dd = lane; dd < head_dim; dd += 32) st_cache(vc, dst + dd, v_type, vh[dd]);
         }
-        __syncthreads();
+        unit_sync(U);
     } else {
         for (int dd = lane; dd < head_dim; dd += 32) qs[dd] = qh[dd] * scale;
     }
     __syncwarp();
-    float acc[ATT_MAXD];
+    float acc[D];
 #pragma unroll
-    for (int i = 0; i < ATT_MAXD; ++i) acc[i] = 0.0f;
+    for (int i = 0; i < D; ++i) acc[i] = 0.0f;
     float mx = -INFINITY, l = 0.0f;
     int j0 = s * split, j1 = min(n_kv, j0 + split);
     u64 off = (u64)kvh * head_dim;
@@ -234,7 +285,7 @@ extern "C" __global__ void attention(const float* q, u8* kc, u8* vc, const int* 
         float pj = j < j1 ? expf(sc - m_new) : 0.0f;
         l = l * corr + warp_sum(pj);
 #pragma unroll
-        for (int i = 0; i < ATT_MAXD; ++i) acc[i] *= corr;
+        for (int i = 0; i < D; ++i) acc[i] *= corr;
         int nk = min(32, j1 - jb);
         if (vvec) {
             // f16 V: lane holds dims 4·(lane + 32g) .. +3 (att_dim); sixteen
@@ -248,7 +299,7 @@ extern "C" __global__ void attention(const float* q, u8* kc, u8* vc, const int* 
                     if (u0 + u >= nk) pu[u] = 0.0f;
                 }
 #pragma unroll
-                for (int g = 0; g < ATT_MAXD / 4; ++g) {
+                for (int g = 0; g < D / 4; ++g) {
                     int d0 = 4 * (lane + 32 * g);
                     if (d0 >= head_dim) continue;
                     uint2 vv[16];
@@ -280,7 +331,7 @@ extern "C" __global__ void attention(const float* q, u8* kc, u8* vc, const int* 
                 vr[u] = (u64)(u0 + u < nk ? jb + u0 + u : jb) * row + off;
             }
 #pragma unroll
-            for (int i = 0; i < ATT_MAXD; ++i) {
+            for (int i = 0; i < D; ++i) {
                 int dd = lane + 32 * i;
                 if (dd >= head_dim) continue;
                 float vv[8];
@@ -295,7 +346,7 @@ extern "C" __global__ void attention(const float* q, u8* kc, u8* vc, const int* 
     float* oh = out + ((u64)t * n_head + h) * head_dim;
     if (n_active == 1) {
 #pragma unroll
-        for (int i = 0; i < ATT_MAXD; ++i) {
+        for (int i = 0; i < D; ++i) {
             int dd = att_dim(i, lane, vvec);
             if (dd < head_dim) oh[dd] = acc[i] / l;
         }
@@ -303,7 +354,7 @@ extern "C" __global__ void attention(const float* q, u8* kc, u8* vc, const int* 
     }
     float* pp = part + (((u64)t * n_head + h) * n_split + s) * (head_dim + 2);
 #pragma unroll
-    for (int i = 0; i < ATT_MAXD; ++i) {
+    for (int i = 0; i < D; ++i) {
         int dd = att_dim(i, lane, vvec);
         if (dd < head_dim) pp[2 + dd] = acc[i];
     }
@@ -312,14 +363,14 @@ extern "C" __global__ void attention(const float* q, u8* kc, u8* vc, const int* 
         pp[1] = l;
     }
     __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int* ctr = counters + (u64)t * n_head_kv + kvh;
-        last = atomicAdd(ctr, 1) == n_active - 1;
-        if (last) *ctr = 0;
+    unit_sync(U);
+    if (U.tid == 0) {
+        int* ctr = A.counters + (u64)t * n_head_kv + kvh;
+        *last = atomicAdd(ctr, 1) == n_active - 1;
+        if (*last) *ctr = 0;
     }
-    __syncthreads();
-    if (!last) return;
+    unit_sync(U);
+    if (!*last) return;
     __threadfence();
     // The merge: the splits' (max, sum) a lane each, then every lane's dims
     // over the splits, four splits' loads in flight at a time.
@@ -333,17 +384,17 @@ extern "C" __global__ void attention(const float* q, u8* kc, u8* vc, const int* 
         sum += __ldcg(pi + 1) * expf(__ldcg(pi) - big);
     }
     sum = warp_sum(sum);
-    float a[ATT_MAXD];
+    float a[D];
 #pragma unroll
-    for (int i = 0; i < ATT_MAXD; ++i) a[i] = 0.0f;
+    for (int i = 0; i < D; ++i) a[i] = 0.0f;
     for (int i0 = 0; i0 < n_active; i0 += 4) {
-        float wv[4], vals[4][ATT_MAXD];
+        float wv[4], vals[4][D];
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
             const float* pi = ph + min(i0 + u, n_active - 1) * (head_dim + 2);
             wv[u] = i0 + u < n_active ? expf(__ldcg(pi) - big) : 0.0f;
 #pragma unroll
-            for (int i = 0; i < ATT_MAXD; ++i) {
+            for (int i = 0; i < D; ++i) {
                 int dd = lane + 32 * i;
                 vals[u][i] = dd < head_dim ? __ldcg(pi + 2 + dd) : 0.0f;
             }
@@ -351,13 +402,24 @@ extern "C" __global__ void attention(const float* q, u8* kc, u8* vc, const int* 
 #pragma unroll
         for (int u = 0; u < 4; ++u)
 #pragma unroll
-            for (int i = 0; i < ATT_MAXD; ++i) a[i] += vals[u][i] * wv[u];
+            for (int i = 0; i < D; ++i) a[i] += vals[u][i] * wv[u];
     }
 #pragma unroll
-    for (int i = 0; i < ATT_MAXD; ++i) {
+    for (int i = 0; i < D; ++i) {
         int dd = lane + 32 * i;
         if (dd < head_dim) oh[dd] = a[i] / sum;
     }
+}
+
+// grid: (n_head_kv, n_tok, n_split), block: 32 * (n_head / n_head_kv) (see above).
+extern "C" __global__ void attention(const float* q, u8* kc, u8* vc, const int* pos, float* out, float* part,
+                                     int* counters, int n_head, int n_head_kv, int head_dim, float scale, int split,
+                                     int n_split, int k_type, int v_type, AttRope r) {
+    extern __shared__ float qs_all[];
+    __shared__ int last;
+    AttArgs a = {q, kc, vc, pos, out, part, counters, n_head, n_head_kv, head_dim, scale, split, n_split, k_type, v_type, r};
+    AttUnit u = {(int)threadIdx.x >> 5, (int)threadIdx.x, (int)blockDim.x, 1};
+    attention_unit<ATT_MAXD>(a, blockIdx.x, blockIdx.y, blockIdx.z, u, qs_all, &last, true);
 }
 
 // Prompt attention on tensor cores (FlashAttention-2 style) for f16 caches:

@@ -21,7 +21,9 @@ __device__ __forceinline__ int permuted_base(int wi) {
 #define ROW_UNROLL 4
 
 // `n` floats (n % 4 == 0, both 16-byte aligned) from global to shared memory.
-__device__ __forceinline__ void load_row4(const float* __restrict__ src, float* dst, int n) {
+// The loads go to L2 (`ld.global.cg`): in a persistent kernel the row was
+// written by other blocks since this SM last read it.
+__device__ __forceinline__ void load_row4(const float* src, float* dst, int n) {
     const float4* s4 = (const float4*)src;
     float4* d4 = (float4*)dst;
     int n4 = n >> 2, stride = blockDim.x;
@@ -29,43 +31,47 @@ __device__ __forceinline__ void load_row4(const float* __restrict__ src, float* 
         float4 v[ROW_UNROLL];
 #pragma unroll
         for (int u = 0; u < ROW_UNROLL; ++u)
-            if (i0 + u * stride < n4) v[u] = s4[i0 + u * stride];
+            if (i0 + u * stride < n4) v[u] = __ldcg(s4 + i0 + u * stride);
 #pragma unroll
         for (int u = 0; u < ROW_UNROLL; ++u)
             if (i0 + u * stride < n4) d4[i0 + u * stride] = v[u];
     }
 }
 
-// grid: tokens, block: 1024. x: [ne0, n_tok] f32. norm: 1 = apply RMS norm
-// first (inv = 1/sqrt(mean(x²) + eps), summed in double); w (optional)
-// multiplies after it, in the CPU's order (x·inv)·w; y (optional) receives
-// the f32 result. q: [n_tok, k_pad] i8, d: [n_tok] f32 (1 / s_a), lsum:
-// [n_tok, k_pad/64] i32. The row is staged in dynamic shared memory (ne0
-// floats).
-extern "C" __global__ void __launch_bounds__(1024) norm_quant(const float* x, const float* w, float* y, i8* q, float* d,
-                                                            int* lsum, int ne0, int k_pad, int norm, float eps) {
-    extern __shared__ __align__(16) float xs[];
-    __shared__ double dscratch[32];
-    __shared__ float scratch[32];
-    const float* xr = x + (u64)blockIdx.x * ne0;
-    bool vec = (ne0 & 3) == 0 && ((u64)xr & 15) == 0 && (!w || ((u64)w & 15) == 0);
-    // The norm weight never depends on the previous kernel: its first
-    // ROW_UNROLL vectors per thread (a whole row at one token's 1024
-    // threads) are loaded before pdl_wait, off the critical path.
+// The norm weight's first ROW_UNROLL vectors per thread (a whole row at
+// 1024 threads), which never depend on the previous kernel: callers load them
+// before waiting for it, off the critical path.
+__device__ __forceinline__ void nq_prefetch(const float* w, int ne0, bool vec, float4* wpre) {
     const float4* w4 = (const float4*)w;
     int n4 = ne0 >> 2, stride = blockDim.x;
-    float4 wpre[ROW_UNROLL];
     if (vec && w) {
 #pragma unroll
         for (int u = 0; u < ROW_UNROLL; ++u)
             if (threadIdx.x + u * stride < n4) wpre[u] = w4[threadIdx.x + u * stride];
     }
-    pdl_wait();
-    pdl_launch();
+}
+
+// Whether a row can be read and weighted as float4 vectors.
+__device__ __forceinline__ bool nq_vec(const float* xr, const float* w, int ne0) {
+    return (ne0 & 3) == 0 && ((u64)xr & 15) == 0 && (!w || ((u64)w & 15) == 0);
+}
+
+// One row through the whole block: x (ne0 floats) is staged in `xs` (shared,
+// ne0 floats), normed (norm: inv = 1/sqrt(mean(x²) + eps), summed in double)
+// and weighted in the CPU's order (x·inv)·w, written to `yr` when given, and
+// quantized into `qr` (k_pad bytes, permuted) and `ls` (k_pad/64 lane sums).
+// Returns d = 1/s_a in every thread.
+__device__ __forceinline__ float nq_row(const float* xr, const float* w, float* yr, i8* qr_, int* ls,
+                                        int ne0, int k_pad, int norm, float eps, float* xs, const float4* wpre,
+                                        bool vec) {
+    __shared__ double dscratch[32];
+    __shared__ float scratch[32];
+    const float4* w4 = (const float4*)w;
+    int n4 = ne0 >> 2, stride = blockDim.x;
     if (vec) {
         load_row4(xr, xs, ne0);
     } else {
-        for (int e = threadIdx.x; e < ne0; e += blockDim.x) xs[e] = xr[e];
+        for (int e = threadIdx.x; e < ne0; e += blockDim.x) xs[e] = __ldcg(xr + e);
     }
     __syncthreads();
     float inv = 1.0f;
@@ -113,14 +119,11 @@ extern "C" __global__ void __launch_bounds__(1024) norm_quant(const float* x, co
         }
     }
     amax = block_max(amax, scratch);
-    if (y) {
-        float* yr = y + (u64)blockIdx.x * ne0;
+    if (yr) {
         for (int e = threadIdx.x; e < ne0; e += blockDim.x) yr[e] = xs[e];
     }
     float sa = 127.0f / fmaxf(amax, 1e-5f);
-    if (threadIdx.x == 0) d[blockIdx.x] = 1.0f / sa;
-    u32* qr = (u32*)(q + (u64)blockIdx.x * k_pad);
-    int* ls = lsum + (u64)blockIdx.x * (k_pad / 64);
+    u32* qr = (u32*)qr_;
     // blockDim is a multiple of 16, so each 16-word lane block stays in one
     // half-warp for the shuffle reduction below; k_pad / 4 is a multiple of
     // 64, so whole warps enter or leave the loop together.
@@ -140,4 +143,23 @@ extern "C" __global__ void __launch_bounds__(1024) norm_quant(const float* x, co
         for (int o = 8; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
         if ((wi & 15) == 0) ls[wi >> 4] = sum;
     }
+    return 1.0f / sa;
+}
+
+// grid: tokens, block: 1024. x: [ne0, n_tok] f32. norm: 1 = apply RMS norm
+// first; w (optional) multiplies after it; y (optional) receives the f32
+// result. q: [n_tok, k_pad] i8, d: [n_tok] f32 (1 / s_a), lsum: [n_tok,
+// k_pad/64] i32. The row is staged in dynamic shared memory (ne0 floats).
+extern "C" __global__ void __launch_bounds__(1024) norm_quant(const float* x, const float* w, float* y, i8* q, float* d,
+                                                            int* lsum, int ne0, int k_pad, int norm, float eps) {
+    extern __shared__ __align__(16) float xs[];
+    const float* xr = x + (u64)blockIdx.x * ne0;
+    bool vec = nq_vec(xr, w, ne0);
+    float4 wpre[ROW_UNROLL];
+    nq_prefetch(w, ne0, vec, wpre);
+    pdl_wait();
+    pdl_launch();
+    float dd = nq_row(xr, w, y ? y + (u64)blockIdx.x * ne0 : nullptr, q + (u64)blockIdx.x * k_pad,
+                      lsum + (u64)blockIdx.x * (k_pad / 64), ne0, k_pad, norm, eps, xs, wpre, vec);
+    if (threadIdx.x == 0) d[blockIdx.x] = dd;
 }

@@ -45,7 +45,9 @@ struct TernaryBatch {
     TernaryMat m[3];
     int n;
     int block_start[4];
+    int pad;
 };
+static_assert(sizeof(TernaryBatch) == 144, "TernaryBatch layout (tern_cuda::launch::TernaryBatch)");
 
 __device__ __forceinline__ int pick(const TernaryBatch& b, int blk) {
     int i = 0;

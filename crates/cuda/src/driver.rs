@@ -266,6 +266,13 @@ impl Gpu {
         Ok(f)
     }
 
+    /// Blocks of `f` that fit one SM at once with `block` threads and `smem`
+    /// bytes of dynamic shared memory.
+    pub fn occupancy(&self, f: sys::CUfunction, block: u32, smem: usize) -> DResult<i32> {
+        // SAFETY: `f` is a loaded function of this context.
+        unsafe { result::occupancy::max_active_block_per_multiprocessor(f, block as i32, smem) }.map_err(err)
+    }
+
     /// Launches `f`. `params` point at the kernel's arguments in order. With
     /// `pdl`, the kernel may start while the previous one drains (it waits in
     /// `pdl_wait` for its inputs).

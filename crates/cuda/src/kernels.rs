@@ -17,6 +17,16 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("ternary", include_str!("../kernels/ternary.cu")),
     ("fmat", include_str!("../kernels/fmat.cu")),
     ("attention", include_str!("../kernels/attention.cu")),
+    // The persistent decoding kernel calls into the three files before it.
+    (
+        "decode",
+        concat!(
+            include_str!("../kernels/quantize.cu"),
+            include_str!("../kernels/ternary.cu"),
+            include_str!("../kernels/attention.cu"),
+            include_str!("../kernels/decode.cu")
+        ),
+    ),
 ];
 
 /// The full text NVRTC compiles for source `name`: the prelude, then the file.
@@ -53,10 +63,15 @@ pub enum Kernel {
     /// A small copy from the device into mapped host memory, run as this
     /// kernel: its writes cross the link without a round trip each.
     HostWrite,
+    /// A run of one-token launches as phases of one persistent kernel
+    /// (`decode.rs`), 512 threads a block.
+    DecodeRun,
+    /// `DecodeRun` with 256 threads a block (registers to spare).
+    DecodeRun256,
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 22] = [
+    pub const ALL: [Kernel; 24] = [
         Kernel::GetRows,
         Kernel::RmsNorm,
         Kernel::Binary,
@@ -79,6 +94,8 @@ impl Kernel {
         Kernel::FlashAttn,
         Kernel::CopyIn,
         Kernel::HostWrite,
+        Kernel::DecodeRun,
+        Kernel::DecodeRun256,
     ];
 
     /// (source module, entry point).
@@ -105,6 +122,8 @@ impl Kernel {
             Kernel::Attention => ("attention", "attention"),
             Kernel::FlashAttn => ("attention", "flash_attn"),
             Kernel::CopyIn | Kernel::HostWrite => ("elementwise", "copy_in"),
+            Kernel::DecodeRun => ("decode", "decode_run"),
+            Kernel::DecodeRun256 => ("decode", "decode_run_256"),
         }
     }
 }

@@ -28,6 +28,8 @@ pub struct TernaryBatch {
     pub m: [TernaryMat; 3],
     pub n: i32,
     pub block_start: [i32; 4],
+    /// Explicit, so the struct has no padding and can be read as bytes.
+    pub pad: i32,
 }
 const _: () = assert!(std::mem::size_of::<TernaryBatch>() == 144);
 
@@ -45,6 +47,8 @@ pub struct AttRope {
     pub base: u32,
     pub fscale: u32,
     pub on: i32,
+    /// Explicit, so the struct has no padding and can be read as bytes.
+    pub pad: i32,
 }
 const _: () = assert!(std::mem::size_of::<AttRope>() == 48);
 

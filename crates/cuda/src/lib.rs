@@ -13,6 +13,7 @@
 //!   graph and replayed from then on; per-step values (positions) are read
 //!   from device memory, so a decoding step replays the same graph.
 
+mod decode;
 mod driver;
 mod host_io;
 pub mod kernels;
@@ -139,6 +140,8 @@ struct Plan {
     /// `profiled` has run (a failure after that is not retried another way,
     /// which would run the split twice).
     profiled_ran: bool,
+    /// Device memory of the plan's `decode_run` tables, freed with the plan.
+    tables: Vec<u64>,
 }
 
 /// Identifies a compute call cheaply: the nodes, their ops and shapes, and
@@ -178,6 +181,9 @@ pub struct CudaBackend {
     plans: HashMap<u64, Plan>,
     use_graphs: bool,
     pdl: bool,
+    /// Runs of one-token launches become one persistent kernel
+    /// (`TERN_CUDA_FUSE=0` turns it off; `decode.rs`).
+    fuse: Option<decode::Config>,
     pub stats: Stats,
     /// `TERN_CUDA_PROFILE=1`: every launch timed with events (no graphs).
     profile: Option<Profile>,
@@ -194,6 +200,26 @@ pub struct CudaBackend {
     gpu: Gpu,
 }
 
+/// How `decode_run` runs on this device, or `None` to keep launches:
+/// `TERN_CUDA_FUSE=0`, or a block of it would not fit an SM. One block per
+/// SM of `TERN_CUDA_FUSE_THREADS` (512 or 256); `TERN_CUDA_LOOK` phases of
+/// weights prefetched ahead (default 3).
+fn fuse_config(gpu: &Gpu, kernels: &Kernels) -> std::result::Result<Option<decode::Config>, String> {
+    if !env_flag("TERN_CUDA_FUSE", true) {
+        return Ok(None);
+    }
+    let var = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<i32>().ok());
+    let threads = if var("TERN_CUDA_FUSE_THREADS") == Some(256) { 256 } else { 512 };
+    // Static shared memory (descriptor scratch, reductions) is well under 4 KiB.
+    let smem_max = (gpu.info.smem_optin as usize).saturating_sub(4096);
+    let mut cfg = decode::Config { blocks: gpu.info.sm_count as u32, threads, look: var("TERN_CUDA_LOOK").unwrap_or(3), smem_max };
+    if gpu.occupancy(kernels.get(cfg.kernel()), threads, smem_max)? < 1 {
+        return Ok(None);
+    }
+    cfg.look = cfg.look.clamp(0, 4);
+    Ok(Some(cfg))
+}
+
 fn env_flag(name: &str, default: bool) -> bool {
     std::env::var(name).map_or(default, |v| !matches!(v.as_str(), "0" | "off" | "false"))
 }
@@ -205,6 +231,7 @@ impl CudaBackend {
         let cache = nvrtc::cache_dir();
         let kernels = Kernels::load(&gpu, cache.as_deref())?;
         let pdl = gpu.info.arch.0 >= 9 && env_flag("TERN_CUDA_PDL", true);
+        let fuse = fuse_config(&gpu, &kernels)?;
         Ok(CudaBackend {
             id: BackendId::cuda(index),
             gpu,
@@ -217,6 +244,7 @@ impl CudaBackend {
             plans: HashMap::new(),
             use_graphs: env_flag("TERN_CUDA_GRAPHS", true),
             pdl,
+            fuse,
             stats: Stats::default(),
             profile: env_flag("TERN_CUDA_PROFILE", false).then(Profile::default),
             pinned: Vec::new(),
@@ -323,7 +351,7 @@ impl CudaBackend {
     /// Frees `old` (a scratch buffer being outgrown) and allocates `bytes`.
     /// Plans hold the old pointers, so they go too.
     fn regrow(&mut self, old: Option<u64>, bytes: usize) -> Result<u64> {
-        self.plans.clear();
+        self.clear_plans();
         if let Some(p) = old {
             self.gpu.free(p);
         }
@@ -365,6 +393,41 @@ impl CudaBackend {
         self.scratch.counters = p;
         self.scratch.counters_cap = cap;
         Ok(())
+    }
+
+    /// Drops every plan and the device memory its tables hold.
+    fn clear_plans(&mut self) {
+        for (_, p) in self.plans.drain() {
+            for t in p.tables {
+                self.gpu.free(t);
+            }
+        }
+    }
+
+    /// Fuses the decoding runs of `launches` (`decode.rs`) and uploads each
+    /// run's table, behind its barrier words; returns the launches and the
+    /// tables' memory.
+    fn fuse_launches(&mut self, launches: Vec<Launch>) -> Result<(Vec<Launch>, Vec<u64>)> {
+        let Some(cfg) = self.fuse else { return Ok((launches, Vec::new())) };
+        let mut fused = decode::fuse(launches, &cfg);
+        let mut tables = Vec::with_capacity(fused.tables.len());
+        for (at, phases) in &fused.tables {
+            let mut bytes = vec![0u8; decode::BARRIER_BYTES];
+            bytes.extend_from_slice(decode::table_bytes(phases));
+            let ptr = match self.alloc_raw(bytes.len()) {
+                Ok(p) => p,
+                Err(e) => {
+                    tables.into_iter().for_each(|t| self.gpu.free(t));
+                    return Err(e);
+                }
+            };
+            tables.push(ptr);
+            self.gpu.upload(ptr, &bytes).map_err(|m| self.dev_err(m))?;
+            let l = &mut fused.launches[*at];
+            l.args[0] = launch::Arg::Ptr(ptr + decode::BARRIER_BYTES as u64);
+            l.args[2] = launch::Arg::Ptr(ptr);
+        }
+        Ok((fused.launches, tables))
     }
 
     fn run_steps(&self, steps: &[Step]) -> std::result::Result<(), String> {
@@ -414,7 +477,7 @@ impl Drop for CudaBackend {
                 );
             }
         }
-        self.plans.clear();
+        self.clear_plans();
         for b in self.buffers.list.iter().flatten() {
             self.free_buf(b);
         }
@@ -540,7 +603,7 @@ impl Backend for CudaBackend {
     fn free(&mut self, buffer: BufferId) {
         if let Some(b) = self.buffers.list.get_mut(buffer.0 as usize).and_then(|b| b.take()) {
             // Plans hold device pointers, and the buffer id may come back with another.
-            self.plans.clear();
+            self.clear_plans();
             self.free_buf(&b);
         }
     }
@@ -661,7 +724,7 @@ impl Backend for CudaBackend {
             let p = self.pinned.swap_remove(i);
             self.buffers.forget(p.buffer);
             // Plans may hold the device's address of this memory.
-            self.plans.clear();
+            self.clear_plans();
             self.gpu.unregister_host(mem.as_ptr());
             self.io_in_flight.set(false);
         }
@@ -708,16 +771,24 @@ impl Backend for CudaBackend {
                     Err(Need::Error(m)) => return Err(self.dev_err(m)),
                 }
             };
-            let (mut steps, exports) = self.io_steps(io)?;
-            steps.extend(lowered.launches.into_iter().map(Step::Kernel));
+            let (launches, tables) = self.fuse_launches(lowered.launches)?;
+            let (mut steps, exports) = match self.io_steps(io) {
+                Ok(s) => s,
+                Err(e) => {
+                    tables.into_iter().for_each(|t| self.gpu.free(t));
+                    return Err(e);
+                }
+            };
+            steps.extend(launches.into_iter().map(Step::Kernel));
             steps.extend(exports);
             self.stats.last_launches = steps.len();
             self.stats.launches += steps.len() as u64;
-            self.run_steps(&steps).map_err(|m| self.dev_err(m))?;
+            let ran = self.run_steps(&steps).map_err(|m| self.dev_err(m));
             if self.plans.len() >= MAX_PLANS {
-                self.plans.clear();
+                self.clear_plans();
             }
-            self.plans.insert(key, Plan { steps, graph: None, profiled: None, profiled_ran: false });
+            self.plans.insert(key, Plan { steps, graph: None, profiled: None, profiled_ran: false, tables });
+            ran?;
             return Ok(());
         };
         self.stats.last_launches = plan.steps.len();

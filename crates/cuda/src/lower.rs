@@ -634,6 +634,7 @@ impl Lower<'_> {
                 base: r.freq_base.to_bits(),
                 fscale: r.freq_scale.to_bits(),
                 on: 1,
+                pad: 0,
             };
         } else if fusable {
             let (nq, nk) = (self.node_ref(rq).clone(), self.node_ref(rk).clone());

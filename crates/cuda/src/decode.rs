@@ -1,0 +1,461 @@
+//! Fusing decoding launches into one persistent kernel (`kernels/decode.cu`).
+//!
+//! After lowering, each run of one-token launches that `decode_run` knows
+//! (`norm_quant` of one row, `ternary_gemv1`, `ternary_gemv1_pair`, one-token
+//! `attention`) becomes a table of phases and a single launch; the other
+//! launches (embedding rows, the head) stay as they are. A `norm_quant`
+//! whose levels only the GEMV right after it reads is folded into that GEMV:
+//! every block quantizes the input itself.
+//!
+//! The pass reads launches by their argument positions, which mirror the
+//! kernels' signatures as `lower.rs` builds them.
+
+use crate::kernels::Kernel;
+use crate::launch::{Arg, AttRope, Launch, TernaryBatch};
+
+/// `struct NqArgs` in decode.cu: `norm_quant`'s arguments for one row.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct NqArgs {
+    pub x: u64,
+    pub w: u64,
+    pub y: u64,
+    pub q: u64,
+    pub d: u64,
+    pub lsum: u64,
+    pub ne0: i32,
+    pub k_pad: i32,
+    pub norm: i32,
+    pub eps: f32,
+}
+const _: () = assert!(std::mem::size_of::<NqArgs>() == 64);
+
+/// `struct GemvArgs`: a ternary GEMV phase.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct GemvArgs {
+    pub b: TernaryBatch,
+    pub nq: NqArgs,
+    /// 1: every block quantizes `nq.x` itself.
+    pub fused: i32,
+    /// ≥ 0: (gate, up) pairs with this activation.
+    pub pair_act: i32,
+    /// Virtual rows: pairs, or the batch's rows end to end.
+    pub rows: i32,
+    pub k_pad: i32,
+}
+const _: () = assert!(std::mem::size_of::<GemvArgs>() == 224);
+
+/// `struct AttArgs` in attention.cu: `attention`'s arguments.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct AttArgs {
+    pub q: u64,
+    pub kc: u64,
+    pub vc: u64,
+    pub pos: u64,
+    pub out: u64,
+    pub part: u64,
+    pub counters: u64,
+    pub n_head: i32,
+    pub n_head_kv: i32,
+    pub head_dim: i32,
+    pub scale: f32,
+    pub split: i32,
+    pub n_split: i32,
+    pub k_type: i32,
+    pub v_type: i32,
+    pub r: AttRope,
+}
+const _: () = assert!(std::mem::size_of::<AttArgs>() == 136);
+
+#[repr(i32)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PhaseKind {
+    /// `norm_quant` of one row into global memory, by one block.
+    #[default]
+    NormQuant = 0,
+    Gemv = 1,
+    Attention = 2,
+}
+
+/// `struct Phase`: one step of a fused run. No padding anywhere, so a table
+/// is uploaded as its bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Phase {
+    pub kind: PhaseKind,
+    pub pad: i32,
+    pub g: GemvArgs,
+    pub a: AttArgs,
+}
+const _: () = assert!(std::mem::size_of::<Phase>() == 368);
+
+/// `decode_run`'s most warps, descriptor ring and head_dim bound
+/// (DEC_WARPS_MAX, DEC_RING, DEC_MAX_HEAD_DIM in decode.cu); longer heads
+/// keep the standalone attention.
+const WARPS: usize = 16;
+const RING: usize = 6;
+const MAX_HEAD_DIM: usize = 128;
+/// The barrier words in front of each table (64 u32).
+pub const BARRIER_BYTES: usize = 256;
+/// Shorter runs stay as launches: a run of two gains little over PDL.
+const MIN_PHASES: usize = 4;
+
+/// How the backend runs `decode_run`.
+#[derive(Clone, Copy, Debug)]
+pub struct Config {
+    /// One per SM: every block must be resident at once.
+    pub blocks: u32,
+    /// 512 (`decode_run`) or 256 (`decode_run_256`).
+    pub threads: u32,
+    /// Phases ahead whose weights each block prefetches into L2 (≤ 4).
+    pub look: i32,
+    /// Dynamic shared memory a block may have and still be resident.
+    pub smem_max: usize,
+}
+
+impl Config {
+    pub fn kernel(&self) -> Kernel {
+        if self.threads == 256 {
+            Kernel::DecodeRun256
+        } else {
+            Kernel::DecodeRun
+        }
+    }
+}
+
+/// The launches with each fused run as one `decode_run` launch, and the
+/// phase table of each such launch by its index. Arguments 0 (the table)
+/// and 2 (the barrier) of those launches are left 0 for the backend to set
+/// once it has uploaded the table.
+pub struct Fused {
+    pub launches: Vec<Launch>,
+    pub tables: Vec<(usize, Vec<Phase>)>,
+}
+
+pub fn table_bytes(phases: &[Phase]) -> &[u8] {
+    // SAFETY: Phase is repr(C) plain data without padding (the size asserts above).
+    unsafe { std::slice::from_raw_parts(phases.as_ptr() as *const u8, std::mem::size_of_val(phases)) }
+}
+
+fn ptr(l: &Launch, i: usize) -> Option<u64> {
+    match l.args.get(i)? {
+        Arg::Ptr(v) => Some(*v),
+        _ => None,
+    }
+}
+
+fn int(l: &Launch, i: usize) -> Option<i32> {
+    match l.args.get(i)? {
+        Arg::I32(v) => Some(*v),
+        _ => None,
+    }
+}
+
+fn float(l: &Launch, i: usize) -> Option<f32> {
+    match l.args.get(i)? {
+        Arg::F32(v) => Some(f32::from_bits(*v)),
+        _ => None,
+    }
+}
+
+/// One row's `norm_quant` (x, w, y, q, d, lsum, ne0, k_pad, norm, eps).
+fn norm_quant(l: &Launch) -> Option<NqArgs> {
+    if l.kernel != Kernel::NormQuant || l.grid != (1, 1, 1) || l.serial {
+        return None;
+    }
+    Some(NqArgs {
+        x: ptr(l, 0)?,
+        w: ptr(l, 1)?,
+        y: ptr(l, 2)?,
+        q: ptr(l, 3)?,
+        d: ptr(l, 4)?,
+        lsum: ptr(l, 5)?,
+        ne0: int(l, 6)?,
+        k_pad: int(l, 7)?,
+        norm: int(l, 8)?,
+        eps: float(l, 9)?,
+    })
+}
+
+/// A one-token GEMV (batch, k_pad, q, d, lsum, n_tok, pair_act), reading
+/// its levels from global memory.
+fn gemv(l: &Launch) -> Option<GemvArgs> {
+    if !matches!(l.kernel, Kernel::TernaryGemv1 | Kernel::TernaryGemv1Pair) || l.serial || int(l, 5)? != 1 {
+        return None;
+    }
+    let Some(Arg::Batch(b)) = l.args.first() else { return None };
+    let pair_act = int(l, 6)?;
+    let n = (b.n as usize).min(3);
+    let rows = if pair_act >= 0 { b.m[0].rows } else { b.m[..n].iter().map(|m| m.rows).sum() };
+    let k_pad = int(l, 1)?;
+    let nq = NqArgs { q: ptr(l, 2)?, d: ptr(l, 3)?, lsum: ptr(l, 4)?, k_pad, ..Default::default() };
+    Some(GemvArgs { b: *b, nq, fused: 0, pair_act, rows, k_pad })
+}
+
+/// A one-token attention that `decode_run`'s units can take.
+fn attention(l: &Launch) -> Option<AttArgs> {
+    if l.kernel != Kernel::Attention || l.grid.1 != 1 || l.serial {
+        return None;
+    }
+    let Some(Arg::Rope(r)) = l.args.get(15) else { return None };
+    let a = AttArgs {
+        q: ptr(l, 0)?,
+        kc: ptr(l, 1)?,
+        vc: ptr(l, 2)?,
+        pos: ptr(l, 3)?,
+        out: ptr(l, 4)?,
+        part: ptr(l, 5)?,
+        counters: ptr(l, 6)?,
+        n_head: int(l, 7)?,
+        n_head_kv: int(l, 8)?,
+        head_dim: int(l, 9)?,
+        scale: float(l, 10)?,
+        split: int(l, 11)?,
+        n_split: int(l, 12)?,
+        k_type: int(l, 13)?,
+        v_type: int(l, 14)?,
+        r: *r,
+    };
+    let group = (a.n_head / a.n_head_kv.max(1)) as usize;
+    let fits = a.n_head_kv > 0 && group >= 1 && group <= WARPS && a.head_dim as usize <= MAX_HEAD_DIM;
+    fits.then_some(a)
+}
+
+fn disjoint(a: u64, a_len: u64, b: u64, b_len: u64) -> bool {
+    a + a_len <= b || b + b_len <= a
+}
+
+/// Whether every block may quantize `nq`'s row itself while the GEMV `g`
+/// writes its outputs: no output (nor the f32 copy `y`, written by block 0)
+/// may land on a row another block is still reading.
+fn can_fold(nq: &NqArgs, g: &GemvArgs) -> bool {
+    let x = (nq.x, 4 * nq.ne0 as u64);
+    let n = if g.pair_act >= 0 { 1 } else { (g.b.n as usize).min(3) };
+    let mut writes: Vec<(u64, u64)> = g.b.m[..n].iter().map(|m| (m.out, 4 * m.rows as u64)).collect();
+    let reads: Vec<(u64, u64)> = g.b.m[..n].iter().filter(|m| m.res != 0).map(|m| (m.res, 4 * m.rows as u64)).collect();
+    if nq.y != 0 {
+        let y = (nq.y, x.1);
+        if !reads.iter().chain(&writes).all(|r| disjoint(y.0, y.1, r.0, r.1)) {
+            return false;
+        }
+        writes.push(y);
+    }
+    nq.k_pad == g.k_pad && writes.iter().all(|w| disjoint(x.0, x.1, w.0, w.1))
+}
+
+/// Whether any launch from `from` on reads pointer `p`.
+fn read_later(launches: &[Launch], from: usize, p: u64) -> bool {
+    launches[from..].iter().any(|l| l.args.iter().any(|a| matches!(a, Arg::Ptr(v) if *v == p)))
+}
+
+/// The phases of launches[i..] that one step of the walk takes, and how
+/// many launches they cover; `None` when launch i is not fusable.
+fn phases_at(launches: &[Launch], i: usize) -> Option<(Vec<Phase>, usize)> {
+    let l = &launches[i];
+    if let Some(a) = attention(l) {
+        return Some((vec![Phase { kind: PhaseKind::Attention, a, ..Default::default() }], 1));
+    }
+    if let Some(g) = gemv(l) {
+        return Some((vec![Phase { kind: PhaseKind::Gemv, g, ..Default::default() }], 1));
+    }
+    let nq = norm_quant(l)?;
+    let alone = Phase { kind: PhaseKind::NormQuant, g: GemvArgs { nq, ..Default::default() }, ..Default::default() };
+    match launches.get(i + 1).and_then(gemv) {
+        Some(mut g) if g.nq.q == nq.q && can_fold(&nq, &g) && !read_later(launches, i + 2, nq.q) => {
+            g.nq = nq;
+            g.fused = 1;
+            Some((vec![Phase { kind: PhaseKind::Gemv, g, ..Default::default() }], 2))
+        }
+        _ => Some((vec![alone], 1)),
+    }
+}
+
+/// Dynamic shared memory `decode_run` needs for `phases` (its layout).
+fn smem_bytes(phases: &[Phase]) -> usize {
+    let (mut ne0, mut k_pad) = (0usize, 0usize);
+    for p in phases {
+        match p.kind {
+            PhaseKind::Gemv if p.g.fused == 1 => {
+                ne0 = ne0.max(p.g.nq.ne0 as usize);
+                k_pad = k_pad.max(p.g.k_pad as usize);
+            }
+            PhaseKind::NormQuant => ne0 = ne0.max(p.g.nq.ne0 as usize),
+            _ => {}
+        }
+    }
+    RING * std::mem::size_of::<Phase>() + 4 * ne0.next_multiple_of(4) + k_pad + k_pad / 16 + 4 * WARPS * MAX_HEAD_DIM
+}
+
+fn fused_launch(phases: &[Phase], cfg: &Config) -> Option<Launch> {
+    let smem = smem_bytes(phases);
+    if phases.len() < MIN_PHASES || smem > cfg.smem_max {
+        return None;
+    }
+    let ne0 = phases.iter().map(|p| p.g.nq.ne0).max().unwrap_or(0);
+    let k_pad = phases.iter().filter(|p| p.g.fused == 1).map(|p| p.g.k_pad).max().unwrap_or(0);
+    Some(
+        Launch::new(cfg.kernel(), (cfg.blocks, 1, 1), cfg.threads)
+            .smem(smem)
+            .ptr(0)
+            .i32(phases.len() as i32)
+            .ptr(0)
+            .i32(cfg.look)
+            .i32(ne0)
+            .i32(k_pad),
+    )
+}
+
+/// Replaces each run of fusable launches by one `decode_run` launch.
+pub fn fuse(launches: Vec<Launch>, cfg: &Config) -> Fused {
+    let mut out = Fused { launches: Vec::with_capacity(launches.len()), tables: Vec::new() };
+    let mut i = 0;
+    while i < launches.len() {
+        let start = i;
+        let mut phases = Vec::new();
+        while let Some((ps, n)) = (i < launches.len()).then(|| phases_at(&launches, i)).flatten() {
+            phases.extend(ps);
+            i += n;
+        }
+        match fused_launch(&phases, cfg) {
+            Some(l) => {
+                out.tables.push((out.launches.len(), phases));
+                out.launches.push(l);
+            }
+            None => {
+                // Too short or too big: the launches as lowered, and the one that ended the run.
+                let end = if i == start { i + 1 } else { i };
+                out.launches.extend_from_slice(&launches[start..end]);
+                i = end;
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::launch::TernaryMat;
+
+    const CFG: Config = Config { blocks: 132, threads: 512, look: 3, smem_max: 200 << 10 };
+
+    fn nq(x: u64, q: u64, ne0: i32) -> Launch {
+        Launch::new(Kernel::NormQuant, (1, 1, 1), 1024)
+            .ptr(x)
+            .ptr(0x9000)
+            .ptr(0)
+            .ptr(q)
+            .ptr(q + 0x10000)
+            .ptr(q + 0x20000)
+            .i32(ne0)
+            .i32((ne0 + 255) / 256 * 256)
+            .i32(1)
+            .f32(1e-5)
+    }
+
+    fn gemv(q: u64, mats: &[(u64, u64, i32)], k_pad: i32, pair: i32) -> Launch {
+        let mut b = TernaryBatch { n: mats.len() as i32, ..Default::default() };
+        for (i, &(out, res, rows)) in mats.iter().enumerate() {
+            b.m[i] = TernaryMat { w: 0x100_0000 * (i as u64 + 1), scales: 1, out, res, rows, groups: 1 };
+        }
+        let kernel = if pair >= 0 { Kernel::TernaryGemv1Pair } else { Kernel::TernaryGemv1 };
+        Launch::new(kernel, (1, 1, 1), 256)
+            .arg(Arg::Batch(b))
+            .i32(k_pad)
+            .ptr(q)
+            .ptr(q + 0x10000)
+            .ptr(q + 0x20000)
+            .i32(1)
+            .i32(pair)
+    }
+
+    fn att(q: u64, out: u64) -> Launch {
+        let mut l = Launch::new(Kernel::Attention, (5, 1, 128), 128).smem(2048);
+        for p in [q, 0xa000, 0xb000, 0xc000, out, 0xd000, 0xe000] {
+            l = l.ptr(p);
+        }
+        for v in [20, 5, 128] {
+            l = l.i32(v);
+        }
+        l = l.f32(0.088);
+        for v in [32, 128, 1, 1] {
+            l = l.i32(v);
+        }
+        l.arg(Arg::Rope(AttRope::default()))
+    }
+
+    /// One BitNet layer as lowering emits it: x at 0x1_0000, then q/k/v,
+    /// attention out, h; each quantization in its own workspace.
+    fn layer() -> Vec<Launch> {
+        vec![
+            nq(0x1_0000, 0x100_0000, 2560),
+            gemv(0x100_0000, &[(0x2_0000, 0, 2560), (0x3_0000, 0, 640), (0x4_0000, 0, 640)], 2560, -1),
+            att(0x2_0000, 0x5_0000),
+            nq(0x5_0000, 0x200_0000, 2560),
+            gemv(0x200_0000, &[(0x6_0000, 0x1_0000, 2560)], 2560, -1),
+            nq(0x6_0000, 0x300_0000, 2560),
+            gemv(0x300_0000, &[(0x7_0000, 0, 6912), (0x8_0000, 0, 6912)], 2560, 1),
+            nq(0x7_0000, 0x400_0000, 6912),
+            gemv(0x400_0000, &[(0x1_0000, 0x6_0000, 2560)], 6912, -1),
+        ]
+    }
+
+    #[test]
+    fn a_layer_becomes_five_phases_of_one_launch() {
+        let head = Launch::new(Kernel::Q8Gemv1, (1, 1, 1), 256).ptr(0x1_0000);
+        let mut launches = layer();
+        launches.push(head.clone());
+        let f = fuse(launches, &CFG);
+        assert_eq!(f.launches.len(), 2);
+        assert_eq!(f.launches[0].kernel, Kernel::DecodeRun);
+        assert_eq!(f.launches[1], head);
+        let (at, phases) = &f.tables[0];
+        assert_eq!(*at, 0);
+        let kinds: Vec<_> = phases.iter().map(|p| p.kind).collect();
+        use PhaseKind::*;
+        assert_eq!(kinds, [Gemv, Attention, Gemv, Gemv, Gemv]);
+        assert!(phases.iter().filter(|p| p.kind == Gemv).all(|p| p.g.fused == 1));
+        assert_eq!(phases[0].g.rows, 2560 + 640 + 640);
+        assert_eq!(phases[3].g.rows, 6912, "a pair phase counts pairs");
+        assert_eq!(phases[4].g.nq.ne0, 6912);
+        assert_eq!(f.launches[0].args[1], Arg::I32(5));
+        assert_eq!(f.launches[0].args[4], Arg::I32(6912), "ne0_max");
+        assert_eq!(table_bytes(phases).len(), 5 * 368);
+    }
+
+    #[test]
+    fn an_output_over_the_input_keeps_the_quantization_apart() {
+        // The O projection's sum lands on the attention output it reads.
+        let mut launches = layer();
+        launches[4] = gemv(0x200_0000, &[(0x5_0000, 0x1_0000, 2560)], 2560, -1);
+        let f = fuse(launches, &CFG);
+        let kinds: Vec<_> = f.tables[0].1.iter().map(|p| (p.kind, p.g.fused)).collect();
+        use PhaseKind::*;
+        assert_eq!(kinds[2..4], [(NormQuant, 0), (Gemv, 0)]);
+    }
+
+    #[test]
+    fn levels_read_again_later_are_not_folded() {
+        let mut launches = layer();
+        launches.push(gemv(0x100_0000, &[(0x9_0000, 0, 100)], 2560, -1));
+        let f = fuse(launches, &CFG);
+        assert_eq!(f.tables[0].1[0].kind, PhaseKind::NormQuant);
+    }
+
+    #[test]
+    fn short_runs_and_other_kernels_stay_launches() {
+        let other = Launch::new(Kernel::GetRows, (1, 1, 1), 256).ptr(1);
+        let launches = vec![other.clone(), nq(0x1_0000, 0x100_0000, 2560), layer()[1].clone(), other.clone()];
+        let f = fuse(launches.clone(), &CFG);
+        assert!(f.tables.is_empty());
+        assert_eq!(f.launches, launches);
+        // An attention over several tokens is not fused, and splits the
+        // layer into runs of one and three phases, both too short.
+        let mut wide = layer();
+        wide[2].grid.1 = 4;
+        let f = fuse(wide.clone(), &CFG);
+        assert_eq!(f.launches, wide);
+    }
+}
