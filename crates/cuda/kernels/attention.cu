@@ -156,10 +156,13 @@ __device__ __forceinline__ void unit_sync(const AttUnit& u) {
 
 // One unit's work. `qs_all` holds the group's q heads (group · head_dim
 // floats), `last` one shared int. With `pdl` the unit waits for the previous
-// kernel once the work that does not depend on it is issued.
+// kernel once the work that does not depend on it is issued. `angles`
+// (optional) holds each rotated pair's (cos, sin) at this token's position,
+// computed once for every layer. `known_pos` ≥ 0 is pos[0] already read
+// (one token), saving the unit that load.
 template <int D>
 __device__ __forceinline__ void attention_unit(const AttArgs& A, int kvh, int t, int s, const AttUnit& U,
-                                               float* qs_all, int* last, bool pdl) {
+                                               float* qs_all, int* last, bool pdl, const float2* angles, int known_pos) {
     // References, not copies: in the persistent kernel A sits in shared
     // memory, and fields reloaded from there cost less than the registers
     // copies would hold across the whole unit.
@@ -177,7 +180,7 @@ __device__ __forceinline__ void attention_unit(const AttArgs& A, int kvh, int t,
     // latency), and the cache rows of earlier positions, fetched into L1.
     int warp = U.warp, lane = U.tid & 31;
     int h = kvh * (n_head / n_head_kv) + warp;
-    int p = A.pos[t];
+    int p = known_pos >= 0 ? known_pos : A.pos[t];
     int n_kv = p + 1, n_active = (n_kv + split - 1) / split;
     int row = head_dim * n_head_kv;
     float rcs[(D / 2)], rsn[(D / 2)];
@@ -189,16 +192,21 @@ __device__ __forceinline__ void attention_unit(const AttArgs& A, int kvh, int t,
                 rcs[m] = 1.0f;
                 rsn[m] = 0.0f;
                 if (i < head_dim / 2 && rope_pair(i, r.n_rot, r.mode, &a, &b)) {
-                    double c, sd;
-                    rope_angle(p, i, r.n_rot, r.base, r.fscale, r.factors, &c, &sd);
-                    rcs[m] = (float)c;
-                    rsn[m] = (float)sd;
+                    if (angles) {
+                        rcs[m] = angles[i].x;
+                        rsn[m] = angles[i].y;
+                    } else {
+                        double c, sd;
+                        rope_angle(p, i, r.n_rot, r.base, r.fscale, r.factors, &c, &sd);
+                        rcs[m] = (float)c;
+                        rsn[m] = (float)sd;
+                    }
                 }
             }
         }
         // Only rows written by earlier steps: this batch's own positions
         // (from pos[0] on) may be written by the kernel before this one.
-        int jp = min(min(p, A.pos[0]), s * split + split);
+        int jp = min(min(p, known_pos >= 0 ? known_pos : A.pos[0]), s * split + split);
         for (int j = s * split + U.tid; j < jp; j += U.nthreads) {
             u64 e = (u64)j * row + (u64)kvh * head_dim;
             prefetch_l1(kc + e * (k_type == T_F16 ? 2 : 4), head_dim * (k_type == T_F16 ? 2 : 4));
@@ -419,7 +427,7 @@ extern "C" __global__ void attention(const float* q, u8* kc, u8* vc, const int* 
     __shared__ int last;
     AttArgs a = {q, kc, vc, pos, out, part, counters, n_head, n_head_kv, head_dim, scale, split, n_split, k_type, v_type, r};
     AttUnit u = {(int)threadIdx.x >> 5, (int)threadIdx.x, (int)blockDim.x, 1};
-    attention_unit<ATT_MAXD>(a, blockIdx.x, blockIdx.y, blockIdx.z, u, qs_all, &last, true);
+    attention_unit<ATT_MAXD>(a, blockIdx.x, blockIdx.y, blockIdx.z, u, qs_all, &last, true, nullptr, -1);
 }
 
 // Prompt attention on tensor cores (FlashAttention-2 style) for f16 caches:

@@ -16,10 +16,12 @@
 #define PH_GEMV 1
 #define PH_ATT 2
 
-// One block an SM, of 512 threads (decode_run: ≤ 128 registers a thread,
-// some spilled) or 256 (decode_run_256: none spilled, half the loads in
-// flight); every GEMV row is a warp's, as in ternary_gemv1.
-#define DEC_WARPS_MAX 16
+// One block an SM of 256 threads: up to 255 registers a thread hold a GEMV
+// row's activations and two rows of weights (512 threads, at 128
+// registers, spilled and ran 25–30% slower on an H100). Every GEMV row is a
+// warp's, as in ternary_gemv1.
+#define DEC_THREADS 256
+#define DEC_WARPS_MAX 8
 // Phase descriptors kept in shared memory: the current phase, the `look`
 // phases whose weights are being prefetched, and one arriving (look ≤ 4).
 #define DEC_RING 6
@@ -78,22 +80,32 @@ __device__ __forceinline__ u32 ld_acquire(const u32* p) {
 // visible to all after it. bar[0] counts arrivals, bar[32] (its own 128-byte
 // line) is the generation the last arrival bumps. The count is back at 0
 // once a barrier opens, so the words carry over from launch to launch.
-__device__ __forceinline__ void grid_sync(u32* bar, u32 nblocks) {
+__device__ __forceinline__ u64 now_ns() {
+    u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+// `done` (optional, tracing): where thread 0 stamps the block's arrival.
+// The arrival is a release and the wait an acquire, both at GPU scope, with
+// no full fences: bar.sync orders the block's other threads around them.
+__device__ __forceinline__ void grid_sync(u32* bar, u32 nblocks, u64* done) {
     __syncthreads();
     if (threadIdx.x == 0) {
+        if (done) *done = now_ns();
         u32* gen = bar + 32;
         // Read before arriving: the generation cannot move until this block arrives.
         u32 g = ld_acquire(gen);
-        __threadfence();
-        if (atomicAdd(bar, 1u) == nblocks - 1) {
-            atomicExch(bar, 0u);
-            __threadfence();
+        u32 arrived;
+        asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], 1;" : "=r"(arrived) : "l"(bar) : "memory");
+        if (arrived == nblocks - 1) {
+            // Everyone has arrived: nobody touches the count until the new generation shows.
+            asm volatile("st.relaxed.gpu.global.u32 [%0], 0;" ::"l"(bar) : "memory");
             asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(gen), "r"(g + 1) : "memory");
         } else {
             while (ld_acquire(gen) == g) {
             }
         }
-        __threadfence();
     }
     __syncthreads();
 }
@@ -122,8 +134,8 @@ __device__ __forceinline__ void l2_prefetch(const u8* p, u32 bytes) {
 #endif
 }
 
-// This block's weight rows of phase `ph` into L2, in DEC_PIECE pieces spread
-// over the block's threads.
+// This block's weight rows of GEMV phase `ph` into L2, in DEC_PIECE pieces
+// spread over the block's threads.
 __device__ __forceinline__ void prefetch_phase(const Phase& ph, int blk, int nblk) {
     if (ph.kind != PH_GEMV) return;
     const GemvArgs& g = ph.g;
@@ -155,87 +167,227 @@ __device__ __forceinline__ void nq_phase(const NqArgs& n, float* xs) {
     if (threadIdx.x == 0) *n.d = d;
 }
 
-// A block's rows of a ternary GEMV; each warp takes every warps-th row
-// of the block's range. The first row's weights are fetched before the
-// input's norm chain, which they do not depend on.
-__device__ __forceinline__ void gemv_phase(const GemvArgs& g, int blk, int nblk, float* xs, i8* qs, int* ls,
-                                           float* sd) {
+// What a warp's row needs besides the dot: the row scale(s) and the residual,
+// loaded before the dot so their latency hides behind it.
+struct RowEnds {
+    float sg, su, res;
+};
+
+__device__ __forceinline__ RowEnds row_ends(const GemvArgs& g, int mi, int row, bool pair) {
+    const TernaryMat& m = g.b.m[mi];
+    RowEnds e;
+    e.sg = m.groups == 1 ? m.scales[row] : 1.0f;
+    e.su = pair && g.b.m[1].groups == 1 ? g.b.m[1].scales[row] : 1.0f;
+    e.res = m.res ? m.res[row] : 0.0f;
+    return e;
+}
+
+// The weights and row ends of virtual row `vr`.
+template <int U>
+__device__ __forceinline__ void fetch_vrow(const GemvArgs& g, int vr, bool pair, int* mi, int* row, uint4* wg,
+                                           uint4* wu, RowEnds* e) {
+    locate(g, vr, mi, row);
+    fetch_row<U>(g.b.m[*mi], *row, g.k_pad, 0, wg);
+    if (pair) fetch_row<U>(g.b.m[1], *row, g.k_pad, 0, wu);
+    *e = row_ends(g, *mi, *row, pair);
+}
+
+// chunk_dot with the activations in registers: a[j] is the j-th 16 bytes of
+// this lane's block of the chunk.
+__device__ __forceinline__ int chunk_dot_regs(uint4 wv, const int4* a) {
+    const u32 w[4] = {wv.x, wv.y, wv.z, wv.w};
+    int s = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const int aw[4] = {a[j].x, a[j].y, a[j].z, a[j].w};
+#pragma unroll
+        for (int b = 0; b < 4; ++b) s = dp4a_us((w[j] >> (2 * b)) & M2, aw[b], s);
+    }
+    return s;
+}
+
+// The activations a lane pairs with its weight slots, loaded once a phase:
+// chunk cs + 8u, lane block tig, and that block's sum.
+template <int U>
+struct LaneActs {
+    int4 a[U][4];
+    int ls[U];
+};
+
+template <int U>
+__device__ __forceinline__ void lane_acts(const i8* q, const int* lsum, int k_pad, LaneActs<U>* la) {
+    int lane = threadIdx.x & 31, tig = lane & 3, cs = lane >> 2, n_chunks = k_pad >> 8;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        int c = cs + 8 * u;
+        bool in = c < n_chunks;
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            la->a[u][j] = in ? ((const int4*)(q + c * 256 + tig * 64))[j] : make_int4(0, 0, 0, 0);
+        la->ls[u] = in ? lsum[c * 4 + tig] : 0;
+    }
+}
+
+// Row `row` of `m` (at most 8·U chunks, fetched into wv) against the lane's
+// activations, before the row scale and d: per-chunk scales are applied.
+template <int U>
+__device__ __forceinline__ float row_dot_regs(const TernaryMat& m, int row, int k_pad, const uint4* wv,
+                                              const LaneActs<U>& la) {
+    int cs = (threadIdx.x & 31) >> 2, n_chunks = k_pad >> 8;
+    int acc = 0;
+    float facc = 0.0f;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        int c = cs + 8 * u;
+        if (c >= n_chunks) break;
+        int s = chunk_dot_regs(wv[u], la.a[u]) - la.ls[u];
+        if (m.groups == 1)
+            acc += s;
+        else
+            facc += (float)s * m.scales[(u64)row * m.groups + c];
+    }
+    return m.groups == 1 ? (float)warp_sum_i(acc) : warp_sum(facc);
+}
+
+// A block's rows of a ternary GEMV (k_pad ≤ 2048·U); each warp takes every
+// warps-th row of the block's range. Every row's loads go out one row ahead
+// (the first before the input's norm chain, which they do not depend on),
+// and the activations sit in registers: the row loop reads no shared memory.
+template <int U>
+__device__ __forceinline__ void gemv_rows(const GemvArgs& g, int blk, int nblk, float* xs, i8* qs, int* ls,
+                                          u64* mid) {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     bool pair = g.pair_act >= 0;
     int r0, r1;
     block_rows(g, blk, nblk, &r0, &r1);
     int vr = r0 + warp, mi = 0, row = 0;
-    uint4 wg[GEMV_UNROLL], wu[GEMV_UNROLL];
-    if (vr < r1) {
-        locate(g, vr, &mi, &row);
-        fetch_row<GEMV_UNROLL>(g.b.m[mi], row, g.k_pad, 0, wg);
-        if (pair) fetch_row<GEMV_UNROLL>(g.b.m[1], row, g.k_pad, 0, wu);
-    }
+    uint4 wg[U], wu[U];
+    RowEnds e = {1.0f, 1.0f, 0.0f};
+    if (vr < r1) fetch_vrow<U>(g, vr, pair, &mi, &row, wg, wu, &e);
     const i8* q = g.nq.q;
-    const float* d = g.nq.d;
     const int* lsum = g.nq.lsum;
+    float d;
     if (g.fused) {
         const NqArgs& n = g.nq;
         bool vec = nq_vec(n.x, n.w, n.ne0);
         float4 wpre[ROW_UNROLL];
         nq_prefetch(n.w, n.ne0, vec, wpre);
-        float dd = nq_row(n.x, n.w, blk == 0 ? n.y : nullptr, qs, ls, n.ne0, g.k_pad, n.norm, n.eps, xs, wpre, vec);
-        if (threadIdx.x == 0) *sd = dd;
+        d = nq_row(n.x, n.w, blk == 0 ? n.y : nullptr, qs, ls, n.ne0, g.k_pad, n.norm, n.eps, xs, wpre, vec);
         __syncthreads();
+        if (mid && threadIdx.x == 0) *mid = now_ns();
         q = qs;
-        d = sd;
         lsum = ls;
+    } else {
+        d = __ldcg(g.nq.d);
     }
-    for (bool first = true; vr < r1; vr += warps, first = false) {
-        if (!first) {
-            locate(g, vr, &mi, &row);
-            fetch_row<GEMV_UNROLL>(g.b.m[mi], row, g.k_pad, 0, wg);
-            if (pair) fetch_row<GEMV_UNROLL>(g.b.m[1], row, g.k_pad, 0, wu);
-        }
+    if (vr >= r1) return;
+    LaneActs<U> la;
+    lane_acts<U>(q, lsum, g.k_pad, &la);
+    while (vr < r1) {
+        int nvr = vr + warps, nmi = 0, nrow = 0;
+        uint4 ng[U], nu[U];
+        RowEnds ne = e;
+        if (nvr < r1) fetch_vrow<U>(g, nvr, pair, &nmi, &nrow, ng, nu, &ne);
         const TernaryMat& m = g.b.m[mi];
-        float y;
-        row_dots<1, GEMV_UNROLL>(m, row, g.k_pad, q, d, lsum, 1, wg, &y);
-        if (pair) {
-            float yu;
-            row_dots<1, GEMV_UNROLL>(g.b.m[1], row, g.k_pad, q, d, lsum, 1, wu, &yu);
-            y = gated(y, yu, g.pair_act);
+        float y = row_dot_regs<U>(m, row, g.k_pad, wg, la) * e.sg * d;
+        if (pair) y = gated(y, row_dot_regs<U>(g.b.m[1], row, g.k_pad, wu, la) * e.su * d, g.pair_act);
+        if (lane == 0) m.out[row] = m.res ? y + e.res : y;
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            wg[u] = ng[u];
+            wu[u] = nu[u];
         }
-        if (lane == 0) m.out[row] = m.res ? y + m.res[row] : y;
+        e = ne;
+        mi = nmi;
+        row = nrow;
+        vr = nvr;
     }
+}
+
+// Rows of up to 16 chunks (k_pad ≤ 4096) take two fetch slots, longer ones four.
+__device__ __forceinline__ void gemv_phase(const GemvArgs& g, int blk, int nblk, float* xs, i8* qs, int* ls,
+                                           u64* mid) {
+    if (g.k_pad <= 4096)
+        gemv_rows<2>(g, blk, nblk, xs, qs, ls, mid);
+    else
+        gemv_rows<GEMV_UNROLL>(g, blk, nblk, xs, qs, ls, mid);
+}
+
+// The rotation an attention's rope applies at this token's position, kept
+// in shared memory: every layer's rope is the same, so the angles (double
+// pow and sincos) are computed once per kernel, not per layer.
+struct Angles {
+    float2 cs[DEC_MAX_HEAD_DIM / 2];
+    const float* factors;
+    int pos, n_rot, mode, head_dim;
+    float base, fscale;
+};
+
+__device__ __forceinline__ void angles_for(const AttArgs& a, int p, Angles* an) {
+    const AttRope& r = a.r;
+    bool same = an->pos == p && an->n_rot == r.n_rot && an->mode == r.mode && an->head_dim == a.head_dim &&
+                an->base == r.base && an->fscale == r.fscale && an->factors == r.factors;
+    if (same) return;
+    __syncthreads();
+    for (int i = threadIdx.x; i < a.head_dim / 2; i += blockDim.x) {
+        int x, y;
+        double c = 1.0, sn = 0.0;
+        if (rope_pair(i, r.n_rot, r.mode, &x, &y)) rope_angle(p, i, r.n_rot, r.base, r.fscale, r.factors, &c, &sn);
+        an->cs[i] = make_float2((float)c, (float)sn);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        an->pos = p;
+        an->n_rot = r.n_rot;
+        an->mode = r.mode;
+        an->head_dim = a.head_dim;
+        an->base = r.base;
+        an->fscale = r.fscale;
+        an->factors = r.factors;
+    }
+    __syncthreads();
 }
 
 // One token's attention: the units (KV head, split) of the active splits go
 // round the blocks; a block runs (its warps) / group units side by side, each
 // on its own named barrier (1..15).
-__device__ __forceinline__ void att_phase(const AttArgs& a, int blk, int nblk, float* att, int* lasts) {
+__device__ __forceinline__ void att_phase(const AttArgs& a, int blk, int nblk, float* att, int* lasts, Angles* an,
+                                          const int* pos, int pos0) {
+    // The kernel read the token's position at its start; another positions
+    // tensor is read here.
+    int p = a.pos == pos ? pos0 : a.pos[0];
+    if (a.r.on) angles_for(a, p, an);
     int warp = threadIdx.x >> 5;
     int group = a.n_head / a.n_head_kv, per = min((int)(blockDim.x >> 5) / group, 15);
     int slot = warp / group;
     if (slot >= per) return;
     AttUnit u = {warp % group, (int)threadIdx.x - slot * group * 32, group * 32, 1 + slot};
-    int n_active = (a.pos[0] + a.split) / a.split;
+    int n_active = (p + a.split) / a.split;
     int units = a.n_head_kv * n_active;
     for (int un = blk * per + slot; un < units; un += nblk * per)
-        attention_unit<DEC_ATT_D>(a, un % a.n_head_kv, 0, un / a.n_head_kv, u, att + slot * group * a.head_dim, lasts + slot,
-                       false);
+        attention_unit<DEC_ATT_D>(a, un % a.n_head_kv, 0, un / a.n_head_kv, u, att + slot * group * a.head_dim,
+                                  lasts + slot, false, a.r.on ? an->cs : nullptr, p);
 }
 
 // grid: one block per SM (all resident: the barriers need every block).
-// block: 512 or 256 threads (the two entry points below). bar: 64 words, zero at first use. Dynamic shared
+// block: DEC_THREADS. bar: 64 words, zero at first use. Dynamic shared
 // memory: DEC_RING descriptors, then the staged input row (ne0_max floats),
 // its int8 levels (k_pad_max) and lane sums (k_pad_max / 64 ints), then
-// DEC_WARPS_MAX · DEC_MAX_HEAD_DIM floats of attention q heads.
-__device__ __forceinline__ void decode_body(const Phase* phases, int n, u32* bar, int look, int ne0_max,
-                                            int k_pad_max) {
+// DEC_WARPS_MAX · DEC_MAX_HEAD_DIM floats of attention q heads. trace
+// (optional, TERN_CUDA_FUSE_TRACE): [phase][block] (start, done) times in ns.
+extern "C" __global__ void __launch_bounds__(DEC_THREADS, 1) decode_run(const Phase* phases, int n, u32* bar, int look,
+                                                                       int ne0_max, int k_pad_max, u64* trace,
+                                                                       const int* pos) {
     extern __shared__ __align__(16) u8 dsm[];
-    __shared__ float sd;
     __shared__ int lasts[16];
+    __shared__ Angles angles;
     Phase* ring = (Phase*)dsm;
     float* xs = (float*)(dsm + DEC_RING * sizeof(Phase));
     i8* qs = (i8*)(xs + ((ne0_max + 3) & ~3));
     int* ls = (int*)(qs + k_pad_max);
     float* att = (float*)(ls + k_pad_max / 64);
     int blk = blockIdx.x, nblk = gridDim.x;
+    if (threadIdx.x == 0) angles.pos = -1;
     look = max(0, min(look, DEC_RING - 2));
     const u32* src = (const u32*)phases;
     // Descriptors 0..look now, and phases 0..look-1's weights into L2: the
@@ -244,10 +396,13 @@ __device__ __forceinline__ void decode_body(const Phase* phases, int n, u32* bar
         int p = i / PHASE_WORDS;
         ((u32*)(ring + p % DEC_RING))[i % PHASE_WORDS] = src[i];
     }
+    // Positions are inputs, written before the graph's first kernel.
+    int pos0 = pos ? pos[0] : 0;
     __syncthreads();
     for (int p = 0; p < min(look, n); ++p) prefetch_phase(ring[p % DEC_RING], blk, nblk);
     pdl_wait();
     for (int p = 0; p < n; ++p) {
+        if (trace && threadIdx.x == 0) trace[((u64)p * nblk + blk) * 4] = now_ns();
         if (p + look < n) prefetch_phase(ring[(p + look) % DEC_RING], blk, nblk);
         // Descriptor p + look + 1 is loaded now and stored at the phase's end,
         // into the slot of phase p − 1, which no thread reads any more.
@@ -255,25 +410,21 @@ __device__ __forceinline__ void decode_body(const Phase* phases, int n, u32* bar
         bool carry = next < n && (int)threadIdx.x < PHASE_WORDS;
         u32 word = carry ? src[(u64)next * PHASE_WORDS + threadIdx.x] : 0;
         if (p == n - 1) pdl_launch();
+        u64* stamp = trace ? trace + ((u64)p * nblk + blk) * 4 : nullptr;
         const Phase& ph = ring[p % DEC_RING];
         if (ph.kind == PH_GEMV) {
-            gemv_phase(ph.g, blk, nblk, xs, qs, ls, &sd);
+            gemv_phase(ph.g, blk, nblk, xs, qs, ls, stamp ? stamp + 1 : nullptr);
         } else if (ph.kind == PH_ATT) {
-            att_phase(ph.a, blk, nblk, att, lasts);
+            att_phase(ph.a, blk, nblk, att, lasts, &angles, pos, pos0);
         } else if (blk == 0) {
             nq_phase(ph.g.nq, xs);
         }
         if (carry) ((u32*)(ring + next % DEC_RING))[threadIdx.x] = word;
-        if (p + 1 < n) grid_sync(bar, nblk);
+        if (p + 1 < n) {
+            grid_sync(bar, nblk, stamp ? stamp + 2 : nullptr);
+        } else if (stamp) {
+            __syncthreads();
+            if (threadIdx.x == 0) stamp[2] = now_ns();
+        }
     }
-}
-
-extern "C" __global__ void __launch_bounds__(512, 1) decode_run(const Phase* phases, int n, u32* bar, int look,
-                                                               int ne0_max, int k_pad_max) {
-    decode_body(phases, n, bar, look, ne0_max, k_pad_max);
-}
-
-extern "C" __global__ void __launch_bounds__(256, 1) decode_run_256(const Phase* phases, int n, u32* bar, int look,
-                                                                   int ne0_max, int k_pad_max) {
-    decode_body(phases, n, bar, look, ne0_max, k_pad_max);
 }

@@ -131,10 +131,14 @@ __device__ __forceinline__ float nq_row(const float* xr, const float* w, float* 
         int base = permuted_base(wi);
         u32 packed = 0;
         int sum = 0;
+        // One 16-byte read (base is a multiple of 4): the permuted order
+        // makes word reads 8-way bank conflicts, vector reads 4-way.
+        float4 x4 = base + 4 <= ne0 ? *(const float4*)(xs + base) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        const float xv[4] = {x4.x, x4.y, x4.z, x4.w};
 #pragma unroll
         for (int b = 0; b < 4; ++b) {
             int e = base + b, v = 0;
-            if (e < ne0) v = max(-128, min(127, __float2int_rn(xs[e] * sa)));
+            if (e < ne0) v = max(-128, min(127, __float2int_rn((base + 4 <= ne0 ? xv[b] : xs[e]) * sa)));
             sum += v;
             packed |= ((u32)(v & 255)) << (8 * b);
         }

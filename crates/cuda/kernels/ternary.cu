@@ -95,7 +95,9 @@ __device__ __forceinline__ void fetch_row(const TernaryMat& m, int row, int k_pa
 // Row `row` of `m` times the n_tok (≤ MAXT) activations, summed over the
 // warp: one result per token in every lane. `wv` holds the first fetch
 // (fetch_row<U> from chunk 0); rows longer than 8·U chunks fetch the rest here.
-template <int MAXT, int U>
+// Without SCALE the row scale and d are left to the caller (who loaded the
+// scale early); per-chunk scales are still applied.
+template <int MAXT, int U, bool SCALE = true>
 __device__ __forceinline__ void row_dots(const TernaryMat& m, int row, int k_pad, const i8* q, const float* d,
                                          const int* lsum, int n_tok, uint4* wv, float* y) {
     int lane = threadIdx.x & 31, tig = lane & 3, cs = lane >> 2;
@@ -128,7 +130,10 @@ __device__ __forceinline__ void row_dots(const TernaryMat& m, int row, int k_pad
 #pragma unroll
     for (int t = 0; t < MAXT; ++t) {
         if (t >= n_tok) break;
-        y[t] = m.groups == 1 ? (float)warp_sum_i(acc[t]) * m.scales[row] * d[t] : warp_sum(facc[t]) * d[t];
+        if (SCALE)
+            y[t] = m.groups == 1 ? (float)warp_sum_i(acc[t]) * m.scales[row] * d[t] : warp_sum(facc[t]) * d[t];
+        else
+            y[t] = m.groups == 1 ? (float)warp_sum_i(acc[t]) : warp_sum(facc[t]);
     }
 }
 

@@ -91,10 +91,11 @@ pub struct Phase {
 }
 const _: () = assert!(std::mem::size_of::<Phase>() == 368);
 
-/// `decode_run`'s most warps, descriptor ring and head_dim bound
-/// (DEC_WARPS_MAX, DEC_RING, DEC_MAX_HEAD_DIM in decode.cu); longer heads
-/// keep the standalone attention.
-const WARPS: usize = 16;
+/// `decode_run`'s block size, warps, descriptor ring and head_dim bound
+/// (DEC_THREADS, DEC_WARPS_MAX, DEC_RING, DEC_MAX_HEAD_DIM in decode.cu);
+/// longer heads keep the standalone attention.
+pub const THREADS: u32 = 256;
+const WARPS: usize = 8;
 const RING: usize = 6;
 const MAX_HEAD_DIM: usize = 128;
 /// The barrier words in front of each table (64 u32).
@@ -107,31 +108,72 @@ const MIN_PHASES: usize = 4;
 pub struct Config {
     /// One per SM: every block must be resident at once.
     pub blocks: u32,
-    /// 512 (`decode_run`) or 256 (`decode_run_256`).
-    pub threads: u32,
+
     /// Phases ahead whose weights each block prefetches into L2 (≤ 4).
     pub look: i32,
     /// Dynamic shared memory a block may have and still be resident.
     pub smem_max: usize,
-}
-
-impl Config {
-    pub fn kernel(&self) -> Kernel {
-        if self.threads == 256 {
-            Kernel::DecodeRun256
-        } else {
-            Kernel::DecodeRun
-        }
-    }
+    /// Device memory (`private_cap` bytes, 0 if none) where an attention
+    /// output may be moved when the projection after it writes over it (see
+    /// `phases_at`); one row of it serves every layer in turn.
+    pub private: u64,
+    pub private_cap: usize,
+    /// Keys per attention unit (0: as lowered): fewer splits are fewer
+    /// merges on the critical path, more are more blocks at work.
+    pub att_split: i32,
 }
 
 /// The launches with each fused run as one `decode_run` launch, and the
-/// phase table of each such launch by its index. Arguments 0 (the table)
-/// and 2 (the barrier) of those launches are left 0 for the backend to set
-/// once it has uploaded the table.
+/// phase table of each such launch by its index. Arguments 0 (the table),
+/// 2 (the barrier) and 6 (the trace, optional) of those launches are left 0
+/// for the backend to set once it has uploaded the table.
 pub struct Fused {
     pub launches: Vec<Launch>,
     pub tables: Vec<(usize, Vec<Phase>)>,
+}
+
+/// What `TERN_CUDA_FUSE_TRACE=1` prints for one traced run: `trace` holds
+/// [phase][block] (start, quantized, done, unused) nanoseconds. A phase's
+/// time is its blocks' last `done` less their first start (a GEMV's split
+/// at the last block to have its input quantized), its barrier the gap to
+/// the next phase's first start. Averaged over phases of one kind and size.
+pub fn trace_summary(phases: &[Phase], blocks: usize, trace: &[u64]) -> Vec<String> {
+    let at = |p: usize, b: usize, i: usize| trace[(p * blocks + b) * 4 + i];
+    let first = |p: usize, i: usize| (0..blocks).map(|b| at(p, b, i)).min().unwrap_or(0);
+    let last = |p: usize, i: usize| (0..blocks).map(|b| at(p, b, i)).max().unwrap_or(0);
+    let mut rows: Vec<(String, usize, [f64; 3])> = Vec::new();
+    for (p, ph) in phases.iter().enumerate() {
+        let (start, done) = (first(p, 0), last(p, 2));
+        let mid = if ph.g.fused == 1 && ph.kind == PhaseKind::Gemv { last(p, 1) } else { start };
+        let next = if p + 1 < phases.len() { first(p + 1, 0) } else { done };
+        let label = match ph.kind {
+            PhaseKind::Gemv => {
+                format!("gemv {} rows k {}{}", ph.g.rows, ph.g.k_pad, if ph.g.pair_act >= 0 { " pairs" } else { "" })
+            }
+            PhaseKind::Attention => "attention".to_string(),
+            PhaseKind::NormQuant => "norm_quant".to_string(),
+        };
+        let us = |a: u64, b: u64| b.saturating_sub(a) as f64 / 1e3;
+        let t = [us(start, mid), us(mid, done), us(done, next)];
+        match rows.iter_mut().find(|r| r.0 == label) {
+            Some(r) => {
+                r.1 += 1;
+                (0..3).for_each(|i| r.2[i] += t[i]);
+            }
+            None => rows.push((label, 1, t)),
+        }
+    }
+    rows.iter()
+        .map(|(l, n, t)| {
+            let n = *n as f64;
+            format!(
+                "  {l:<30} {n:>4} phases: quantize {:>6.2} + rows {:>6.2} + barrier {:>5.2} µs each",
+                t[0] / n,
+                t[1] / n,
+                t[2] / n
+            )
+        })
+        .collect()
 }
 
 pub fn table_bytes(phases: &[Phase]) -> &[u8] {
@@ -195,7 +237,7 @@ fn gemv(l: &Launch) -> Option<GemvArgs> {
 }
 
 /// A one-token attention that `decode_run`'s units can take.
-fn attention(l: &Launch) -> Option<AttArgs> {
+fn attention(l: &Launch, cfg: &Config) -> Option<AttArgs> {
     if l.kernel != Kernel::Attention || l.grid.1 != 1 || l.serial {
         return None;
     }
@@ -219,6 +261,13 @@ fn attention(l: &Launch) -> Option<AttArgs> {
         r: *r,
     };
     let group = (a.n_head / a.n_head_kv.max(1)) as usize;
+    let mut a = a;
+    if cfg.att_split > a.split {
+        // The partial rows were sized for n_split splits; fewer fit.
+        let n_ctx = a.split * a.n_split;
+        a.split = cfg.att_split;
+        a.n_split = (n_ctx + a.split - 1) / a.split;
+    }
     let fits = a.n_head_kv > 0 && group >= 1 && group <= WARPS && a.head_dim as usize <= MAX_HEAD_DIM;
     fits.then_some(a)
 }
@@ -251,25 +300,43 @@ fn read_later(launches: &[Launch], from: usize, p: u64) -> bool {
 }
 
 /// The phases of launches[i..] that one step of the walk takes, and how
-/// many launches they cover; `None` when launch i is not fusable.
-fn phases_at(launches: &[Launch], i: usize) -> Option<(Vec<Phase>, usize)> {
+/// many launches they cover; `None` when launch i is not fusable. `prev` is
+/// the run's last phase so far.
+fn phases_at(launches: &[Launch], i: usize, prev: Option<&mut Phase>, cfg: &Config) -> Option<(Phase, usize)> {
     let l = &launches[i];
-    if let Some(a) = attention(l) {
-        return Some((vec![Phase { kind: PhaseKind::Attention, a, ..Default::default() }], 1));
+    if let Some(a) = attention(l, cfg) {
+        return Some((Phase { kind: PhaseKind::Attention, a, ..Default::default() }, 1));
     }
     if let Some(g) = gemv(l) {
-        return Some((vec![Phase { kind: PhaseKind::Gemv, g, ..Default::default() }], 1));
+        return Some((Phase { kind: PhaseKind::Gemv, g, ..Default::default() }, 1));
     }
-    let nq = norm_quant(l)?;
+    let mut nq = norm_quant(l)?;
     let alone = Phase { kind: PhaseKind::NormQuant, g: GemvArgs { nq, ..Default::default() }, ..Default::default() };
-    match launches.get(i + 1).and_then(gemv) {
-        Some(mut g) if g.nq.q == nq.q && can_fold(&nq, &g) && !read_later(launches, i + 2, nq.q) => {
-            g.nq = nq;
-            g.fused = 1;
-            Some((vec![Phase { kind: PhaseKind::Gemv, g, ..Default::default() }], 2))
+    let Some(mut g) = launches.get(i + 1).and_then(gemv).filter(|g| g.nq.q == nq.q && !read_later(launches, i + 2, nq.q))
+    else {
+        return Some((alone, 1));
+    };
+    if !can_fold(&nq, &g) {
+        // The memory plan put the projection's output on its input, an
+        // attention output nothing else reads (the 2B-4T's O projection):
+        // the attention writes to the private row instead.
+        let overwritten = g.b.m[..(g.b.n as usize).min(3)].iter().any(|m| m.out == nq.x && m.rows == nq.ne0);
+        let room = cfg.private != 0 && 4 * nq.ne0 as usize <= cfg.private_cap;
+        match prev {
+            Some(p) if p.kind == PhaseKind::Attention && p.a.out == nq.x && overwritten && room => {
+                let moved = NqArgs { x: cfg.private, ..nq };
+                if !can_fold(&moved, &g) {
+                    return Some((alone, 1));
+                }
+                p.a.out = cfg.private;
+                nq = moved;
+            }
+            _ => return Some((alone, 1)),
         }
-        _ => Some((vec![alone], 1)),
     }
+    g.nq = nq;
+    g.fused = 1;
+    Some((Phase { kind: PhaseKind::Gemv, g, ..Default::default() }, 2))
 }
 
 /// Dynamic shared memory `decode_run` needs for `phases` (its layout).
@@ -288,6 +355,16 @@ fn smem_bytes(phases: &[Phase]) -> usize {
     RING * std::mem::size_of::<Phase>() + 4 * ne0.next_multiple_of(4) + k_pad + k_pad / 16 + 4 * WARPS * MAX_HEAD_DIM
 }
 
+/// The positions tensor every attention of a run reads (0 if none or
+/// several): `decode_run` reads it once.
+fn shared_pos(phases: &[Phase]) -> u64 {
+    let mut pos = phases.iter().filter(|p| p.kind == PhaseKind::Attention).map(|p| p.a.pos);
+    match pos.next() {
+        Some(first) if pos.all(|p| p == first) => first,
+        _ => 0,
+    }
+}
+
 fn fused_launch(phases: &[Phase], cfg: &Config) -> Option<Launch> {
     let smem = smem_bytes(phases);
     if phases.len() < MIN_PHASES || smem > cfg.smem_max {
@@ -296,14 +373,16 @@ fn fused_launch(phases: &[Phase], cfg: &Config) -> Option<Launch> {
     let ne0 = phases.iter().map(|p| p.g.nq.ne0).max().unwrap_or(0);
     let k_pad = phases.iter().filter(|p| p.g.fused == 1).map(|p| p.g.k_pad).max().unwrap_or(0);
     Some(
-        Launch::new(cfg.kernel(), (cfg.blocks, 1, 1), cfg.threads)
+        Launch::new(Kernel::DecodeRun, (cfg.blocks, 1, 1), THREADS)
             .smem(smem)
             .ptr(0)
             .i32(phases.len() as i32)
             .ptr(0)
             .i32(cfg.look)
             .i32(ne0)
-            .i32(k_pad),
+            .i32(k_pad)
+            .ptr(0)
+            .ptr(shared_pos(phases)),
     )
 }
 
@@ -313,9 +392,10 @@ pub fn fuse(launches: Vec<Launch>, cfg: &Config) -> Fused {
     let mut i = 0;
     while i < launches.len() {
         let start = i;
-        let mut phases = Vec::new();
-        while let Some((ps, n)) = (i < launches.len()).then(|| phases_at(&launches, i)).flatten() {
-            phases.extend(ps);
+        let mut phases: Vec<Phase> = Vec::new();
+        while let Some((p, n)) = (i < launches.len()).then(|| phases_at(&launches, i, phases.last_mut(), cfg)).flatten()
+        {
+            phases.push(p);
             i += n;
         }
         match fused_launch(&phases, cfg) {
@@ -339,7 +419,8 @@ mod tests {
     use super::*;
     use crate::launch::TernaryMat;
 
-    const CFG: Config = Config { blocks: 132, threads: 512, look: 3, smem_max: 200 << 10 };
+    const CFG: Config =
+        Config { blocks: 132, look: 3, smem_max: 200 << 10, private: 0xf00_0000, private_cap: 1 << 16, att_split: 0 };
 
     fn nq(x: u64, q: u64, ne0: i32) -> Launch {
         Launch::new(Kernel::NormQuant, (1, 1, 1), 1024)
@@ -430,10 +511,17 @@ mod tests {
         // The O projection's sum lands on the attention output it reads.
         let mut launches = layer();
         launches[4] = gemv(0x200_0000, &[(0x5_0000, 0x1_0000, 2560)], 2560, -1);
-        let f = fuse(launches, &CFG);
+        let f = fuse(launches.clone(), &Config { private: 0, ..CFG });
         let kinds: Vec<_> = f.tables[0].1.iter().map(|p| (p.kind, p.g.fused)).collect();
         use PhaseKind::*;
         assert_eq!(kinds[2..4], [(NormQuant, 0), (Gemv, 0)]);
+        // With a private row the attention writes there and the norm folds.
+        let f = fuse(launches, &CFG);
+        let phases = &f.tables[0].1;
+        assert_eq!(phases.len(), 5);
+        assert_eq!(phases[1].a.out, CFG.private);
+        assert_eq!((phases[2].g.fused, phases[2].g.nq.x), (1, CFG.private));
+        assert_eq!(phases[2].g.b.m[0].out, 0x5_0000);
     }
 
     #[test]

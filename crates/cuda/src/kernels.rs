@@ -63,15 +63,12 @@ pub enum Kernel {
     /// A small copy from the device into mapped host memory, run as this
     /// kernel: its writes cross the link without a round trip each.
     HostWrite,
-    /// A run of one-token launches as phases of one persistent kernel
-    /// (`decode.rs`), 512 threads a block.
+    /// A run of one-token launches as phases of one persistent kernel (`decode.rs`).
     DecodeRun,
-    /// `DecodeRun` with 256 threads a block (registers to spare).
-    DecodeRun256,
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 24] = [
+    pub const ALL: [Kernel; 23] = [
         Kernel::GetRows,
         Kernel::RmsNorm,
         Kernel::Binary,
@@ -95,7 +92,6 @@ impl Kernel {
         Kernel::CopyIn,
         Kernel::HostWrite,
         Kernel::DecodeRun,
-        Kernel::DecodeRun256,
     ];
 
     /// (source module, entry point).
@@ -123,7 +119,6 @@ impl Kernel {
             Kernel::FlashAttn => ("attention", "flash_attn"),
             Kernel::CopyIn | Kernel::HostWrite => ("elementwise", "copy_in"),
             Kernel::DecodeRun => ("decode", "decode_run"),
-            Kernel::DecodeRun256 => ("decode", "decode_run_256"),
         }
     }
 }

@@ -142,6 +142,8 @@ struct Plan {
     profiled_ran: bool,
     /// Device memory of the plan's `decode_run` tables, freed with the plan.
     tables: Vec<u64>,
+    /// `TERN_CUDA_FUSE_TRACE=1`: each table's trace buffer and phases.
+    traces: Vec<(u64, Vec<decode::Phase>)>,
 }
 
 /// Identifies a compute call cheaply: the nodes, their ops and shapes, and
@@ -200,24 +202,32 @@ pub struct CudaBackend {
     gpu: Gpu,
 }
 
+/// The private row of `decode_run` (`decode::Config::private`): an
+/// attention output of up to 64 Ki floats.
+const FUSE_PRIVATE_BYTES: usize = 256 << 10;
+
 /// How `decode_run` runs on this device, or `None` to keep launches:
 /// `TERN_CUDA_FUSE=0`, or a block of it would not fit an SM. One block per
-/// SM of `TERN_CUDA_FUSE_THREADS` (512 or 256); `TERN_CUDA_LOOK` phases of
-/// weights prefetched ahead (default 3).
+/// SM; `TERN_CUDA_LOOK` phases of weights prefetched ahead (default 3).
 fn fuse_config(gpu: &Gpu, kernels: &Kernels) -> std::result::Result<Option<decode::Config>, String> {
     if !env_flag("TERN_CUDA_FUSE", true) {
         return Ok(None);
     }
     let var = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<i32>().ok());
-    let threads = if var("TERN_CUDA_FUSE_THREADS") == Some(256) { 256 } else { 512 };
     // Static shared memory (descriptor scratch, reductions) is well under 4 KiB.
     let smem_max = (gpu.info.smem_optin as usize).saturating_sub(4096);
-    let mut cfg = decode::Config { blocks: gpu.info.sm_count as u32, threads, look: var("TERN_CUDA_LOOK").unwrap_or(3), smem_max };
-    if gpu.occupancy(kernels.get(cfg.kernel()), threads, smem_max)? < 1 {
+    if gpu.occupancy(kernels.get(kernels::Kernel::DecodeRun), decode::THREADS, smem_max)? < 1 {
         return Ok(None);
     }
-    cfg.look = cfg.look.clamp(0, 4);
-    Ok(Some(cfg))
+    let private = gpu.alloc(FUSE_PRIVATE_BYTES)?;
+    Ok(Some(decode::Config {
+        blocks: gpu.info.sm_count as u32,
+        look: var("TERN_CUDA_LOOK").unwrap_or(3).clamp(0, 4),
+        smem_max,
+        private,
+        private_cap: FUSE_PRIVATE_BYTES,
+        att_split: var("TERN_CUDA_ATT_SPLIT").unwrap_or(0),
+    }))
 }
 
 fn env_flag(name: &str, default: bool) -> bool {
@@ -395,8 +405,25 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// `TERN_CUDA_FUSE_TRACE=1`: where the last run of each traced table went.
+    fn report_traces(&self) {
+        let Some(cfg) = self.fuse else { return };
+        for (ptr, phases) in self.plans.values().flat_map(|p| &p.traces) {
+            let mut raw = vec![0u8; phases.len() * cfg.blocks as usize * 32];
+            if self.gpu.sync().and_then(|_| self.gpu.download(*ptr, &mut raw)).is_ok() {
+                let t: Vec<u64> = raw.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect();
+                if t.iter().all(|&v| v == 0) {
+                    continue;
+                }
+                eprintln!("{}: decode_run trace, {} phases (the last run)", self.id, phases.len());
+                decode::trace_summary(phases, cfg.blocks as usize, &t).iter().for_each(|l| eprintln!("{l}"));
+            }
+        }
+    }
+
     /// Drops every plan and the device memory its tables hold.
     fn clear_plans(&mut self) {
+        self.report_traces();
         for (_, p) in self.plans.drain() {
             for t in p.tables {
                 self.gpu.free(t);
@@ -407,13 +434,31 @@ impl CudaBackend {
     /// Fuses the decoding runs of `launches` (`decode.rs`) and uploads each
     /// run's table, behind its barrier words; returns the launches and the
     /// tables' memory.
-    fn fuse_launches(&mut self, launches: Vec<Launch>) -> Result<(Vec<Launch>, Vec<u64>)> {
-        let Some(cfg) = self.fuse else { return Ok((launches, Vec::new())) };
+    #[allow(clippy::type_complexity)]
+    fn fuse_launches(
+        &mut self,
+        launches: Vec<Launch>,
+    ) -> Result<(Vec<Launch>, Vec<u64>, Vec<(u64, Vec<decode::Phase>)>)> {
+        let Some(cfg) = self.fuse else { return Ok((launches, Vec::new(), Vec::new())) };
         let mut fused = decode::fuse(launches, &cfg);
         let mut tables = Vec::with_capacity(fused.tables.len());
+        let mut traces = Vec::new();
+        let tracing = env_flag("TERN_CUDA_FUSE_TRACE", false);
         for (at, phases) in &fused.tables {
+            if tracing {
+                for w in phases.windows(3).filter(|w| w[1].kind == decode::PhaseKind::NormQuant).take(1) {
+                    eprintln!(
+                        "decode_run: unfolded norm_quant {:x?} after {:?} (out {:x}), before {:x?}",
+                        w[1].g.nq, w[0].kind, w[0].a.out, w[2].g.b
+                    );
+                }
+            }
             let mut bytes = vec![0u8; decode::BARRIER_BYTES];
             bytes.extend_from_slice(decode::table_bytes(phases));
+            let trace_at = bytes.len();
+            if tracing {
+                bytes.resize(trace_at + phases.len() * cfg.blocks as usize * 32, 0);
+            }
             let ptr = match self.alloc_raw(bytes.len()) {
                 Ok(p) => p,
                 Err(e) => {
@@ -426,8 +471,12 @@ impl CudaBackend {
             let l = &mut fused.launches[*at];
             l.args[0] = launch::Arg::Ptr(ptr + decode::BARRIER_BYTES as u64);
             l.args[2] = launch::Arg::Ptr(ptr);
+            if tracing {
+                l.args[6] = launch::Arg::Ptr(ptr + trace_at as u64);
+                traces.push((ptr + trace_at as u64, phases.clone()));
+            }
         }
-        Ok((fused.launches, tables))
+        Ok((fused.launches, tables, traces))
     }
 
     fn run_steps(&self, steps: &[Step]) -> std::result::Result<(), String> {
@@ -481,7 +530,8 @@ impl Drop for CudaBackend {
         for b in self.buffers.list.iter().flatten() {
             self.free_buf(b);
         }
-        for p in [self.scratch_buf, self.counters_buf, self.staging_buf].into_iter().flatten() {
+        let private = self.fuse.map(|c| c.private).filter(|&p| p != 0);
+        for p in [self.scratch_buf, self.counters_buf, self.staging_buf, private].into_iter().flatten() {
             self.gpu.free(p);
         }
         for p in self.pinned.drain(..) {
@@ -771,7 +821,7 @@ impl Backend for CudaBackend {
                     Err(Need::Error(m)) => return Err(self.dev_err(m)),
                 }
             };
-            let (launches, tables) = self.fuse_launches(lowered.launches)?;
+            let (launches, tables, traces) = self.fuse_launches(lowered.launches)?;
             let (mut steps, exports) = match self.io_steps(io) {
                 Ok(s) => s,
                 Err(e) => {
@@ -787,7 +837,7 @@ impl Backend for CudaBackend {
             if self.plans.len() >= MAX_PLANS {
                 self.clear_plans();
             }
-            self.plans.insert(key, Plan { steps, graph: None, profiled: None, profiled_ran: false, tables });
+            self.plans.insert(key, Plan { steps, graph: None, profiled: None, profiled_ran: false, tables, traces });
             ran?;
             return Ok(());
         };

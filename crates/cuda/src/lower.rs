@@ -362,6 +362,21 @@ impl Lower<'_> {
         })
     }
 
+    /// Whether only ternary matmuls of this split read `id` (through its
+    /// int8 levels), so its f32 values need not be written at all.
+    fn only_levels_read(&self, id: NodeId) -> bool {
+        let readers = &self.readers[id.index()];
+        readers.len() == self.uses[id.index()] as usize
+            && readers.iter().all(|&r| {
+                let n = self.graph.node(r);
+                self.in_split[r.index()]
+                    && matches!(n.op, Op::MulMat { .. })
+                    && n.srcs.get(1) == Some(&id)
+                    && n.srcs[0] != id
+                    && self.weight(n.srcs[0]).is_some_and(|w| w.ternary.is_some())
+            })
+    }
+
     fn rms_norm(&mut self, id: NodeId, next: Option<NodeId>, eps: f32) -> Result<usize, Need> {
         let node = self.node_ref(id).clone();
         let (ne0, rows) = (node.ne[0], node.n_rows());
@@ -381,6 +396,7 @@ impl Lower<'_> {
         let x = self.ptr(node.srcs[0])?;
         let y = self.ptr(dst)?;
         if self.read_by_ternary(dst) {
+            let y = if self.only_levels_read(dst) { 0 } else { y };
             let q = self.quantize(dst, x, w, y, ne0, rows, true, eps);
             self.quant.insert(dst, q);
         } else {
