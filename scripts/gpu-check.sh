@@ -26,4 +26,8 @@ for t in kernels_compile gpu_ops gpu_golden; do
     echo "=== $t"
     "$bin/$t" --nocapture --test-threads=1 || status=1
 done
+# The golden models again with decoding fused into one persistent kernel
+# (decode_run, opt-in): the same logits and greedy tokens as the CPU.
+echo "=== gpu_golden, TERN_CUDA_FUSE=1"
+TERN_CUDA_FUSE=1 "$bin/gpu_golden" --nocapture --test-threads=1 || status=1
 exit $status

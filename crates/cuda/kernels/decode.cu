@@ -272,7 +272,8 @@ __device__ __forceinline__ void gemv_rows(const GemvArgs& g, int blk, int nblk, 
         bool vec = nq_vec(n.x, n.w, n.ne0);
         float4 wpre[ROW_UNROLL];
         nq_prefetch(n.w, n.ne0, vec, wpre);
-        d = nq_row(n.x, n.w, blk == 0 ? n.y : nullptr, qs, ls, n.ne0, g.k_pad, n.norm, n.eps, xs, wpre, vec);
+        d = nq_row(n.x, n.w, blk == 0 ? n.y : nullptr, qs, ls, n.ne0, g.k_pad, n.norm, n.eps, xs, wpre, vec,
+                   mid ? mid + 2 : nullptr);
         __syncthreads();
         if (mid && threadIdx.x == 0) *mid = now_ns();
         q = qs;

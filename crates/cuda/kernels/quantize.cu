@@ -60,10 +60,11 @@ __device__ __forceinline__ bool nq_vec(const float* xr, const float* w, int ne0)
 // ne0 floats), normed (norm: inv = 1/sqrt(mean(x²) + eps), summed in double)
 // and weighted in the CPU's order (x·inv)·w, written to `yr` when given, and
 // quantized into `qr` (k_pad bytes, permuted) and `ls` (k_pad/64 lane sums).
-// Returns d = 1/s_a in every thread.
+// Returns d = 1/s_a in every thread. `staged` (optional, tracing) gets the
+// time the row is in shared memory.
 __device__ __forceinline__ float nq_row(const float* xr, const float* w, float* yr, i8* qr_, int* ls,
                                         int ne0, int k_pad, int norm, float eps, float* xs, const float4* wpre,
-                                        bool vec) {
+                                        bool vec, u64* staged = nullptr) {
     __shared__ double dscratch[32];
     __shared__ float scratch[32];
     const float4* w4 = (const float4*)w;
@@ -74,6 +75,7 @@ __device__ __forceinline__ float nq_row(const float* xr, const float* w, float* 
         for (int e = threadIdx.x; e < ne0; e += blockDim.x) xs[e] = __ldcg(xr + e);
     }
     __syncthreads();
+    if (staged && threadIdx.x == 0) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(*staged));
     float inv = 1.0f;
     if (norm) {
         double ss = 0.0;

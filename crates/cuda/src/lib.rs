@@ -184,7 +184,7 @@ pub struct CudaBackend {
     use_graphs: bool,
     pdl: bool,
     /// Runs of one-token launches become one persistent kernel
-    /// (`TERN_CUDA_FUSE=0` turns it off; `decode.rs`).
+    /// (`TERN_CUDA_FUSE=1`; `decode.rs`).
     fuse: Option<decode::Config>,
     pub stats: Stats,
     /// `TERN_CUDA_PROFILE=1`: every launch timed with events (no graphs).
@@ -206,11 +206,13 @@ pub struct CudaBackend {
 /// attention output of up to 64 Ki floats.
 const FUSE_PRIVATE_BYTES: usize = 256 << 10;
 
-/// How `decode_run` runs on this device, or `None` to keep launches:
-/// `TERN_CUDA_FUSE=0`, or a block of it would not fit an SM. One block per
-/// SM; `TERN_CUDA_LOOK` phases of weights prefetched ahead (default 3).
+/// How `decode_run` runs on this device, or `None` to keep launches. Off
+/// unless `TERN_CUDA_FUSE=1`: on an H100 it decodes the 2B-4T at 435–440 t/s
+/// against 515–518 with launches (BENCHMARKS.md), its norm chains and
+/// attention being slower than the launches they replace. One block per SM;
+/// `TERN_CUDA_LOOK` phases of weights prefetched ahead (default 3).
 fn fuse_config(gpu: &Gpu, kernels: &Kernels) -> std::result::Result<Option<decode::Config>, String> {
-    if !env_flag("TERN_CUDA_FUSE", true) {
+    if !env_flag("TERN_CUDA_FUSE", false) {
         return Ok(None);
     }
     let var = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<i32>().ok());
