@@ -49,47 +49,6 @@ struct TernaryBatch {
 };
 static_assert(sizeof(TernaryBatch) == 144, "TernaryBatch layout (tern_cuda::launch::TernaryBatch)");
 
-// norm_quant of the row a one-token GEMV launch writes, done by the launch's
-// last block to finish (`tail_norm_quant`) instead of a launch of its own:
-// the next projection's input, quantized without a launch gap. x == null:
-// none. The counter is zero between launches.
-struct NqTail {
-    const float* x;
-    const float* w;
-    float* y;
-    i8* q;
-    float* d;
-    int* lsum;
-    int* counter;
-    int ne0;
-    int k_pad;
-    int norm;
-    float eps;
-};
-static_assert(sizeof(NqTail) == 72, "NqTail layout (tern_cuda::launch::NqTail)");
-
-// Every block counts itself once its outputs are out; the last one reads
-// the whole row back (L2) and quantizes it. Dynamic shared memory: ne0 floats.
-__device__ __forceinline__ void tail_norm_quant(const NqTail& t) {
-    extern __shared__ __align__(16) float tail_xs[];
-    __shared__ int is_last;
-    if (!t.x) return;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        is_last = atomicAdd(t.counter, 1) == (int)(gridDim.x * gridDim.y) - 1;
-        if (is_last) *t.counter = 0;
-    }
-    __syncthreads();
-    if (!is_last) return;
-    __threadfence();
-    bool vec = nq_vec(t.x, t.w, t.ne0);
-    float4 wpre[ROW_UNROLL];
-    nq_prefetch(t.w, t.ne0, vec, wpre);
-    float d = nq_row(t.x, t.w, t.y, t.q, t.lsum, t.ne0, t.k_pad, t.norm, t.eps, tail_xs, wpre, vec);
-    if (threadIdx.x == 0) *t.d = d;
-}
-
 __device__ __forceinline__ int pick(const TernaryBatch& b, int blk) {
     int i = 0;
     while (i + 1 < b.n && blk >= b.block_start[i + 1]) ++i;
@@ -193,7 +152,7 @@ __device__ __forceinline__ float gated(float g, float up, int act) {
 // 2B-4T shape run in one wave, not two.
 #define GEMV_KERNEL(NAME, MAXT, MINB) \
 extern "C" __global__ void __launch_bounds__(256, MINB) NAME(TernaryBatch b, int k_pad, const i8* q, const float* d, \
-                                                              const int* lsum, int n_tok, int pair_act, NqTail tail) { \
+                                                              const int* lsum, int n_tok, int pair_act) { \
     int mi = pick(b, blockIdx.x); \
     const TernaryMat& m = b.m[mi]; \
     int row = (blockIdx.x - b.block_start[mi]) * 8 + (threadIdx.x >> 5); \
@@ -205,28 +164,26 @@ extern "C" __global__ void __launch_bounds__(256, MINB) NAME(TernaryBatch b, int
     } \
     pdl_wait(); \
     pdl_launch(); \
-    if (live) { \
-        float y[MAXT]; \
-        row_dots<MAXT, GEMV_UNROLL>(m, row, k_pad, q, d, lsum, n_tok, wg, y); \
-        if (pair_act >= 0) { \
-            float up[MAXT]; \
-            row_dots<MAXT, GEMV_UNROLL>(b.m[1], row, k_pad, q, d, lsum, n_tok, wu, up); \
+    if (!live) return; \
+    float y[MAXT]; \
+    row_dots<MAXT, GEMV_UNROLL>(m, row, k_pad, q, d, lsum, n_tok, wg, y); \
+    if (pair_act >= 0) { \
+        float up[MAXT]; \
+        row_dots<MAXT, GEMV_UNROLL>(b.m[1], row, k_pad, q, d, lsum, n_tok, wu, up); \
 _Pragma("unroll") \
-            for (int t = 0; t < MAXT; ++t) { \
-                if (t >= n_tok) break; \
-                y[t] = gated(y[t], up[t], pair_act); \
-            } \
-        } \
-        if ((threadIdx.x & 31) == 0) { \
-_Pragma("unroll") \
-            for (int t = 0; t < MAXT; ++t) { \
-                if (t >= n_tok) break; \
-                u64 o = (u64)t * m.rows + row; \
-                m.out[o] = m.res ? y[t] + m.res[o] : y[t]; \
-            } \
+        for (int t = 0; t < MAXT; ++t) { \
+            if (t >= n_tok) break; \
+            y[t] = gated(y[t], up[t], pair_act); \
         } \
     } \
-    tail_norm_quant(tail); \
+    if ((threadIdx.x & 31) == 0) { \
+_Pragma("unroll") \
+        for (int t = 0; t < MAXT; ++t) { \
+            if (t >= n_tok) break; \
+            u64 o = (u64)t * m.rows + row; \
+            m.out[o] = m.res ? y[t] + m.res[o] : y[t]; \
+        } \
+    } \
 }
 
 GEMV_KERNEL(ternary_gemv, 8, 1)
@@ -241,7 +198,7 @@ GEMV_KERNEL(ternary_gemv1, 1, 4)
 
 extern "C" __global__ void __launch_bounds__(256, 4) ternary_gemv1_pair(TernaryBatch b, int k_pad, const i8* q,
                                                                        const float* d, const int* lsum, int n_tok,
-                                                                       int pair_act, NqTail tail) {
+                                                                       int pair_act) {
     const TernaryMat& g = b.m[0];
     const TernaryMat& up = b.m[1];
     int rows[2] = {(int)blockIdx.x * 16 + (int)(threadIdx.x >> 5), (int)blockIdx.x * 16 + 8 + (int)(threadIdx.x >> 5)};
@@ -265,7 +222,6 @@ extern "C" __global__ void __launch_bounds__(256, 4) ternary_gemv1_pair(TernaryB
         float y = gated(yg, yu, pair_act);
         if ((threadIdx.x & 31) == 0) g.out[row] = g.res ? y + g.res[row] : y;
     }
-    tail_norm_quant(tail);
 }
 
 #define MMA_MT 2

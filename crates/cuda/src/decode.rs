@@ -11,7 +11,7 @@
 //! kernels' signatures as `lower.rs` builds them.
 
 use crate::kernels::Kernel;
-use crate::launch::{Arg, AttRope, Launch, NqTail, TernaryBatch};
+use crate::launch::{Arg, AttRope, Launch, TernaryBatch};
 
 /// `struct NqArgs` in decode.cu: `norm_quant`'s arguments for one row.
 #[repr(C)]
@@ -389,45 +389,8 @@ fn fused_launch(phases: &[Phase], cfg: &Config) -> Option<Launch> {
     )
 }
 
-/// The launches with every GEMV's tail (the norm + quantize its last block
-/// does, `lower.rs`) taken out into a `norm_quant` launch of its own, which
-/// the walk below folds into the GEMV phase that reads it.
-fn untail(launches: Vec<Launch>) -> Vec<Launch> {
-    let mut out = Vec::with_capacity(launches.len() + launches.len() / 2);
-    for mut l in launches {
-        let tail = l.args.iter_mut().find_map(|a| match a {
-            Arg::Tail(t) if t.x != 0 => Some(std::mem::take(t)),
-            _ => None,
-        });
-        let Some(t) = tail else {
-            out.push(l);
-            continue;
-        };
-        l.smem = 0;
-        out.push(l);
-        out.push(norm_quant_launch(&t));
-    }
-    out
-}
-
-fn norm_quant_launch(t: &NqTail) -> Launch {
-    Launch::new(Kernel::NormQuant, (1, 1, 1), 1024)
-        .smem(4 * t.ne0 as usize)
-        .ptr(t.x)
-        .ptr(t.w)
-        .ptr(t.y)
-        .ptr(t.q)
-        .ptr(t.d)
-        .ptr(t.lsum)
-        .i32(t.ne0)
-        .i32(t.k_pad)
-        .i32(t.norm)
-        .f32(f32::from_bits(t.eps))
-}
-
 /// Replaces each run of fusable launches by one `decode_run` launch.
 pub fn fuse(launches: Vec<Launch>, cfg: &Config) -> Fused {
-    let launches = untail(launches);
     let mut out = Fused { launches: Vec::with_capacity(launches.len()), tables: Vec::new() };
     let mut i = 0;
     while i < launches.len() {
@@ -562,26 +525,6 @@ mod tests {
         assert_eq!(phases[1].a.out, CFG.private);
         assert_eq!((phases[2].g.fused, phases[2].g.nq.x), (1, CFG.private));
         assert_eq!(phases[2].g.b.m[0].out, 0x5_0000);
-    }
-
-    #[test]
-    fn a_norm_riding_on_a_gemv_is_folded_into_the_next_phase() {
-        // lower.rs hands ffn_norm to the attn_output launch as its tail.
-        let mut launches = layer();
-        let nq = launches.remove(5);
-        let a = |i: usize| nq.args[i];
-        let (Arg::Ptr(x), Arg::Ptr(w), Arg::Ptr(y), Arg::Ptr(q), Arg::Ptr(d), Arg::Ptr(lsum)) =
-            (a(0), a(1), a(2), a(3), a(4), a(5))
-        else {
-            panic!("{nq:?}")
-        };
-        let tail = NqTail { x, w, y, q, d, lsum, counter: 0xe100, ne0: 2560, k_pad: 2560, norm: 1, eps: 1e-5f32.to_bits() };
-        launches[4] = launches[4].clone().smem(10240).arg(Arg::Tail(tail));
-        let f = fuse(launches, &CFG);
-        let phases = &f.tables[0].1;
-        assert_eq!(phases.len(), 5);
-        assert!(phases.iter().all(|p| p.kind == PhaseKind::Attention || p.g.fused == 1));
-        assert_eq!(phases[3].g.nq.x, x);
     }
 
     #[test]

@@ -14,8 +14,7 @@ const PRELUDE: &str = include_str!("../kernels/prelude.cuh");
 pub const SOURCES: &[(&str, &str)] = &[
     ("elementwise", include_str!("../kernels/elementwise.cu")),
     ("quantize", include_str!("../kernels/quantize.cu")),
-    // The one-token GEMVs quantize the row they write (quantize.cu's nq_row).
-    ("ternary", concat!(include_str!("../kernels/quantize.cu"), include_str!("../kernels/ternary.cu"))),
+    ("ternary", include_str!("../kernels/ternary.cu")),
     ("fmat", include_str!("../kernels/fmat.cu")),
     ("attention", include_str!("../kernels/attention.cu")),
     // The persistent decoding kernel calls into the three files before it.

@@ -52,27 +52,6 @@ pub struct AttRope {
 }
 const _: () = assert!(std::mem::size_of::<AttRope>() == 48);
 
-/// The norm + quantize a one-token GEMV does after its rows, in its last
-/// block (`struct NqTail` in ternary.cu): `norm_quant`'s arguments for the
-/// row the launch writes, and a counter of finished blocks. `x` 0: none.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, Hash, PartialEq, Eq)]
-pub struct NqTail {
-    pub x: u64,
-    pub w: u64,
-    pub y: u64,
-    pub q: u64,
-    pub d: u64,
-    pub lsum: u64,
-    pub counter: u64,
-    pub ne0: i32,
-    pub k_pad: i32,
-    pub norm: i32,
-    /// f32 bits.
-    pub eps: u32,
-}
-const _: () = assert!(std::mem::size_of::<NqTail>() == 72);
-
 /// A kernel argument, by value. Floats are kept as bits so launches hash.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
 pub enum Arg {
@@ -82,7 +61,6 @@ pub enum Arg {
     F32(u32),
     Batch(TernaryBatch),
     Rope(AttRope),
-    Tail(NqTail),
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
@@ -150,7 +128,6 @@ impl Launch {
                 Arg::F32(v) => v as *const u32 as *mut c_void,
                 Arg::Batch(v) => v as *const TernaryBatch as *mut c_void,
                 Arg::Rope(v) => v as *const AttRope as *mut c_void,
-                Arg::Tail(v) => v as *const NqTail as *mut c_void,
             })
             .collect();
         gpu.launch(kernels.get(self.kernel), self.grid, self.block, self.smem, &mut params, pdl && !self.serial)

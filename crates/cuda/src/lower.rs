@@ -18,7 +18,7 @@ use tern_graph::{Activation, DType, Graph, NodeId, Op, RopeMode};
 use tern_quant::GgmlType;
 
 use crate::kernels::Kernel;
-use crate::launch::{Arg, AttRope, Launch, NqTail, TernaryBatch, TernaryMat};
+use crate::launch::{Arg, AttRope, Launch, TernaryBatch, TernaryMat};
 use crate::{Buffers, Weight};
 
 /// Tokens above which ternary products use the tensor-core GEMM.
@@ -424,31 +424,6 @@ impl Lower<'_> {
         let q = self.take(rows * k_pad);
         let d = self.take(rows * 4);
         let lsum = self.take(rows * (k_pad / 64) * 4);
-        if rows == 1 && self.last_launch_writes(x, ne0) {
-            // The one-token GEMV just lowered wrote this row: its last block
-            // quantizes it, and the launch gap of a norm_quant goes away.
-            let counter = self.scratch.counters + (self.counters_used * 4) as u64;
-            self.counters_used += 1;
-            let tail = NqTail {
-                x,
-                w,
-                y,
-                q,
-                d,
-                lsum,
-                counter,
-                ne0: ne0 as i32,
-                k_pad: k_pad as i32,
-                norm: norm as i32,
-                eps: eps.to_bits(),
-            };
-            let l = self.out.last_mut().expect("checked by last_launch_writes");
-            if let Some(a) = l.args.iter_mut().find(|a| matches!(a, Arg::Tail(_))) {
-                *a = Arg::Tail(tail);
-            }
-            l.smem = l.smem.max(4 * ne0 as u32);
-            return Quant { q, d, lsum, k_pad };
-        }
         // The row is staged in shared memory (opted in past 48 KiB at load).
         // One token's row is a chain of dependent phases (load, two block
         // reductions, stores): a lone token runs it fastest on 1024 threads,
@@ -469,21 +444,6 @@ impl Lower<'_> {
             .f32(eps);
         self.out.push(l);
         Quant { q, d, lsum, k_pad }
-    }
-
-    /// Whether the last launch is a one-token GEMV (no tail yet) whose rows
-    /// are exactly the `ne0` floats at `x`.
-    fn last_launch_writes(&self, x: u64, ne0: usize) -> bool {
-        let Some(l) = self.out.last() else { return false };
-        let free_tail = l.args.iter().any(|a| matches!(a, Arg::Tail(t) if t.x == 0));
-        if !matches!(l.kernel, Kernel::TernaryGemv1 | Kernel::TernaryGemv1Pair) || l.serial || !free_tail {
-            return false;
-        }
-        let Some(Arg::Batch(b)) = l.args.first() else { return false };
-        // A paired launch (pair_act, argument 6, ≥ 0) writes act(gate) · up
-        // through the first matrix only.
-        let n = if matches!(l.args.get(6), Some(Arg::I32(a)) if *a < 0) { (b.n as usize).min(3) } else { 1 };
-        b.m[..n].iter().any(|m| m.out == x && m.rows as usize == ne0)
     }
 
     /// A matmul's output and residual: when the only reader of `mm` is the
@@ -609,13 +569,8 @@ impl Lower<'_> {
             .ptr(q.d)
             .ptr(q.lsum)
             .i32(n_tok as i32);
-        // The GEMV also takes the paired activation (-1: none), and the norm +
-        // quantize of its output that `quantize` may hand it.
-        let l = if kernel == Kernel::TernaryGemm {
-            l
-        } else {
-            l.i32(pair.map_or(-1, |(_, a)| a)).arg(Arg::Tail(NqTail::default()))
-        };
+        // The GEMV also takes the paired activation (-1: none).
+        let l = if kernel == Kernel::TernaryGemm { l } else { l.i32(pair.map_or(-1, |(_, a)| a)) };
         self.out.push(if streamed { l.serial() } else { l });
         Ok(consumed)
     }

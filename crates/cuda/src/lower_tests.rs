@@ -138,7 +138,7 @@ fn batch(l: &crate::launch::Launch) -> crate::launch::TernaryBatch {
 }
 
 #[test]
-fn decoding_a_layer_takes_seven_launches() {
+fn decoding_a_layer_takes_nine_launches() {
     use Kernel::*;
     let l = layer(1);
     let ls = launches(&l, None);
@@ -147,8 +147,10 @@ fn decoding_a_layer_takes_seven_launches() {
         TernaryGemv1,     // q, k, v in one launch
         Attention,        // rope of q and k, cache store, flash-decoding with its merge
         NormQuant,        // attn_sub_norm
-        TernaryGemv1,     // attn_output + residual, then ffn_norm + int8 in its last block
-        TernaryGemv1Pair, // gate and up + relu², two row pairs a warp, then ffn_sub_norm + int8
+        TernaryGemv1,     // attn_output + residual
+        NormQuant,        // ffn_norm
+        TernaryGemv1Pair, // gate and up + relu², two row pairs a warp
+        NormQuant,        // ffn_sub_norm
         TernaryGemv1,     // ffn_down + residual
     ];
     assert_eq!(kernels(&ls), want);
@@ -159,32 +161,18 @@ fn decoding_a_layer_takes_seven_launches() {
     assert_eq!((r.on, r.k, r.n_rot, r.mode), (1, b.m[1].out, HD as i32, 1));
     assert_eq!(ls[2].args[0], Arg::Ptr(b.m[0].out), "q as the GEMV wrote it");
     assert_eq!(r.v, b.m[2].out);
-    // Argument 6 is the paired activation: relu² (1) for gate/up, none (-1) elsewhere.
-    assert_eq!(ls[5].args[6], Arg::I32(1));
-    assert_eq!(ls[1].args[6], Arg::I32(-1));
-    for i in [4, 6] {
+    // The GEMV's last argument is the paired activation: relu² (1) for gate/up, none (-1) elsewhere.
+    assert_eq!(ls[6].args.last(), Some(&Arg::I32(1)));
+    assert_eq!(ls[1].args.last(), Some(&Arg::I32(-1)));
+    for i in [4, 8] {
         assert_ne!(batch(&ls[i]).m[0].res, 0, "launch {i} adds the residual");
     }
-    assert_eq!(batch(&ls[5]).n, 2, "gate and up");
-    // The norms after attn_output and gate/up ride on those launches: their
-    // last block quantizes the row they wrote, staged in shared memory.
-    let tail = |l: &crate::launch::Launch| match l.args.last() {
-        Some(Arg::Tail(t)) => *t,
-        a => panic!("no tail argument: {a:?}"),
-    };
-    for i in [4, 5] {
-        let t = tail(&ls[i]);
-        assert_eq!((t.x, t.norm, t.y), (batch(&ls[i]).m[0].out, 1, 0), "launch {i}");
-        assert_eq!(ls[i].smem, 4 * t.ne0 as u32);
-    }
-    assert_eq!(tail(&ls[4]).ne0 as usize, batch(&ls[4]).m[0].rows as usize);
-    assert_eq!((tail(&ls[1]).x, tail(&ls[6]).x), (0, 0), "nothing quantizes q/k/v or the layer's output here");
-    assert_ne!(tail(&ls[4]).counter, tail(&ls[5]).counter);
+    assert_eq!(batch(&ls[6]).n, 2, "gate and up");
     // One warp per row, 8 rows a block: q, k, v need 32 + 16 + 16 blocks;
     // paired gate/up cover the gate's 512 rows only, two row pairs a warp.
     assert_eq!(ls[1].grid, (64, 1, 1));
     assert_eq!(batch(&ls[1]).block_start, [0, 32, 48, 64]);
-    assert_eq!(ls[5].grid, (32, 1, 1));
+    assert_eq!(ls[6].grid, (32, 1, 1));
     assert_eq!(ls[1].block, 256);
 }
 
