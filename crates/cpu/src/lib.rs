@@ -90,7 +90,10 @@ impl Backend for CpuBackend {
         let (storage, aliases_host) = if desc.ty.is_ternary() && is_matrix {
             // Repacked once into the kernels' layout; the file bytes are no longer read.
             let (k, rows) = (desc.ne[0], desc.ne[1]);
-            (Storage::Ternary(PackedTernary::new(desc.ty, bytes.as_slice(), k, rows, packing(desc.ty, self.isa))), false)
+            (
+                Storage::Ternary(PackedTernary::new(desc.ty, bytes.as_slice(), k, rows, packing(desc.ty, self.isa))),
+                false,
+            )
         } else {
             (Storage::Host(bytes), true)
         };

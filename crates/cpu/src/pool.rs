@@ -146,7 +146,9 @@ impl Pool {
         let end_of = |start: usize| (start + ((n - start) / (CLAIM_SHARE * threads)).max(min)).min(n);
         let next = AtomicUsize::new(0);
         self.run(&|_, _| {
-            while let Ok(start) = next.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |s| (s < n).then(|| end_of(s))) {
+            while let Ok(start) =
+                next.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |s| (s < n).then(|| end_of(s)))
+            {
                 f(start..end_of(start));
             }
         });

@@ -43,11 +43,26 @@ extern "C" __global__ void __launch_bounds__(256) fmat_gemv(const u8* w, u64 row
     store_row(acc, n_tok, lane, row, out, out_stride, res);
 }
 
+// Σ (byte − offset) · x over a word's four bytes, with bias = 2^23 + offset.
+// Each byte becomes a float without an int-to-float conversion (a
+// quarter-rate instruction, which bounded the head GEMVs): one byte permute
+// puts it in the mantissa of 2^23, and one exact subtraction leaves
+// byte − offset.
+__device__ __forceinline__ float bytes_dot4(u32 bytes, float4 x, float bias) {
+    const u32 two23 = 0x4b000000u;
+    float a = __uint_as_float(__byte_perm(bytes, two23, 0x7440)) - bias;
+    float b = __uint_as_float(__byte_perm(bytes, two23, 0x7441)) - bias;
+    float c = __uint_as_float(__byte_perm(bytes, two23, 0x7442)) - bias;
+    float d = __uint_as_float(__byte_perm(bytes, two23, 0x7443)) - bias;
+    return a * x.x + b * x.y + c * x.z + d * x.w;
+}
+
 // Int8 levels with one f32 scale per 16 (qlayout.rs) times f32 activations:
-// the Q8_0/Q4_0/Q6_K head. One warp per row, 8 rows per block; lane g takes
+// Q8_0/Q4_0 heads and matrices. One warp per row, 8 rows per block; lane g takes
 // groups g, g + 32, ...: a 16-byte level load and four float4 activation loads.
 // The levels never depend on the previous kernel, so the first loads go out
-// before `pdl_wait`.
+// before `pdl_wait`. The levels, flipped to 0..255 by their sign bits, stand for −128..127.
+#define Q8_BIAS 8388736.0f
 #define Q8_UNROLL 4
 __device__ __forceinline__ void q8_fetch(const uint4* qr, const float* sr, int g0, int ng, uint4* w, float* sc) {
 #pragma unroll
@@ -92,12 +107,7 @@ _Pragma("unroll") \
                 const float4* xv = (const float4*)(x + (u64)t * k + g * 16); \
                 float p = 0.0f; \
 _Pragma("unroll") \
-                for (int i = 0; i < 4; ++i) { \
-                    float4 xx = __ldg(xv + i); \
-                    u32 v = wv[i]; \
-                    p += (float)(i8)(v & 255) * xx.x + (float)(i8)((v >> 8) & 255) * xx.y + \
-                         (float)(i8)((v >> 16) & 255) * xx.z + (float)(i8)(v >> 24) * xx.w; \
-                } \
+                for (int i = 0; i < 4; ++i) p += bytes_dot4(wv[i] ^ 0x80808080u, __ldg(xv + i), Q8_BIAS); \
                 acc[t] += p * sc[u]; \
             } \
         } \
@@ -107,6 +117,109 @@ _Pragma("unroll") \
 
 Q8_KERNEL(q8_gemv, FMAT_MAXT, 1)
 Q8_KERNEL(q8_gemv1, 1, 4)
+
+// Q6_K split into planes (qlayout.rs `pack_q6k`): for a [k, rows] matrix of
+// nb = k·rows/256 blocks, the blocks' `ql` (128 bytes each), `qh` (64),
+// `scales` (16) and `d` (2) in turn, so every load is aligned (a 210-byte
+// block is not). One warp per row, 8 rows per block, the warp on one Q6_K
+// block at a time: lane L = 16h + 8g + j reads the `ql` word at 4L, which
+// holds elements e = 128h + 32g + 4j .. e + 3 (low nibbles) and e + 64 ..
+// e + 67 (high nibbles), and the `qh` word at 32h + 4j with their top bits.
+// A warp's float4 loads of x then cover 2 × 256 contiguous bytes (4 cache
+// lines a load; lanes 64 bytes apart would touch 16, and the L1's lines a
+// clock, not DRAM, bound the int8-level head). The weights never depend on
+// the previous kernel: the first loads go out before `pdl_wait`.
+#define Q6_UNROLL 5
+struct Q6Lane {
+    const u32* ql;
+    const u32* qh;
+    const i8* sc;
+    const u16* d;
+    int shift;
+};
+
+__device__ __forceinline__ Q6Lane q6_lane(const u8* base, int rows, int k, int row, int lane) {
+    u64 nb = (u64)rows * k / 256, b0 = (u64)row * k / 256;
+    int h = lane >> 4, g = (lane >> 3) & 1, j = lane & 7;
+    Q6Lane p;
+    p.ql = (const u32*)(base + b0 * 128) + lane;
+    p.qh = (const u32*)(base + nb * 128 + b0 * 64) + 8 * h + j;
+    p.sc = (const i8*)(base + nb * 192 + b0 * 16) + 8 * h + 2 * g + (j >> 2);
+    p.d = (const u16*)(base + nb * 208) + b0;
+    p.shift = 2 * g;
+    return p;
+}
+
+// One Q6_K block's share of a lane: level words, its two scales, d.
+struct Q6Share {
+    u32 ql, qh;
+    i32 s0, s1;
+    u16 d;
+};
+
+__device__ __forceinline__ void q6_fetch(const Q6Lane& p, int b0, int nb, Q6Share* w) {
+#pragma unroll
+    for (int u = 0; u < Q6_UNROLL; ++u) {
+        int b = b0 + u;
+        bool ok = b < nb;
+        w[u].ql = ok ? __ldg(p.ql + 32 * b) : 0u;
+        w[u].qh = ok ? __ldg(p.qh + 16 * b) : 0u;
+        w[u].s0 = ok ? __ldg(p.sc + 16 * b) : 0;
+        w[u].s1 = ok ? __ldg(p.sc + 16 * b + 4) : 0;
+        w[u].d = ok ? __ldg(p.d + b) : (u16)0;
+    }
+}
+
+// Four levels (0..63) as bytes: four low nibbles and the matching bit pairs
+// of a `qh` word, moved to bits 4–5 of each byte.
+__device__ __forceinline__ u32 q6_levels(u32 nibbles, u32 qh, int shift) {
+    return (nibbles & 0x0f0f0f0fu) | (((qh >> shift) & 0x03030303u) << 4);
+}
+
+// Q6_K levels are stored 0..63 for −32..31.
+#define Q6_BIAS 8388640.0f
+
+#define Q6K_KERNEL(NAME, MAXT, MINB) \
+extern "C" __global__ void __launch_bounds__(256, MINB) NAME(const u8* base, int rows, int k, const float* x, \
+                                                            int n_tok, float* out, u64 out_stride, const float* res) { \
+    int row = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31; \
+    bool live = row < rows; \
+    int nb = k >> 8; \
+    Q6Lane p = q6_lane(base, rows, k, live ? row : 0, lane); \
+    int e = 128 * (lane >> 4) + 32 * ((lane >> 3) & 1) + 4 * (lane & 7); \
+    Q6Share w[Q6_UNROLL]; \
+    if (live) q6_fetch(p, 0, nb, w); \
+    pdl_wait(); \
+    pdl_launch(); \
+    if (!live) return; \
+    float acc[FMAT_MAXT]; \
+_Pragma("unroll") \
+    for (int t = 0; t < FMAT_MAXT; ++t) acc[t] = 0.0f; \
+    for (int b0 = 0; b0 < nb; b0 += Q6_UNROLL) { \
+        if (b0 != 0) q6_fetch(p, b0, nb, w); \
+_Pragma("unroll") \
+        for (int u = 0; u < Q6_UNROLL; ++u) { \
+            int b = b0 + u; \
+            if (b >= nb) break; \
+            float dd = h2f(w[u].d); \
+            float s0 = dd * (float)w[u].s0, s1 = dd * (float)w[u].s1; \
+            u32 lo = q6_levels(w[u].ql, w[u].qh, p.shift); \
+            u32 hi = q6_levels(w[u].ql >> 4, w[u].qh, p.shift + 4); \
+_Pragma("unroll") \
+            for (int t = 0; t < MAXT; ++t) { \
+                if (t >= n_tok) break; \
+                const float* xb = x + (u64)t * k + 256 * b + e; \
+                float p0 = bytes_dot4(lo, __ldg((const float4*)xb), Q6_BIAS); \
+                float p1 = bytes_dot4(hi, __ldg((const float4*)(xb + 64)), Q6_BIAS); \
+                acc[t] += p0 * s0 + p1 * s1; \
+            } \
+        } \
+    } \
+    store_row(acc, min(n_tok, MAXT), lane, row, out, out_stride, res); \
+}
+
+Q6K_KERNEL(q6k_gemv, FMAT_MAXT, 1)
+Q6K_KERNEL(q6k_gemv1, 1, 4)
 
 // F16 weights times f32 activations, 8 halves per 16-byte load (k % 8 == 0).
 extern "C" __global__ void __launch_bounds__(256) f16_gemv(const u16* w, int rows, int k, const float* x, int n_tok,
@@ -153,4 +266,21 @@ extern "C" __global__ void get_rows_q8(const i8* q, const float* s, int k, const
     u64 row = (u64)ids[blockIdx.x];
     float* o = out + (u64)blockIdx.x * k;
     for (int e = threadIdx.x; e < k; e += blockDim.x) o[e] = (float)q[row * k + e] * s[(row * k + e) >> 4];
+}
+
+// Rows of the Q6_K planes, dequantized. grid: rows looked up, block: 256.
+extern "C" __global__ void get_rows_q6k(const u8* base, int rows, int k, const int* ids, float* out) {
+    pdl_wait();
+    pdl_launch();
+    u64 nb = (u64)rows * k / 256, b0 = (u64)ids[blockIdx.x] * k / 256;
+    float* o = out + (u64)blockIdx.x * k;
+    for (int e = threadIdx.x; e < k; e += blockDim.x) {
+        u64 b = b0 + (e >> 8);
+        int i = e & 255, h = i >> 7, g = (i >> 5) & 3, l = i & 31;
+        u32 nib = (base[b * 128 + 64 * h + 32 * (g & 1) + l] >> (4 * (g >> 1))) & 15;
+        u32 pair = (base[nb * 128 + b * 64 + 32 * h + l] >> (2 * g)) & 3;
+        float d = h2f(((const u16*)(base + nb * 208))[b]);
+        float sc = (float)((const i8*)base)[nb * 192 + b * 16 + (i >> 4)];
+        o[e] = d * sc * (float)((int)(nib | (pair << 4)) - 32);
+    }
 }

@@ -271,7 +271,7 @@ fn attention(l: &Launch, cfg: &Config) -> Option<AttArgs> {
         a.split = cfg.att_split;
         a.n_split = (n_ctx + a.split - 1) / a.split;
     }
-    let fits = a.n_head_kv > 0 && group >= 1 && group <= WARPS && a.head_dim as usize <= MAX_HEAD_DIM;
+    let fits = a.n_head_kv > 0 && (1..=WARPS).contains(&group) && a.head_dim as usize <= MAX_HEAD_DIM;
     fits.then_some(a)
 }
 
@@ -315,7 +315,8 @@ fn phases_at(launches: &[Launch], i: usize, prev: Option<&mut Phase>, cfg: &Conf
     }
     let mut nq = norm_quant(l)?;
     let alone = Phase { kind: PhaseKind::NormQuant, g: GemvArgs { nq, ..Default::default() }, ..Default::default() };
-    let Some(mut g) = launches.get(i + 1).and_then(gemv).filter(|g| g.nq.q == nq.q && !read_later(launches, i + 2, nq.q))
+    let Some(mut g) =
+        launches.get(i + 1).and_then(gemv).filter(|g| g.nq.q == nq.q && !read_later(launches, i + 2, nq.q))
     else {
         return Some((alone, 1));
     };

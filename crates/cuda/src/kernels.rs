@@ -53,8 +53,13 @@ pub enum Kernel {
     Q8Gemv,
     /// `Q8Gemv` for one token, with fewer registers (more warps in flight).
     Q8Gemv1,
+    /// Q6_K planes (`qlayout.rs`) times f32 activations, up to 8 tokens.
+    Q6KGemv,
+    /// `Q6KGemv` for one token (the decoding head), with fewer registers.
+    Q6KGemv1,
     F16Gemv,
     GetRowsQ8,
+    GetRowsQ6K,
     KvStore,
     RopeStore,
     Attention,
@@ -68,7 +73,7 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 23] = [
+    pub const ALL: [Kernel; 26] = [
         Kernel::GetRows,
         Kernel::RmsNorm,
         Kernel::Binary,
@@ -83,8 +88,11 @@ impl Kernel {
         Kernel::FmatGemv,
         Kernel::Q8Gemv,
         Kernel::Q8Gemv1,
+        Kernel::Q6KGemv,
+        Kernel::Q6KGemv1,
         Kernel::F16Gemv,
         Kernel::GetRowsQ8,
+        Kernel::GetRowsQ6K,
         Kernel::KvStore,
         Kernel::RopeStore,
         Kernel::Attention,
@@ -113,6 +121,9 @@ impl Kernel {
             Kernel::Q8Gemv1 => ("fmat", "q8_gemv1"),
             Kernel::F16Gemv => ("fmat", "f16_gemv"),
             Kernel::GetRowsQ8 => ("fmat", "get_rows_q8"),
+            Kernel::Q6KGemv => ("fmat", "q6k_gemv"),
+            Kernel::Q6KGemv1 => ("fmat", "q6k_gemv1"),
+            Kernel::GetRowsQ6K => ("fmat", "get_rows_q6k"),
             Kernel::KvStore => ("attention", "kv_store"),
             Kernel::RopeStore => ("attention", "rope_store"),
             Kernel::Attention => ("attention", "attention"),

@@ -140,7 +140,11 @@ impl Launch {
 pub enum Step {
     Kernel(Launch),
     /// A DMA copy between device memory and pinned host memory, either way.
-    Dma { src: u64, dst: u64, bytes: usize },
+    Dma {
+        src: u64,
+        dst: u64,
+        bytes: usize,
+    },
 }
 
 impl Step {

@@ -44,6 +44,7 @@ use launch::{Launch, Step};
 use layout::GpuTernary;
 use lower::{lower, Need, Scratch};
 use profile::Profile;
+use qlayout::QLayout;
 
 /// The shape of a ternary weight in the GPU layout.
 #[derive(Clone, Copy, Debug)]
@@ -61,8 +62,8 @@ pub(crate) struct Weight {
     pub ptr_codes: u64,
     pub ptr_scales: u64,
     pub ternary: Option<TernaryShape>,
-    /// Stored as int8 levels with a scale per 16 (`qlayout.rs`).
-    pub q8: bool,
+    /// How a block-quantized matrix is stored (`qlayout.rs`).
+    pub quant: Option<QLayout>,
     /// For a staged copy kept in mapped host memory: the bytes (codes, then
     /// scales) that a launch list streams into device memory before reading.
     pub staged: Option<usize>,
@@ -600,8 +601,8 @@ pub fn streams(desc: WeightDesc) -> bool {
 }
 
 /// Bytes a weight takes on the GPU once loaded (`load_weight`): ternary
-/// matrices repacked to 2 bits plus scales, Q8_0/Q4_0/Q6_K matrices as int8
-/// levels plus a scale per 16, others as stored.
+/// matrices repacked to 2 bits plus scales, Q8_0/Q4_0/Q6_K matrices in their
+/// `qlayout` layouts, others as stored.
 pub fn weight_bytes(desc: WeightDesc, file_bytes: usize) -> usize {
     let (k, rows) = (desc.ne[0], desc.ne[1]);
     let is_matrix = desc.ne[2] == 1 && desc.ne[3] == 1;
@@ -610,8 +611,8 @@ pub fn weight_bytes(desc: WeightDesc, file_bytes: usize) -> usize {
         let codes = rows.next_multiple_of(layout::ROW_ALIGN) * k_pad / 4;
         // One scale per row, or one per 256-chunk for files whose blocks disagree.
         codes.next_multiple_of(256) + rows * (k_pad / layout::CHUNK) * 4
-    } else if qlayout::supported(desc.ty) && is_matrix {
-        (k * rows).next_multiple_of(256) + k * rows / qlayout::GROUP * 4
+    } else if let Some(layout) = qlayout::layout_of(desc.ty).filter(|_| is_matrix) {
+        qlayout::bytes(layout, k, rows)
     } else {
         file_bytes
     }
@@ -672,32 +673,46 @@ impl Backend for CudaBackend {
                 ptr_codes: ptr,
                 ptr_scales: ptr + img.scale_off as u64,
                 ternary: Some(shape),
-                q8: false,
+                quant: None,
                 staged: None,
             };
             (ptr, img.bytes.len(), w)
-        } else if qlayout::supported(desc.ty) && is_matrix {
-            let q = qlayout::pack(desc.ty, data, desc.ne[0], desc.ne[1]);
-            // SAFETY: i8 and u8 have the same layout.
-            let levels: &[u8] = unsafe { std::slice::from_raw_parts(q.values.as_ptr() as *const u8, q.values.len()) };
-            let (ptr, img) = self.upload_image(Image::new(levels, &q.scales))?;
+        } else if let Some(layout) = qlayout::layout_of(desc.ty).filter(|_| is_matrix) {
+            let (k, rows) = (desc.ne[0], desc.ne[1]);
+            let img = match layout {
+                QLayout::Levels => {
+                    let q = qlayout::pack(desc.ty, data, k, rows);
+                    // SAFETY: i8 and u8 have the same layout.
+                    let levels: &[u8] =
+                        unsafe { std::slice::from_raw_parts(q.values.as_ptr() as *const u8, q.values.len()) };
+                    Image::new(levels, &q.scales)
+                }
+                // The kernels find the planes from k and rows.
+                QLayout::Q6K => Image { bytes: qlayout::pack_q6k(data, k, rows), scale_off: 0 },
+            };
+            let (ptr, img) = self.upload_image(img)?;
             let w = Weight {
                 ty: desc.ty,
                 ptr_codes: ptr,
                 ptr_scales: ptr + img.scale_off as u64,
                 ternary: None,
-                q8: true,
+                quant: Some(layout),
                 staged: None,
             };
             (ptr, img.bytes.len(), w)
         } else {
             let ptr = self.alloc_raw(data.len())?;
             self.gpu.upload(ptr, data).map_err(|m| self.dev_err(m))?;
-            let w = Weight { ty: desc.ty, ptr_codes: ptr, ptr_scales: 0, ternary: None, q8: false, staged: None };
+            let w = Weight { ty: desc.ty, ptr_codes: ptr, ptr_scales: 0, ternary: None, quant: None, staged: None };
             (ptr, data.len(), w)
         };
         // The location's size is the file's, which is what the graph's byte counts use.
-        let buffer = self.buffers.insert(DevBuf { ptr, bytes: total.max(data.len()), weight: Some(weight), backing: Backing::Device });
+        let buffer = self.buffers.insert(DevBuf {
+            ptr,
+            bytes: total.max(data.len()),
+            weight: Some(weight),
+            backing: Backing::Device,
+        });
         Ok(LoadedWeight { loc: TensorLoc { buffer, offset: 0, nbytes: data.len() }, aliases_host: false })
     }
 
@@ -724,10 +739,11 @@ impl Backend for CudaBackend {
             ptr_codes: dev,
             ptr_scales: dev + scale_off as u64,
             ternary: Some(TernaryShape { k_pad: t.k_pad, rows: t.rows, groups: t.groups }),
-            q8: false,
+            quant: None,
             staged: Some(total),
         };
-        let b = DevBuf { ptr: dev, bytes: total.max(data.len()), weight: Some(w), backing: Backing::Mapped(host as usize) };
+        let b =
+            DevBuf { ptr: dev, bytes: total.max(data.len()), weight: Some(w), backing: Backing::Mapped(host as usize) };
         let buffer = self.buffers.insert(b);
         Ok(LoadedWeight { loc: TensorLoc { buffer, offset: 0, nbytes: data.len() }, aliases_host: false })
     }
@@ -765,7 +781,8 @@ impl Backend for CudaBackend {
             return Ok(false);
         }
         let dev = self.gpu.register_host(mem.as_ptr(), mem.len()).map_err(|m| self.dev_err(m))?;
-        let buffer = self.buffers.insert(DevBuf { ptr: dev, bytes: mem.len(), weight: None, backing: Backing::Borrowed });
+        let buffer =
+            self.buffers.insert(DevBuf { ptr: dev, bytes: mem.len(), weight: None, backing: Backing::Borrowed });
         self.pinned.push(PinnedHost { host: mem.as_ptr() as usize, len: mem.len(), dev, buffer });
         Ok(true)
     }
@@ -894,7 +911,9 @@ mod tests {
             let desc = WeightDesc { ty, ne: [k, rows, 1, 1] };
             let actual = if ty.is_ternary() {
                 Image::ternary(&GpuTernary::pack(ty, &bytes, k, rows)).bytes.len()
-            } else if qlayout::supported(ty) {
+            } else if ty == GgmlType::Q6_K {
+                qlayout::pack_q6k(&bytes, k, rows).len()
+            } else if qlayout::layout_of(ty).is_some() {
                 let q = qlayout::pack(ty, &bytes, k, rows);
                 let levels: Vec<u8> = q.values.iter().map(|&v| v as u8).collect();
                 Image::new(&levels, &q.scales).bytes.len()

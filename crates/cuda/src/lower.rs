@@ -19,6 +19,7 @@ use tern_quant::GgmlType;
 
 use crate::kernels::Kernel;
 use crate::launch::{Arg, AttRope, Launch, TernaryBatch, TernaryMat};
+use crate::qlayout::QLayout;
 use crate::{Buffers, Weight};
 
 /// Tokens above which ternary products use the tensor-core GEMM.
@@ -231,14 +232,17 @@ impl Lower<'_> {
             Op::Weight(_) | Op::Input(_) | Op::KvCache { .. } => Ok(1),
             Op::RmsNorm { eps } => self.rms_norm(id, next, *eps),
             Op::MulMat { .. } => self.mul_mat(nodes, i),
-            Op::GetRows if self.weight(node.srcs[0]).is_some_and(|w| w.q8) => {
+            Op::GetRows if self.weight(node.srcs[0]).is_some_and(|w| w.quant.is_some()) => {
                 let w = self.weight(node.srcs[0]).cloned().expect("checked by the guard");
-                let l = Launch::new(Kernel::GetRowsQ8, (node.ne[1] as u32, 1, 1), 256)
-                    .ptr(w.ptr_codes)
-                    .ptr(w.ptr_scales)
-                    .i32(node.ne[0] as i32)
-                    .ptr(self.ptr(node.srcs[1])?)
-                    .ptr(self.ptr(id)?);
+                let l = match w.quant {
+                    Some(QLayout::Q6K) => Launch::new(Kernel::GetRowsQ6K, (node.ne[1] as u32, 1, 1), 256)
+                        .ptr(w.ptr_codes)
+                        .i32(self.node_ref(node.srcs[0]).ne[1] as i32),
+                    _ => Launch::new(Kernel::GetRowsQ8, (node.ne[1] as u32, 1, 1), 256)
+                        .ptr(w.ptr_codes)
+                        .ptr(w.ptr_scales),
+                };
+                let l = l.i32(node.ne[0] as i32).ptr(self.ptr(node.srcs[1])?).ptr(self.ptr(id)?);
                 self.out.push(l);
                 Ok(1)
             }
@@ -591,9 +595,12 @@ impl Lower<'_> {
             let nt = (n_tok - t0).min(FMAT_TOKENS);
             let off = (t0 * rows * 4) as u64;
             let (xt, res_t) = (x + (t0 * k * 4) as u64, if res == 0 { 0 } else { res + off });
-            let l = if w.q8 {
+            let l = if w.quant == Some(QLayout::Levels) {
                 let kernel = if nt == 1 { Kernel::Q8Gemv1 } else { Kernel::Q8Gemv };
                 Launch::new(kernel, grid1(rows, 8), 256).ptr(w.ptr_codes).ptr(w.ptr_scales)
+            } else if w.quant == Some(QLayout::Q6K) {
+                let kernel = if nt == 1 { Kernel::Q6KGemv1 } else { Kernel::Q6KGemv };
+                Launch::new(kernel, grid1(rows, 8), 256).ptr(w.ptr_codes)
             } else if w.ty == GgmlType::F16 && k % 8 == 0 {
                 Launch::new(Kernel::F16Gemv, grid1(rows, 8), 256).ptr(w.ptr_codes)
             } else {

@@ -86,7 +86,7 @@ fn bind(g: &Graph, alias: Option<(NodeId, NodeId)>, staged: &[&str]) -> (Buffers
                 let ptr = (1 << 41) + (id.0 as u64) * (1 << 24);
                 let name = n.label.as_deref().unwrap_or_default();
                 let staged = staged.contains(&name).then_some(1 << 20);
-                let weight = Weight { ty, ptr_codes: ptr, ptr_scales: ptr + 4096, ternary, q8: false, staged };
+                let weight = Weight { ty, ptr_codes: ptr, ptr_scales: ptr + 4096, ternary, quant: None, staged };
                 let backing = if staged.is_some() { Backing::Mapped(ptr as usize) } else { Backing::Device };
                 let buffer = bufs.insert(DevBuf { ptr, bytes: 1 << 24, weight: Some(weight), backing });
                 TensorLoc { buffer, offset: 0, nbytes: n.nbytes() }

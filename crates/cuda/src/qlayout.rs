@@ -1,10 +1,11 @@
-//! The GPU layout of block-quantized weights whose values are an int8 level
-//! times one scale per 16 elements: Q8_0, Q4_0 and Q6_K (heads and
-//! embeddings). Rows become `k` int8 levels plus `k / 16` f32 scales, which
-//! reproduce the file's values exactly (each scale is the product of the
-//! block's f16 scale and, for Q6_K, its int8 sub-scale) and which the head
-//! GEMV reads with 16-byte loads. Q6_K grows from 6.56 to 9 bits per weight
-//! in exchange.
+//! The GPU layouts of block-quantized weights (heads, embeddings,
+//! non-ternary models), both exact: every value is the file's.
+//!
+//! - [`QLayout::Levels`] (Q8_0, Q4_0): `k` int8 levels a row plus an f32
+//!   scale per 16, read with 16-byte loads.
+//! - [`QLayout::Q6K`]: Q6_K's 6.56 bits a weight kept, in planes a warp reads
+//!   with coalesced vector loads (the head streams 269 MB a token instead of
+//!   the 410 MB its int8 levels and f32 scales would take).
 
 use half::f16;
 use tern_quant::{cast_blocks, BlockQ4_0, BlockQ6K, BlockQ8_0, GgmlType};
@@ -19,16 +20,61 @@ pub struct GpuQ8 {
     pub scales: Vec<f32>,
 }
 
-/// Whether `ty` converts to this layout.
-pub fn supported(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q6_K)
+/// A block-quantized matrix's GPU layout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QLayout {
+    /// int8 levels and an f32 scale per 16 ([`pack`]).
+    Levels,
+    /// Q6_K in planes ([`pack_q6k`]).
+    Q6K,
+}
+
+/// The layout a matrix of `ty` takes, if it is block-quantized.
+pub fn layout_of(ty: GgmlType) -> Option<QLayout> {
+    match ty {
+        GgmlType::Q8_0 | GgmlType::Q4_0 => Some(QLayout::Levels),
+        GgmlType::Q6_K => Some(QLayout::Q6K),
+        _ => None,
+    }
+}
+
+/// Bytes of a `[k, rows]` matrix in `layout`.
+pub fn bytes(layout: QLayout, k: usize, rows: usize) -> usize {
+    let n = k * rows;
+    match layout {
+        QLayout::Levels => n.next_multiple_of(256) + n / GROUP * 4,
+        QLayout::Q6K => n / 256 * 210,
+    }
 }
 
 fn f16_at(b: [u8; 2]) -> f32 {
     f16::from_le_bytes(b).to_f32()
 }
 
-/// Converts a `[k, rows]` tensor of `ty` (see [`supported`]).
+/// Converts a `[k, rows]` Q6_K tensor to [`QLayout::Q6K`]: the file's
+/// blocks split into four planes, every block's `ql` (128 bytes), then every
+/// `qh` (64), every `scales` (16) and every `d` (2). The bytes and their
+/// order within a block are the file's; the split only aligns them (a
+/// 210-byte block is 2-byte aligned), so that the head GEMV reads `ql` and
+/// `qh` a word a lane (fmat.cu).
+pub fn pack_q6k(bytes: &[u8], k: usize, rows: usize) -> Vec<u8> {
+    let nb = k * rows / 256;
+    let mut out = vec![0u8; self::bytes(QLayout::Q6K, k, rows)];
+    let (ql, rest) = out.split_at_mut(nb * 128);
+    let (qh, rest) = rest.split_at_mut(nb * 64);
+    let (sc, d) = rest.split_at_mut(nb * 16);
+    for (i, b) in cast_blocks::<BlockQ6K>(bytes).iter().enumerate() {
+        ql[128 * i..][..128].copy_from_slice(&b.ql);
+        qh[64 * i..][..64].copy_from_slice(&b.qh);
+        for (o, &s) in sc[16 * i..][..16].iter_mut().zip(&b.scales) {
+            *o = s as u8;
+        }
+        d[2 * i..][..2].copy_from_slice(&b.d);
+    }
+    out
+}
+
+/// Converts a `[k, rows]` Q8_0 or Q4_0 tensor to [`QLayout::Levels`].
 pub fn pack(ty: GgmlType, bytes: &[u8], k: usize, rows: usize) -> GpuQ8 {
     let mut values = vec![0i8; k * rows];
     let mut scales = vec![0f32; k * rows / GROUP];
@@ -48,20 +94,6 @@ pub fn pack(ty: GgmlType, bytes: &[u8], k: usize, rows: usize) -> GpuQ8 {
                 scales[2 * i..2 * i + 2].fill(f16_at(b.d));
             }
         }
-        GgmlType::Q6_K => {
-            for (i, b) in cast_blocks::<BlockQ6K>(bytes).iter().enumerate() {
-                let d = f16_at(b.d);
-                for e in 0..256 {
-                    let (h, g, l) = (e / 128, (e % 128) / 32, e % 32);
-                    let lo = (b.ql[64 * h + 32 * (g % 2) + l] >> (4 * (g / 2))) & 15;
-                    let hi = (b.qh[32 * h + l] >> (2 * g)) & 3;
-                    values[256 * i + e] = (lo | (hi << 4)) as i8 - 32;
-                }
-                for (s, &sc) in scales[16 * i..16 * i + 16].iter_mut().zip(&b.scales) {
-                    *s = d * sc as f32;
-                }
-            }
-        }
         _ => panic!("{ty} has no int8 GPU layout"),
     }
     GpuQ8 { values, scales }
@@ -71,14 +103,32 @@ pub fn pack(ty: GgmlType, bytes: &[u8], k: usize, rows: usize) -> GpuQ8 {
 mod tests {
     use super::*;
 
+    /// Element `e` of row `r` read back from the planes the way `get_rows_q6k`
+    /// (fmat.cu) does.
+    fn q6k_value(p: &[u8], k: usize, rows: usize, r: usize, e: usize) -> f32 {
+        let nb = k * rows / 256;
+        let (b, i) = ((r * k + e) / 256, e % 256);
+        let (h, g, l) = (i / 128, (i / 32) % 4, i % 32);
+        let lo = (p[128 * b + 64 * h + 32 * (g % 2) + l] >> (4 * (g / 2))) & 15;
+        let hi = (p[nb * 128 + 64 * b + 32 * h + l] >> (2 * g)) & 3;
+        let d = f16_at([p[nb * 208 + 2 * b], p[nb * 208 + 2 * b + 1]]);
+        let sc = p[nb * 192 + 16 * b + i / 16] as i8;
+        d * sc as f32 * ((lo | (hi << 4)) as f32 - 32.0)
+    }
+
     #[test]
-    fn levels_times_scales_are_the_files_values() {
+    fn the_gpu_layouts_hold_the_files_values() {
         let (k, rows) = (512, 3);
         let x: Vec<f32> = (0..k * rows).map(|i| ((i * 7919) % 1000) as f32 / 250.0 - 2.0).collect();
         for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q6_K] {
             let mut bytes = vec![0u8; ty.tensor_bytes(&[k as u64, rows as u64]).unwrap() as usize];
             tern_quant::quantize_tensor(ty, &x, k, &mut bytes);
-            let p = pack(ty, &bytes, k, rows);
+            let layout = layout_of(ty).unwrap();
+            let packed = (layout == QLayout::Levels).then(|| pack(ty, &bytes, k, rows));
+            let planes = (layout == QLayout::Q6K).then(|| pack_q6k(&bytes, k, rows));
+            if let Some(p) = &planes {
+                assert_eq!(p.len(), self::bytes(layout, k, rows));
+            }
             let row_bytes = bytes.len() / rows;
             for r in 0..rows {
                 let mut want = vec![0f32; k];
@@ -89,7 +139,11 @@ mod tests {
                     &mut want,
                 );
                 for (e, &w) in want.iter().enumerate() {
-                    let got = p.values[r * k + e] as f32 * p.scales[(r * k + e) / GROUP];
+                    let got = match (&packed, &planes) {
+                        (Some(p), _) => p.values[r * k + e] as f32 * p.scales[(r * k + e) / GROUP],
+                        (_, Some(p)) => q6k_value(p, k, rows, r, e),
+                        _ => unreachable!(),
+                    };
                     assert_eq!(got, w, "{ty} row {r} element {e}");
                 }
             }

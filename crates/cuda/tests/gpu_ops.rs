@@ -483,7 +483,9 @@ fn attention_matches_cpu_across_splits_and_cache_types() {
                 bound,
                 &format!("attention {hd}/{nh}/{nkv} pos {kv_pos} n {n} {cache_ty} llama rope {llama}"),
             );
-            eprintln!("attention hd={hd} heads={nh}/{nkv} kv_pos={kv_pos} n={n} {cache_ty} llama rope {llama}: {e:.1e}");
+            eprintln!(
+                "attention hd={hd} heads={nh}/{nkv} kv_pos={kv_pos} n={n} {cache_ty} llama rope {llama}: {e:.1e}"
+            );
         }
     }
 }
@@ -525,7 +527,7 @@ fn timing_table_for_2b4t_shapes() {
             ));
         }
     }
-    for (ty, n) in [(GgmlType::Q6_K, 1usize), (GgmlType::F16, 1)] {
+    for (ty, n) in [(GgmlType::Q6_K, 1usize), (GgmlType::Q8_0, 1), (GgmlType::F16, 1)] {
         let (k, rows) = (2560, 128256);
         let mut g = Graph::new();
         let w = g.weight(0, "w", ty, [k, rows, 1, 1]);

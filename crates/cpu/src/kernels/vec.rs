@@ -249,12 +249,7 @@ pub fn f16_to_f32(src: &[half::f16], dst: &mut [f32], isa: Isa) {
 /// and the factor rescaling each query's old accumulator is returned. The
 /// same loops as [`max`] and [`exp_shifted_sum`], in one call for the group.
 #[inline(always)]
-fn softmax_heads_loop(
-    scores: &mut [[f32; 64]; HEADS],
-    n: usize,
-    max: &mut [f32],
-    sum: &mut [f32],
-) -> [f32; HEADS] {
+fn softmax_heads_loop(scores: &mut [[f32; 64]; HEADS], n: usize, max: &mut [f32], sum: &mut [f32]) -> [f32; HEADS] {
     let mut rescale = [0f32; HEADS];
     for (h, sc) in scores.iter_mut().enumerate() {
         let sc = &mut sc[..n];

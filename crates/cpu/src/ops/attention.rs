@@ -105,7 +105,14 @@ pub unsafe fn attention(srcs: &[Tensor], p: &AttentionParams, out: &mut [f32], p
 ///
 /// # Safety
 /// As [`attention`].
-unsafe fn attention_in_parts(srcs: &[Tensor], p: &AttentionParams, out: &mut [f32], pool: &Pool, isa: Isa, parts: usize) {
+unsafe fn attention_in_parts(
+    srcs: &[Tensor],
+    p: &AttentionParams,
+    out: &mut [f32],
+    pool: &Pool,
+    isa: Isa,
+    parts: usize,
+) {
     let (q, k, v) = (srcs[0].f32(), srcs[1].f32(), srcs[2].f32());
     let (kc, vc) = (Cache::new(&srcs[3]), Cache::new(&srcs[4]));
     let kv_width = p.head_dim * p.n_head_kv;
@@ -435,7 +442,10 @@ mod tests {
             for parts in [2, 3, 5] {
                 let cut = run(&p, n_tokens, cache, parts);
                 let err = whole.iter().zip(&cut).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-                assert!(err <= bound, "kv_pos {kv_pos}, {n_tokens} tokens, {cache}, {parts} parts: |Δ| {err} > {bound}");
+                assert!(
+                    err <= bound,
+                    "kv_pos {kv_pos}, {n_tokens} tokens, {cache}, {parts} parts: |Δ| {err} > {bound}"
+                );
             }
         }
     }

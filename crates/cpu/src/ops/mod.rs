@@ -92,7 +92,9 @@ pub unsafe fn rms_norm_mul(x: &Tensor, w: &Tensor, eps: f32, dst: Tensor, cx: &C
     let (width, n_rows) = (dst.node.ne[0], dst.node.n_rows());
     let (out, isa, ws) = (Rows(dst.ptr as *mut f32), cx.isa, w.f32());
     if x.ptr == dst.ptr {
-        return by_rows(cx, n_rows, |r| elementwise::rms_norm_mul_in_place(rows_mut(out, width, &r), width, eps, ws, isa));
+        return by_rows(cx, n_rows, |r| {
+            elementwise::rms_norm_mul_in_place(rows_mut(out, width, &r), width, eps, ws, isa)
+        });
     }
     let xs = x.f32();
     by_rows(cx, n_rows, |r| {
@@ -122,12 +124,12 @@ pub unsafe fn run(node: &Node, dst: Tensor, srcs: &[Tensor], cx: &Ctx) {
         Op::RmsNorm { eps } => {
             by_rows(cx, n_rows, |r| elementwise::rms_norm(src_rows(0, &r), width, *eps, rows_mut(out, width, &r), isa))
         }
-        Op::Mul => by_rows(cx, n_rows, |r| {
-            elementwise::mul(src_rows(0, &r), src_rows(1, &r), rows_mut(out, width, &r), isa)
-        }),
-        Op::Add => by_rows(cx, n_rows, |r| {
-            elementwise::add(src_rows(0, &r), src_rows(1, &r), rows_mut(out, width, &r), isa)
-        }),
+        Op::Mul => {
+            by_rows(cx, n_rows, |r| elementwise::mul(src_rows(0, &r), src_rows(1, &r), rows_mut(out, width, &r), isa))
+        }
+        Op::Add => {
+            by_rows(cx, n_rows, |r| elementwise::add(src_rows(0, &r), src_rows(1, &r), rows_mut(out, width, &r), isa))
+        }
         Op::Scale { factor } => {
             by_rows(cx, n_rows, |r| elementwise::scale(src_rows(0, &r), *factor, rows_mut(out, width, &r), isa))
         }
