@@ -121,19 +121,23 @@ Q8_KERNEL(q8_gemv1, 1, 4)
 // Q6_K split into planes (qlayout.rs `pack_q6k`): for a [k, rows] matrix of
 // nb = k·rows/256 blocks, the blocks' `ql` (128 bytes each), `qh` (64),
 // `scales` (16) and `d` (2) in turn, so every load is aligned (a 210-byte
-// block is not). One warp per row, 8 rows per block, the warp on one Q6_K
-// block at a time: lane L = 16h + 8g + j reads the `ql` word at 4L, which
-// holds elements e = 128h + 32g + 4j .. e + 3 (low nibbles) and e + 64 ..
-// e + 67 (high nibbles), and the `qh` word at 32h + 4j with their top bits.
-// A warp's float4 loads of x then cover 2 × 256 contiguous bytes (4 cache
-// lines a load; lanes 64 bytes apart would touch 16, and the L1's lines a
-// clock, not DRAM, bound the int8-level head). The weights never depend on
-// the previous kernel: the first loads go out before `pdl_wait`.
-#define Q6_UNROLL 5
+// block is not), each block's scales ordered (0, 4), (1, 5), (2, 6), (3, 7),
+// (8, 12), ... so that a lane's two are one load. One warp per row, 8 rows
+// per block, the warp on one Q6_K block at a time: lane L = 16h + 8g + j
+// reads the `ql` word at 4L, which holds elements e = 128h + 32g + 4j .. e + 3
+// (low nibbles) and e + 64 .. e + 67 (high nibbles), and the `qh` word at
+// 32h + 4j with their top bits. A warp's float4 loads of x then cover 2 × 256
+// contiguous bytes (4 cache lines a load; lanes 64 bytes apart would touch
+// 16). A 2560-wide row (10 blocks) is fetched in one round, before
+// `pdl_wait` (the weights never depend on the previous kernel); at 80
+// registers three blocks of threads share an SM, which measured faster than
+// four blocks fetching half a row at a time, or than a warp fetching its next
+// row while it multiplies (BENCHMARKS.md).
+#define Q6_UNROLL 10
 struct Q6Lane {
     const u32* ql;
     const u32* qh;
-    const i8* sc;
+    const u16* sc;
     const u16* d;
     int shift;
 };
@@ -144,17 +148,16 @@ __device__ __forceinline__ Q6Lane q6_lane(const u8* base, int rows, int k, int r
     Q6Lane p;
     p.ql = (const u32*)(base + b0 * 128) + lane;
     p.qh = (const u32*)(base + nb * 128 + b0 * 64) + 8 * h + j;
-    p.sc = (const i8*)(base + nb * 192 + b0 * 16) + 8 * h + 2 * g + (j >> 2);
+    p.sc = (const u16*)(base + nb * 192 + b0 * 16) + 4 * h + 2 * g + (j >> 2);
     p.d = (const u16*)(base + nb * 208) + b0;
     p.shift = 2 * g;
     return p;
 }
 
-// One Q6_K block's share of a lane: level words, its two scales, d.
+// One Q6_K block's share of a lane: level words, its two scales (the low
+// byte for the low nibbles' group), d.
 struct Q6Share {
-    u32 ql, qh;
-    i32 s0, s1;
-    u16 d;
+    u32 ql, qh, sc, d;
 };
 
 __device__ __forceinline__ void q6_fetch(const Q6Lane& p, int b0, int nb, Q6Share* w) {
@@ -164,9 +167,8 @@ __device__ __forceinline__ void q6_fetch(const Q6Lane& p, int b0, int nb, Q6Shar
         bool ok = b < nb;
         w[u].ql = ok ? __ldg(p.ql + 32 * b) : 0u;
         w[u].qh = ok ? __ldg(p.qh + 16 * b) : 0u;
-        w[u].s0 = ok ? __ldg(p.sc + 16 * b) : 0;
-        w[u].s1 = ok ? __ldg(p.sc + 16 * b + 4) : 0;
-        w[u].d = ok ? __ldg(p.d + b) : (u16)0;
+        w[u].sc = ok ? __ldg(p.sc + 8 * b) : 0u;
+        w[u].d = ok ? __ldg(p.d + b) : 0u;
     }
 }
 
@@ -201,8 +203,8 @@ _Pragma("unroll") \
         for (int u = 0; u < Q6_UNROLL; ++u) { \
             int b = b0 + u; \
             if (b >= nb) break; \
-            float dd = h2f(w[u].d); \
-            float s0 = dd * (float)w[u].s0, s1 = dd * (float)w[u].s1; \
+            float dd = h2f((u16)w[u].d); \
+            float s0 = dd * (float)(i8)(w[u].sc & 255), s1 = dd * (float)(i8)(w[u].sc >> 8); \
             u32 lo = q6_levels(w[u].ql, w[u].qh, p.shift); \
             u32 hi = q6_levels(w[u].ql >> 4, w[u].qh, p.shift + 4); \
 _Pragma("unroll") \
@@ -219,7 +221,7 @@ _Pragma("unroll") \
 }
 
 Q6K_KERNEL(q6k_gemv, FMAT_MAXT, 1)
-Q6K_KERNEL(q6k_gemv1, 1, 4)
+Q6K_KERNEL(q6k_gemv1, 1, 3)
 
 // F16 weights times f32 activations, 8 halves per 16-byte load (k % 8 == 0).
 extern "C" __global__ void __launch_bounds__(256) f16_gemv(const u16* w, int rows, int k, const float* x, int n_tok,
@@ -280,7 +282,8 @@ extern "C" __global__ void get_rows_q6k(const u8* base, int rows, int k, const i
         u32 nib = (base[b * 128 + 64 * h + 32 * (g & 1) + l] >> (4 * (g >> 1))) & 15;
         u32 pair = (base[nb * 128 + b * 64 + 32 * h + l] >> (2 * g)) & 3;
         float d = h2f(((const u16*)(base + nb * 208))[b]);
-        float sc = (float)((const i8*)base)[nb * 192 + b * 16 + (i >> 4)];
+        int q = i >> 4, at = 2 * ((q & 3) + 4 * (q >> 3)) + ((q >> 2) & 1);
+        float sc = (float)((const i8*)base)[nb * 192 + b * 16 + at];
         o[e] = d * sc * (float)((int)(nib | (pair << 4)) - 32);
     }
 }

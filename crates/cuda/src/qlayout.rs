@@ -51,12 +51,19 @@ fn f16_at(b: [u8; 2]) -> f32 {
     f16::from_le_bytes(b).to_f32()
 }
 
+/// Where a Q6_K block's scale `q` (of elements 16q..16q + 16) goes among
+/// the block's 16 scale bytes on the GPU: next to scale `q + 4`, which the
+/// same GEMV lane needs, as (0, 4), (1, 5), (2, 6), (3, 7), (8, 12), ...
+fn scale_slot(q: usize) -> usize {
+    2 * (q % 4 + 4 * (q / 8)) + (q / 4) % 2
+}
+
 /// Converts a `[k, rows]` Q6_K tensor to [`QLayout::Q6K`]: the file's
 /// blocks split into four planes, every block's `ql` (128 bytes), then every
-/// `qh` (64), every `scales` (16) and every `d` (2). The bytes and their
-/// order within a block are the file's; the split only aligns them (a
-/// 210-byte block is 2-byte aligned), so that the head GEMV reads `ql` and
-/// `qh` a word a lane (fmat.cu).
+/// `qh` (64), every `scales` (16, paired by [`scale_slot`]) and every `d`
+/// (2). `ql` and `qh` keep the file's order; the split aligns them (a
+/// 210-byte block is 2-byte aligned), so that the head GEMV reads them a
+/// word a lane (fmat.cu).
 pub fn pack_q6k(bytes: &[u8], k: usize, rows: usize) -> Vec<u8> {
     let nb = k * rows / 256;
     let mut out = vec![0u8; self::bytes(QLayout::Q6K, k, rows)];
@@ -66,8 +73,8 @@ pub fn pack_q6k(bytes: &[u8], k: usize, rows: usize) -> Vec<u8> {
     for (i, b) in cast_blocks::<BlockQ6K>(bytes).iter().enumerate() {
         ql[128 * i..][..128].copy_from_slice(&b.ql);
         qh[64 * i..][..64].copy_from_slice(&b.qh);
-        for (o, &s) in sc[16 * i..][..16].iter_mut().zip(&b.scales) {
-            *o = s as u8;
+        for (q, &s) in b.scales.iter().enumerate() {
+            sc[16 * i + scale_slot(q)] = s as u8;
         }
         d[2 * i..][..2].copy_from_slice(&b.d);
     }
@@ -112,7 +119,7 @@ mod tests {
         let lo = (p[128 * b + 64 * h + 32 * (g % 2) + l] >> (4 * (g / 2))) & 15;
         let hi = (p[nb * 128 + 64 * b + 32 * h + l] >> (2 * g)) & 3;
         let d = f16_at([p[nb * 208 + 2 * b], p[nb * 208 + 2 * b + 1]]);
-        let sc = p[nb * 192 + 16 * b + i / 16] as i8;
+        let sc = p[nb * 192 + 16 * b + scale_slot(i / 16)] as i8;
         d * sc as f32 * ((lo | (hi << 4)) as f32 - 32.0)
     }
 
