@@ -56,19 +56,15 @@ __device__ __forceinline__ bool nq_vec(const float* xr, const float* w, int ne0)
     return (ne0 & 3) == 0 && ((u64)xr & 15) == 0 && (!w || ((u64)w & 15) == 0);
 }
 
-// One row through the whole block: x (ne0 floats) is staged in `xs` (shared,
-// ne0 floats), normed (norm: inv = 1/sqrt(mean(x²) + eps), summed in double)
-// and weighted in the CPU's order (x·inv)·w, written to `yr` when given, and
-// quantized into `qr` (k_pad bytes, permuted) and `ls` (k_pad/64 lane sums).
-// Returns d = 1/s_a in every thread. `staged` (optional, tracing) gets the
-// time the row is in shared memory.
-__device__ __forceinline__ float nq_row(const float* xr, const float* w, float* yr, i8* qr_, int* ls,
-                                        int ne0, int k_pad, int norm, float eps, float* xs, const float4* wpre,
-                                        bool vec, u64* staged = nullptr) {
-    __shared__ double dscratch[32];
-    __shared__ float scratch[32];
+// nq_row's path for rows staged in shared memory before they are normed
+// (rows too long for registers, unaligned rows, no norm weight): sets the
+// norm's `inv` and the weighted row's partial absmax of this thread.
+__device__ __forceinline__ void nq_staged(const float* xr, const float* w, float* xs, int ne0, int norm, float eps,
+                                          const float4* wpre, bool vec, u64* staged, double* dscratch,
+                                          float* inv_out, float* amax_out) {
     const float4* w4 = (const float4*)w;
     int n4 = ne0 >> 2, stride = blockDim.x;
+    float inv = 1.0f, amax = 0.0f;
     if (vec) {
         load_row4(xr, xs, ne0);
     } else {
@@ -76,14 +72,12 @@ __device__ __forceinline__ float nq_row(const float* xr, const float* w, float* 
     }
     __syncthreads();
     if (staged && threadIdx.x == 0) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(*staged));
-    float inv = 1.0f;
     if (norm) {
         double ss = 0.0;
         for (int e = threadIdx.x; e < ne0; e += blockDim.x) ss += (double)xs[e] * (double)xs[e];
         ss = block_reduce(ss, dscratch, 0.0, Sum());
         inv = (float)(1.0 / sqrt(ss / ne0 + (double)eps));
     }
-    float amax = 0.0f;
     if (vec && w) {
         // The rest of the weight streams from global memory, its loads together.
         float4* x4 = (float4*)xs;
@@ -119,6 +113,68 @@ __device__ __forceinline__ float nq_row(const float* xr, const float* w, float* 
             xs[e] = v;
             amax = fmaxf(amax, fabsf(v));
         }
+    }
+    *inv_out = inv;
+    *amax_out = amax;
+}
+
+// One row through the whole block: x (ne0 floats) is loaded (into
+// registers, or staged in `xs`: shared, ne0 floats), normed (norm: inv =
+// 1/sqrt(mean(x²) + eps), summed in double) and weighted in the CPU's order
+// (x·inv)·w, written to `yr` when given, and quantized into `qr` (k_pad
+// bytes, permuted) and `ls` (k_pad/64 lane sums).
+// Returns d = 1/s_a in every thread. `staged` (optional, tracing) gets the
+// time the row is loaded (after its sum of squares, in registers).
+__device__ __forceinline__ float nq_row(const float* xr, const float* w, float* yr, i8* qr_, int* ls,
+                                        int ne0, int k_pad, int norm, float eps, float* xs, const float4* wpre,
+                                        bool vec, u64* staged = nullptr) {
+    __shared__ double dscratch[32];
+    __shared__ float scratch[32];
+    int n4 = ne0 >> 2, stride = blockDim.x;
+    float inv = 1.0f, amax = 0.0f;
+    if (vec && w && n4 <= ROW_UNROLL * stride) {
+        // The row fits ROW_UNROLL vectors a thread (up to 16384 floats at
+        // 1024 threads): it stays in registers from its load to its
+        // weighting, with the norm weight prefetched for the same vectors,
+        // and reaches shared memory once, weighted, for the permuted reads
+        // below (one barrier and one pass less than staging it first).
+        float4 v[ROW_UNROLL];
+#pragma unroll
+        for (int u = 0; u < ROW_UNROLL; ++u)
+            if (threadIdx.x + u * stride < n4) v[u] = __ldcg((const float4*)xr + threadIdx.x + u * stride);
+        if (norm) {
+            double ss = 0.0;
+#pragma unroll
+            for (int u = 0; u < ROW_UNROLL; ++u) {
+                if (threadIdx.x + u * stride >= n4) break;
+                ss += (double)v[u].x * (double)v[u].x + (double)v[u].y * (double)v[u].y +
+                      (double)v[u].z * (double)v[u].z + (double)v[u].w * (double)v[u].w;
+            }
+            ss = block_reduce(ss, dscratch, 0.0, Sum());
+            inv = (float)(1.0 / sqrt(ss / ne0 + (double)eps));
+        }
+        if (staged && threadIdx.x == 0) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(*staged));
+        float4* x4 = (float4*)xs;
+#pragma unroll
+        for (int u = 0; u < ROW_UNROLL; ++u) {
+            int i = threadIdx.x + u * stride;
+            if (i >= n4) break;
+            float4 a = v[u];
+            if (norm) {
+                a.x *= inv;
+                a.y *= inv;
+                a.z *= inv;
+                a.w *= inv;
+            }
+            a.x *= wpre[u].x;
+            a.y *= wpre[u].y;
+            a.z *= wpre[u].z;
+            a.w *= wpre[u].w;
+            x4[i] = a;
+            amax = fmaxf(amax, fmaxf(fmaxf(fabsf(a.x), fabsf(a.y)), fmaxf(fabsf(a.z), fabsf(a.w))));
+        }
+    } else {
+        nq_staged(xr, w, xs, ne0, norm, eps, wpre, vec, staged, dscratch, &inv, &amax);
     }
     amax = block_max(amax, scratch);
     if (yr) {
