@@ -60,14 +60,23 @@ fn gpu_layers_take_the_last_layers_then_the_output() {
     assert!(!p.placement.weights.iter().any(|w| w.name == "output.weight"), "this fixture has a tied head");
     assert_eq!(on(&p, "token_embd.weight"), (BackendId::CPU, WeightReason::Default));
     assert_eq!(on(&p, "output_norm.weight"), (BackendId::cuda(0), WeightReason::OutputLayer));
-    // The head's matmul reads a device copy of token_embd; the lookup stays on the host.
+    // The head's matmul reads a device copy of token_embd, and so does a
+    // decoding step's lookup, since the first layer runs there: no host split
+    // before the layers.
     let g = &p.step.graph;
     let head = g.outputs[0];
     let head_w = g.node(head).srcs[0];
     assert_eq!(p.schedule.assigned[head.index()].backend, BackendId::cuda(0));
     assert_eq!(p.schedule.assigned[head_w.index()].reason, NodeReason::HeadCopy);
     let lookup = g.nodes.iter().position(|n| matches!(n.op, tern_graph::Op::GetRows)).unwrap();
-    assert_eq!(p.schedule.assigned[lookup].backend, BackendId::CPU);
+    assert_eq!(p.schedule.assigned[lookup].backend, BackendId::cuda(0));
+    let table = g.nodes[lookup].srcs[0];
+    assert_eq!(p.schedule.assigned[table.index()].reason, NodeReason::HeadCopyFirstLayer);
+    // With the first layer on the host, a decoding lookup stays there.
+    let first_on_host = plan(n_layer + 1, &["blk\\.0\\.=CPU"], GPU).unwrap();
+    let g = &first_on_host.step.graph;
+    let lookup = g.nodes.iter().position(|n| matches!(n.op, tern_graph::Op::GetRows)).unwrap();
+    assert_eq!(first_on_host.schedule.assigned[lookup].backend, BackendId::CPU);
     // A prompt-sized lookup reads the device copy as well (batch ≥ 32).
     let kv = tern_models::KvSpec { k_type: tern_gguf::GgmlType::F16, v_type: tern_gguf::GgmlType::F16, n_ctx: 256 };
     let big = p.model.build_graph(&tern_models::Batch { n_tokens: 64, kv_pos: 0, n_outputs: 1 }, &kv);

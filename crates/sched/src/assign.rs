@@ -49,6 +49,10 @@ pub enum NodeReason {
     /// A lookup of at least the policy's `min_batch` rows reads the device
     /// copy too, rather than copying the looked-up rows over.
     HeadCopyBatch,
+    /// Any lookup reads the device copy when the first layer's first weight
+    /// lives on that device: a decoding step then has no host split before
+    /// its layers.
+    HeadCopyFirstLayer,
     /// A host weight read by an offloaded op: its staged copy, streamed in.
     Staged,
     /// A small host weight's device copy, read by an op that follows its input there.
@@ -69,6 +73,7 @@ impl fmt::Display for NodeReason {
             NodeReason::Fallback => "unsupported there, host fallback",
             NodeReason::HeadCopy => "device copy of the tied head",
             NodeReason::HeadCopyBatch => "device copy of the tied head, large lookup",
+            NodeReason::HeadCopyFirstLayer => "device copy of the tied head, first layer there",
             NodeReason::Staged => "staged copy of a host weight, streamed in",
             NodeReason::Replica => "device copy of a small host weight",
             NodeReason::Offload(why) => return write!(f, "offloaded: {why}"),
@@ -85,9 +90,18 @@ pub struct Assigned {
 /// Assigns every node of `graph`. `backends` answers `supports`.
 pub fn assign(graph: &Graph, placement: &Placement, backends: &[&dyn Backend]) -> Vec<Assigned> {
     // Weight leaves a matmul reads (the head's use of a tied token_embd), and
-    // those a large lookup reads.
+    // how a lookup reads them.
     let mut read_by_matmul = vec![false; graph.nodes.len()];
-    let mut big_lookup = vec![false; graph.nodes.len()];
+    let mut lookup: Vec<Option<NodeReason>> = vec![None; graph.nodes.len()];
+    // Whether the first weight the step reads after its lookup (the first
+    // layer's norm) lives where the copy does.
+    let first_layer_on_copy = placement.head_copy.is_some_and(|c| {
+        let next = graph.nodes.iter().skip_while(|n| !matches!(n.op, Op::GetRows)).find_map(|n| match n.op {
+            Op::Weight(i) if i != c.weight => Some(placement.weights[i].backend),
+            _ => None,
+        });
+        next == Some(c.backend)
+    });
     // Host weights whose matmul the offload policy moves to their staged copy.
     let mut offloaded: Vec<Option<OffloadWhy>> = vec![None; graph.nodes.len()];
     for n in &graph.nodes {
@@ -97,7 +111,13 @@ pub fn assign(graph: &Graph, placement: &Placement, backends: &[&dyn Backend]) -
                 offloaded[w.index()] =
                     placement.staged_work(graph, n).and_then(|(_, work)| placement.offload.decide(&work));
             }
-            (Op::GetRows, Some(w)) if n.ne[1] >= placement.offload.min_batch => big_lookup[w.index()] = true,
+            (Op::GetRows, Some(w)) => {
+                lookup[w.index()] = Some(if n.ne[1] >= placement.offload.min_batch {
+                    NodeReason::HeadCopyBatch
+                } else {
+                    NodeReason::HeadCopyFirstLayer
+                })
+            }
             _ => {}
         }
     }
@@ -108,7 +128,14 @@ pub fn assign(graph: &Graph, placement: &Placement, backends: &[&dyn Backend]) -
         let a = match &node.op {
             Op::Weight(i) => match placement.head_copy {
                 Some(c) if c.weight == *i && read_by_matmul[id] => on(c.backend, NodeReason::HeadCopy),
-                Some(c) if c.weight == *i && big_lookup[id] => on(c.backend, NodeReason::HeadCopyBatch),
+                Some(c) if c.weight == *i && lookup[id] == Some(NodeReason::HeadCopyBatch) => {
+                    on(c.backend, NodeReason::HeadCopyBatch)
+                }
+                Some(c)
+                    if c.weight == *i && first_layer_on_copy && lookup[id] == Some(NodeReason::HeadCopyFirstLayer) =>
+                {
+                    on(c.backend, NodeReason::HeadCopyFirstLayer)
+                }
                 _ => match (placement.staged_copy(*i), offloaded[id]) {
                     (Some(c), Some(_)) if c.kind == CopyKind::Staged => on(c.backend, NodeReason::Staged),
                     _ => on(placement.weights[*i].backend, NodeReason::Weight),
