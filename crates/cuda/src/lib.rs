@@ -628,6 +628,15 @@ impl Backend for CudaBackend {
     }
 
     fn set_profiling(&mut self, on: bool) {
+        if on == self.profile.is_some() {
+            return;
+        }
+        // Profiled graphs record into the old profile's events: they go
+        // first (replaying one after its events were destroyed crashed).
+        for plan in self.plans.values_mut() {
+            plan.profiled = None;
+            plan.profiled_ran = false;
+        }
         self.profile = on.then(Profile::default);
     }
 
