@@ -58,19 +58,23 @@ __device__ __forceinline__ float bytes_dot4(u32 bytes, float4 x, float bias) {
 }
 
 // Int8 levels with one f32 scale per 16 (qlayout.rs) times f32 activations:
-// Q8_0/Q4_0 heads and matrices. One warp per row, 8 rows per block; lane g takes
-// groups g, g + 32, ...: a 16-byte level load and four float4 activation loads.
-// The levels never depend on the previous kernel, so the first loads go out
-// before `pdl_wait`. The levels, flipped to 0..255 by their sign bits, stand for −128..127.
+// Q8_0/Q4_0 heads and matrices. One warp per row, 8 rows per block; lane L
+// takes the level words L, L + 32, ... (4 levels each), so that a warp's
+// level loads read 128 contiguous bytes and its float4 activation loads 512
+// (4 cache lines; a lane on a whole 16-level group put lanes 64 bytes apart
+// in x and 16 lines in each load). Four lanes share a scale. The levels
+// never depend on the previous kernel, so the first loads go out before
+// `pdl_wait`. The levels, flipped to 0..255 by their sign bits, stand for
+// −128..127.
 #define Q8_BIAS 8388736.0f
-#define Q8_UNROLL 4
-__device__ __forceinline__ void q8_fetch(const uint4* qr, const float* sr, int g0, int ng, uint4* w, float* sc) {
+#define Q8_UNROLL 10
+__device__ __forceinline__ void q8_fetch(const u32* qr, const float* sr, int c0, int nw, u32* w, float* sc) {
 #pragma unroll
     for (int u = 0; u < Q8_UNROLL; ++u) {
-        int g = g0 + 32 * u;
-        bool ok = g < ng;
-        w[u] = ok ? __ldg(qr + g) : make_uint4(0, 0, 0, 0);
-        sc[u] = ok ? __ldg(sr + g) : 0.0f;
+        int c = c0 + 32 * u;
+        bool ok = c < nw;
+        w[u] = ok ? __ldg(qr + c) : 0u;
+        sc[u] = ok ? __ldg(sr + (c >> 2)) : 0.0f;
     }
 }
 
@@ -82,33 +86,29 @@ extern "C" __global__ void __launch_bounds__(256, MINB) NAME(const i8* q, const 
                                                             const float* res) { \
     int row = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31; \
     bool live = row < rows; \
-    int ng = k >> 4; \
-    const uint4* qr = (const uint4*)(q + (u64)row * k); \
-    const float* sr = s + (u64)row * ng; \
-    uint4 w[Q8_UNROLL]; \
+    int nw = k >> 2; \
+    const u32* qr = (const u32*)(q + (u64)row * k); \
+    const float* sr = s + (u64)row * (k >> 4); \
+    u32 w[Q8_UNROLL]; \
     float sc[Q8_UNROLL]; \
-    if (live) q8_fetch(qr, sr, lane, ng, w, sc); \
+    if (live) q8_fetch(qr, sr, lane, nw, w, sc); \
     pdl_wait(); \
     pdl_launch(); \
     if (!live) return; \
     float acc[FMAT_MAXT]; \
 _Pragma("unroll") \
     for (int t = 0; t < FMAT_MAXT; ++t) acc[t] = 0.0f; \
-    for (int g0 = lane; g0 < ng; g0 += 32 * Q8_UNROLL) { \
-        if (g0 != lane) q8_fetch(qr, sr, g0, ng, w, sc); \
+    for (int c0 = lane; c0 < nw; c0 += 32 * Q8_UNROLL) { \
+        if (c0 != lane) q8_fetch(qr, sr, c0, nw, w, sc); \
 _Pragma("unroll") \
         for (int u = 0; u < Q8_UNROLL; ++u) { \
-            int g = g0 + 32 * u; \
-            if (g >= ng) break; \
-            const u32 wv[4] = {w[u].x, w[u].y, w[u].z, w[u].w}; \
+            int c = c0 + 32 * u; \
+            if (c >= nw) break; \
 _Pragma("unroll") \
             for (int t = 0; t < MAXT; ++t) { \
                 if (t >= n_tok) break; \
-                const float4* xv = (const float4*)(x + (u64)t * k + g * 16); \
-                float p = 0.0f; \
-_Pragma("unroll") \
-                for (int i = 0; i < 4; ++i) p += bytes_dot4(wv[i] ^ 0x80808080u, __ldg(xv + i), Q8_BIAS); \
-                acc[t] += p * sc[u]; \
+                float4 xv = __ldg((const float4*)(x + (u64)t * k) + c); \
+                acc[t] += bytes_dot4(w[u] ^ 0x80808080u, xv, Q8_BIAS) * sc[u]; \
             } \
         } \
     } \
@@ -262,28 +262,36 @@ extern "C" __global__ void __launch_bounds__(256) f16_gemv(const u16* w, int row
 }
 
 // Rows of the int8 layout, dequantized. grid: rows, block: 256.
-extern "C" __global__ void get_rows_q8(const i8* q, const float* s, int k, const int* ids, float* out) {
+extern "C" __global__ void get_rows_q8(const i8* __restrict__ q, const float* __restrict__ s, int k, const int* ids,
+                                       float* __restrict__ out) {
     pdl_wait();
     pdl_launch();
     u64 row = (u64)ids[blockIdx.x];
     float* o = out + (u64)blockIdx.x * k;
-    for (int e = threadIdx.x; e < k; e += blockDim.x) o[e] = (float)q[row * k + e] * s[(row * k + e) >> 4];
+#pragma unroll 4
+    for (int e = threadIdx.x; e < k; e += blockDim.x)
+        o[e] = (float)__ldg(q + row * k + e) * __ldg(s + ((row * k + e) >> 4));
 }
 
 // Rows of the Q6_K planes, dequantized. grid: rows looked up, block: 256.
-extern "C" __global__ void get_rows_q6k(const u8* base, int rows, int k, const int* ids, float* out) {
+// The weights are read-only and never alias `out`, so a thread's loads for
+// all its elements go out before its first store (a decoding step's lookup
+// is the first kernel of the step, on its critical path).
+extern "C" __global__ void get_rows_q6k(const u8* __restrict__ base, int rows, int k, const int* ids,
+                                        float* __restrict__ out) {
     pdl_wait();
     pdl_launch();
     u64 nb = (u64)rows * k / 256, b0 = (u64)ids[blockIdx.x] * k / 256;
+    const i8* sc = (const i8*)base + nb * 192;
+    const u16* dv = (const u16*)(base + nb * 208);
     float* o = out + (u64)blockIdx.x * k;
+#pragma unroll 4
     for (int e = threadIdx.x; e < k; e += blockDim.x) {
         u64 b = b0 + (e >> 8);
         int i = e & 255, h = i >> 7, g = (i >> 5) & 3, l = i & 31;
-        u32 nib = (base[b * 128 + 64 * h + 32 * (g & 1) + l] >> (4 * (g >> 1))) & 15;
-        u32 pair = (base[nb * 128 + b * 64 + 32 * h + l] >> (2 * g)) & 3;
-        float d = h2f(((const u16*)(base + nb * 208))[b]);
+        u32 nib = (__ldg(base + b * 128 + 64 * h + 32 * (g & 1) + l) >> (4 * (g >> 1))) & 15;
+        u32 pair = (__ldg(base + nb * 128 + b * 64 + 32 * h + l) >> (2 * g)) & 3;
         int q = i >> 4, at = 2 * ((q & 3) + 4 * (q >> 3)) + ((q >> 2) & 1);
-        float sc = (float)((const i8*)base)[nb * 192 + b * 16 + at];
-        o[e] = d * sc * (float)((int)(nib | (pair << 4)) - 32);
+        o[e] = h2f(__ldg(dv + b)) * (float)__ldg(sc + b * 16 + at) * (float)((int)(nib | (pair << 4)) - 32);
     }
 }
