@@ -13,6 +13,7 @@
 //!   graph and replayed from then on; per-step values (positions) are read
 //!   from device memory, so a decoding step replays the same graph.
 
+mod buffers;
 mod decode;
 mod driver;
 mod host_io;
@@ -25,6 +26,7 @@ mod lower_tests;
 pub mod nvrtc;
 mod profile;
 pub mod qlayout;
+mod weights;
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -36,6 +38,7 @@ use tern_backend::{
 use tern_graph::{DType, Graph, Node, NodeId, Op};
 use tern_quant::GgmlType;
 
+use buffers::{Backing, Buffers, DevBuf};
 use driver::Gpu;
 pub use driver::{devices, DeviceInfo, Unavailable};
 use host_io::{Dir, PinnedHost};
@@ -44,80 +47,9 @@ use launch::{Launch, Step};
 use layout::GpuTernary;
 use lower::{lower, Need, Scratch};
 use profile::Profile;
-use qlayout::QLayout;
-
-/// The shape of a ternary weight in the GPU layout.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct TernaryShape {
-    pub k_pad: usize,
-    pub rows: usize,
-    pub groups: usize,
-}
-
-/// A weight as this backend holds it.
-#[derive(Clone, Debug)]
-pub(crate) struct Weight {
-    pub ty: GgmlType,
-    /// The weight's bytes (codes, for ternary weights).
-    pub ptr_codes: u64,
-    pub ptr_scales: u64,
-    pub ternary: Option<TernaryShape>,
-    /// How a block-quantized matrix is stored (`qlayout.rs`).
-    pub quant: Option<QLayout>,
-    /// For a staged copy kept in mapped host memory: the bytes (codes, then
-    /// scales) that a launch list streams into device memory before reading.
-    pub staged: Option<usize>,
-}
-
-pub(crate) struct DevBuf {
-    /// The device's address (for mapped host memory, its device alias).
-    pub ptr: u64,
-    pub bytes: usize,
-    pub weight: Option<Weight>,
-    pub backing: Backing,
-}
-
-/// What memory backs a buffer, which says who frees it and how.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Backing {
-    Device,
-    /// Mapped host memory this backend allocated, at this host address.
-    Mapped(usize),
-    /// A host backend's pinned arena, seen through its device alias; the
-    /// host backend owns it.
-    Borrowed,
-}
-
-#[derive(Default)]
-pub(crate) struct Buffers {
-    list: Vec<Option<DevBuf>>,
-}
-
-impl Buffers {
-    pub fn get(&self, id: BufferId) -> Option<&DevBuf> {
-        self.list.get(id.0 as usize)?.as_ref()
-    }
-
-    /// Forgets a buffer without freeing its memory.
-    fn forget(&mut self, id: BufferId) {
-        if let Some(b) = self.list.get_mut(id.0 as usize) {
-            *b = None;
-        }
-    }
-
-    fn insert(&mut self, b: DevBuf) -> BufferId {
-        match self.list.iter().position(|b| b.is_none()) {
-            Some(i) => {
-                self.list[i] = Some(b);
-                BufferId(i as u32)
-            }
-            None => {
-                self.list.push(Some(b));
-                BufferId(self.list.len() as u32 - 1)
-            }
-        }
-    }
-}
+pub(crate) use weights::Weight;
+pub use weights::{streams, weight_bytes};
+use weights::{Image, TernaryShape};
 
 /// Counts for `TERN_CUDA_STATS=1` and the benchmarks.
 #[derive(Clone, Copy, Debug, Default)]
@@ -508,29 +440,10 @@ impl Drop for CudaBackend {
             );
         }
         if let Some(p) = self.profile.as_ref().filter(|_| env_flag("TERN_CUDA_PROFILE", false)) {
-            let n = p.computes.max(1) as f64;
-            eprintln!(
-                "{} profile: {} computes, GPU {:.3} ms and host (lowering) {:.3} ms per compute",
-                self.id,
-                p.computes,
-                p.gpu_ms / n,
-                p.host_ms / n
-            );
-            let mut rows: Vec<_> = p.per_kernel.iter().collect();
-            rows.sort_by(|a, b| b.1 .0.total_cmp(&a.1 .0));
-            for (k, (ms, count)) in rows {
-                eprintln!(
-                    "  {:<12} {:>8.3} ms per compute {:>5.1}%  {:>6.1} launches per compute, {:>7.2} µs each",
-                    profile::step_name(*k),
-                    ms / n,
-                    100.0 * ms / p.gpu_ms.max(1e-9),
-                    *count as f64 / n,
-                    1e3 * ms / *count as f64
-                );
-            }
+            p.report(self.id);
         }
         self.clear_plans();
-        for b in self.buffers.list.iter().flatten() {
+        for b in self.buffers.iter() {
             self.free_buf(b);
         }
         let private = self.fuse.map(|c| c.private).filter(|&p| p != 0);
@@ -569,52 +482,6 @@ pub fn supports(node: &Node, srcs: &[&Node]) -> bool {
                 && p.n_head / p.n_head_kv <= 32
         }
         Op::RmsNorm { .. } | Op::Mul | Op::Add | Op::Scale { .. } | Op::GatedAct(_) => srcs.iter().all(|n| f32(n)),
-    }
-}
-
-/// A repacked matrix as one byte image: its codes or int8 levels, zeros to
-/// the next 256 bytes, then its f32 scales (which start at `scale_off`).
-struct Image {
-    bytes: Vec<u8>,
-    scale_off: usize,
-}
-
-impl Image {
-    fn new(levels: &[u8], scales: &[f32]) -> Image {
-        let scale_off = levels.len().next_multiple_of(256);
-        let mut bytes = Vec::with_capacity(scale_off + scales.len() * 4);
-        bytes.extend_from_slice(levels);
-        bytes.resize(scale_off, 0);
-        bytes.extend(scales.iter().flat_map(|s| s.to_le_bytes()));
-        Image { bytes, scale_off }
-    }
-
-    fn ternary(t: &GpuTernary) -> Image {
-        Image::new(&t.codes, &t.scales)
-    }
-}
-
-/// Whether a host-resident weight can be staged for offloaded matmuls
-/// ([`Backend::load_staged`]): ternary matrices, which the GEMM streams in.
-pub fn streams(desc: WeightDesc) -> bool {
-    desc.ty.is_ternary() && desc.ne[2] == 1 && desc.ne[3] == 1
-}
-
-/// Bytes a weight takes on the GPU once loaded (`load_weight`): ternary
-/// matrices repacked to 2 bits plus scales, Q8_0/Q4_0/Q6_K matrices in their
-/// `qlayout` layouts, others as stored.
-pub fn weight_bytes(desc: WeightDesc, file_bytes: usize) -> usize {
-    let (k, rows) = (desc.ne[0], desc.ne[1]);
-    let is_matrix = desc.ne[2] == 1 && desc.ne[3] == 1;
-    if desc.ty.is_ternary() && is_matrix {
-        let k_pad = k.next_multiple_of(layout::CHUNK);
-        let codes = rows.next_multiple_of(layout::ROW_ALIGN) * k_pad / 4;
-        // One scale per row, or one per 256-chunk for files whose blocks disagree.
-        codes.next_multiple_of(256) + rows * (k_pad / layout::CHUNK) * 4
-    } else if let Some(layout) = qlayout::layout_of(desc.ty).filter(|_| is_matrix) {
-        qlayout::bytes(layout, k, rows)
-    } else {
-        file_bytes
     }
 }
 
@@ -663,7 +530,7 @@ impl Backend for CudaBackend {
     }
 
     fn free(&mut self, buffer: BufferId) {
-        if let Some(b) = self.buffers.list.get_mut(buffer.0 as usize).and_then(|b| b.take()) {
+        if let Some(b) = self.buffers.take(buffer) {
             // Plans hold device pointers, and the buffer id may come back with another.
             self.clear_plans();
             self.free_buf(&b);
@@ -672,48 +539,25 @@ impl Backend for CudaBackend {
 
     fn load_weight(&mut self, bytes: HostBytes, desc: WeightDesc) -> Result<LoadedWeight> {
         let data = bytes.as_slice();
-        let is_matrix = desc.ne[2] == 1 && desc.ne[3] == 1;
-        let (ptr, total, weight) = if desc.ty.is_ternary() && is_matrix {
-            let t = GpuTernary::pack(desc.ty, data, desc.ne[0], desc.ne[1]);
-            let (ptr, img) = self.upload_image(Image::ternary(&t))?;
-            let shape = TernaryShape { k_pad: t.k_pad, rows: t.rows, groups: t.groups };
-            let w = Weight {
-                ty: desc.ty,
-                ptr_codes: ptr,
-                ptr_scales: ptr + img.scale_off as u64,
-                ternary: Some(shape),
-                quant: None,
-                staged: None,
-            };
-            (ptr, img.bytes.len(), w)
-        } else if let Some(layout) = qlayout::layout_of(desc.ty).filter(|_| is_matrix) {
-            let (k, rows) = (desc.ne[0], desc.ne[1]);
-            let img = match layout {
-                QLayout::Levels => {
-                    let q = qlayout::pack(desc.ty, data, k, rows);
-                    // SAFETY: i8 and u8 have the same layout.
-                    let levels: &[u8] =
-                        unsafe { std::slice::from_raw_parts(q.values.as_ptr() as *const u8, q.values.len()) };
-                    Image::new(levels, &q.scales)
-                }
-                // The kernels find the planes from k and rows.
-                QLayout::Q6K => Image { bytes: qlayout::pack_q6k(data, k, rows), scale_off: 0 },
-            };
-            let (ptr, img) = self.upload_image(img)?;
-            let w = Weight {
-                ty: desc.ty,
-                ptr_codes: ptr,
-                ptr_scales: ptr + img.scale_off as u64,
-                ternary: None,
-                quant: Some(layout),
-                staged: None,
-            };
-            (ptr, img.bytes.len(), w)
-        } else {
-            let ptr = self.alloc_raw(data.len())?;
-            self.gpu.upload(ptr, data).map_err(|m| self.dev_err(m))?;
-            let w = Weight { ty: desc.ty, ptr_codes: ptr, ptr_scales: 0, ternary: None, quant: None, staged: None };
-            (ptr, data.len(), w)
+        let (ptr, total, weight) = match weights::repack(desc, data) {
+            Some(r) => {
+                let (ptr, img) = self.upload_image(r.image)?;
+                let w = Weight {
+                    ty: desc.ty,
+                    ptr_codes: ptr,
+                    ptr_scales: ptr + img.scale_off as u64,
+                    ternary: r.ternary,
+                    quant: r.quant,
+                    staged: None,
+                };
+                (ptr, img.bytes.len(), w)
+            }
+            None => {
+                let ptr = self.alloc_raw(data.len())?;
+                self.gpu.upload(ptr, data).map_err(|m| self.dev_err(m))?;
+                let w = Weight { ty: desc.ty, ptr_codes: ptr, ptr_scales: 0, ternary: None, quant: None, staged: None };
+                (ptr, data.len(), w)
+            }
         };
         // The location's size is the file's, which is what the graph's byte counts use.
         let buffer = self.buffers.insert(DevBuf {
@@ -901,35 +745,6 @@ impl Backend for CudaBackend {
                 let plan = &self.plans[&key];
                 self.run_steps(&plan.steps).map_err(|m| self.dev_err(m))
             }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The planner's sizes bound what `load_weight` allocates.
-    #[test]
-    fn weight_bytes_cover_the_repacked_layouts() {
-        let (k, rows) = (768, 130);
-        let x: Vec<f32> = (0..k * rows).map(|i| ((i * 37) % 3) as f32 - 1.0).collect();
-        for ty in [GgmlType::TQ2_0, GgmlType::IQ2_BN, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::F16] {
-            let mut bytes = vec![0u8; ty.tensor_bytes(&[k as u64, rows as u64]).unwrap() as usize];
-            tern_quant::quantize_tensor(ty, &x, k, &mut bytes);
-            let desc = WeightDesc { ty, ne: [k, rows, 1, 1] };
-            let actual = if ty.is_ternary() {
-                Image::ternary(&GpuTernary::pack(ty, &bytes, k, rows)).bytes.len()
-            } else if ty == GgmlType::Q6_K {
-                qlayout::pack_q6k(&bytes, k, rows).len()
-            } else if qlayout::layout_of(ty).is_some() {
-                let q = qlayout::pack(ty, &bytes, k, rows);
-                let levels: Vec<u8> = q.values.iter().map(|&v| v as u8).collect();
-                Image::new(&levels, &q.scales).bytes.len()
-            } else {
-                bytes.len()
-            };
-            assert!(weight_bytes(desc, bytes.len()) >= actual, "{ty}: {} < {actual}", weight_bytes(desc, bytes.len()));
         }
     }
 }

@@ -17,10 +17,11 @@ use tern_backend::TensorLoc;
 use tern_graph::{Activation, DType, Graph, NodeId, Op, RopeMode};
 use tern_quant::GgmlType;
 
+use crate::buffers::Buffers;
 use crate::kernels::Kernel;
 use crate::launch::{Arg, AttRope, Launch, TernaryBatch, TernaryMat};
 use crate::qlayout::QLayout;
-use crate::{Buffers, Weight};
+use crate::Weight;
 
 /// Tokens above which ternary products use the tensor-core GEMM.
 pub const GEMV_MAX_TOKENS: usize = 8;

@@ -6,10 +6,12 @@ use tern_backend::TensorLoc;
 use tern_graph::{Activation, AttentionParams, Graph, InputKind, KvKind, NodeId, Op, Precision, RopeMode, RopeParams};
 use tern_quant::GgmlType;
 
+use crate::buffers::{Backing, Buffers, DevBuf};
 use crate::kernels::Kernel;
 use crate::launch::Arg;
 use crate::lower::{lower, Scratch};
-use crate::{Backing, Buffers, DevBuf, TernaryShape, Weight};
+use crate::weights::TernaryShape;
+use crate::Weight;
 
 const E: usize = 256; // n_embd
 const F: usize = 512; // n_ff

@@ -18,6 +18,31 @@ pub(crate) struct Profile {
     pub computes: u64,
 }
 
+impl Profile {
+    /// Prints the per-kernel table for `TERN_CUDA_PROFILE=1`.
+    pub fn report(&self, id: tern_backend::BackendId) {
+        let n = self.computes.max(1) as f64;
+        eprintln!(
+            "{id} profile: {} computes, GPU {:.3} ms and host (lowering) {:.3} ms per compute",
+            self.computes,
+            self.gpu_ms / n,
+            self.host_ms / n
+        );
+        let mut rows: Vec<_> = self.per_kernel.iter().collect();
+        rows.sort_by(|a, b| b.1 .0.total_cmp(&a.1 .0));
+        for (k, (ms, count)) in rows {
+            eprintln!(
+                "  {:<12} {:>8.3} ms per compute {:>5.1}%  {:>6.1} launches per compute, {:>7.2} µs each",
+                step_name(*k),
+                ms / n,
+                100.0 * ms / self.gpu_ms.max(1e-9),
+                *count as f64 / n,
+                1e3 * ms / *count as f64
+            );
+        }
+    }
+}
+
 impl CudaBackend {
     /// Runs plan `key` with an event between each pair of launches and books
     /// the times. The launches and events are captured into a graph once and

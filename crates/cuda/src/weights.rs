@@ -1,0 +1,137 @@
+//! Weights as this backend holds them: which layout each GGUF type takes on
+//! the GPU (`layout.rs` for ternary matrices, `qlayout.rs` for block-quantized
+//! ones, the file's bytes otherwise), the byte image that is uploaded, and
+//! the sizes the planner reads before anything is loaded.
+
+use tern_backend::WeightDesc;
+use tern_quant::GgmlType;
+
+use crate::layout::{self, GpuTernary};
+use crate::qlayout::{self, QLayout};
+
+/// The shape of a ternary weight in the GPU layout.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct TernaryShape {
+    pub k_pad: usize,
+    pub rows: usize,
+    pub groups: usize,
+}
+
+/// A weight as this backend holds it.
+#[derive(Clone, Debug)]
+pub(crate) struct Weight {
+    pub ty: GgmlType,
+    /// The weight's bytes (codes, for ternary weights).
+    pub ptr_codes: u64,
+    pub ptr_scales: u64,
+    pub ternary: Option<TernaryShape>,
+    /// How a block-quantized matrix is stored (`qlayout.rs`).
+    pub quant: Option<QLayout>,
+    /// For a staged copy kept in mapped host memory: the bytes (codes, then
+    /// scales) that a launch list streams into device memory before reading.
+    pub staged: Option<usize>,
+}
+
+/// A repacked matrix as one byte image: its codes or levels, zeros to the
+/// next 256 bytes, then its f32 scales (which start at `scale_off`; Q6_K's
+/// planes carry their own scales and the kernels find them from k and rows).
+pub(crate) struct Image {
+    pub bytes: Vec<u8>,
+    pub scale_off: usize,
+}
+
+impl Image {
+    fn new(levels: &[u8], scales: &[f32]) -> Image {
+        let scale_off = levels.len().next_multiple_of(256);
+        let mut bytes = Vec::with_capacity(scale_off + scales.len() * 4);
+        bytes.extend_from_slice(levels);
+        bytes.resize(scale_off, 0);
+        bytes.extend(scales.iter().flat_map(|s| s.to_le_bytes()));
+        Image { bytes, scale_off }
+    }
+
+    pub fn ternary(t: &GpuTernary) -> Image {
+        Image::new(&t.codes, &t.scales)
+    }
+}
+
+/// A matrix repacked for upload, and what its `Weight` records of the layout.
+pub(crate) struct Repacked {
+    pub image: Image,
+    pub ternary: Option<TernaryShape>,
+    pub quant: Option<QLayout>,
+}
+
+fn is_matrix(desc: WeightDesc) -> bool {
+    desc.ne[2] == 1 && desc.ne[3] == 1
+}
+
+/// The GPU image of a ternary or block-quantized matrix, or `None` for a
+/// weight uploaded as stored.
+pub(crate) fn repack(desc: WeightDesc, data: &[u8]) -> Option<Repacked> {
+    let (k, rows) = (desc.ne[0], desc.ne[1]);
+    if !is_matrix(desc) {
+        return None;
+    }
+    if desc.ty.is_ternary() {
+        let t = GpuTernary::pack(desc.ty, data, k, rows);
+        let ternary = Some(TernaryShape { k_pad: t.k_pad, rows: t.rows, groups: t.groups });
+        return Some(Repacked { image: Image::ternary(&t), ternary, quant: None });
+    }
+    let layout = qlayout::layout_of(desc.ty)?;
+    let image = match layout {
+        QLayout::Levels => {
+            let q = qlayout::pack(desc.ty, data, k, rows);
+            // SAFETY: i8 and u8 have the same layout.
+            let levels: &[u8] = unsafe { std::slice::from_raw_parts(q.values.as_ptr() as *const u8, q.values.len()) };
+            Image::new(levels, &q.scales)
+        }
+        QLayout::Q6K => Image { bytes: qlayout::pack_q6k(data, k, rows), scale_off: 0 },
+    };
+    Some(Repacked { image, ternary: None, quant: Some(layout) })
+}
+
+/// Whether a host-resident weight can be staged for offloaded matmuls
+/// (`Backend::load_staged`): ternary matrices, which the GEMM streams in.
+pub fn streams(desc: WeightDesc) -> bool {
+    desc.ty.is_ternary() && is_matrix(desc)
+}
+
+/// Bytes a weight takes on the GPU once loaded (`load_weight`): ternary
+/// matrices repacked to 2 bits plus scales, Q8_0/Q4_0/Q6_K matrices in their
+/// `qlayout` layouts, others as stored.
+pub fn weight_bytes(desc: WeightDesc, file_bytes: usize) -> usize {
+    let (k, rows) = (desc.ne[0], desc.ne[1]);
+    if desc.ty.is_ternary() && is_matrix(desc) {
+        let k_pad = k.next_multiple_of(layout::CHUNK);
+        let codes = rows.next_multiple_of(layout::ROW_ALIGN) * k_pad / 4;
+        // One scale per row, or one per 256-chunk for files whose blocks disagree.
+        codes.next_multiple_of(256) + rows * (k_pad / layout::CHUNK) * 4
+    } else if let Some(layout) = qlayout::layout_of(desc.ty).filter(|_| is_matrix(desc)) {
+        qlayout::bytes(layout, k, rows)
+    } else {
+        file_bytes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The planner's sizes bound what `load_weight` allocates.
+    #[test]
+    fn weight_bytes_cover_the_repacked_layouts() {
+        let (k, rows) = (768, 130);
+        let x: Vec<f32> = (0..k * rows).map(|i| ((i * 37) % 3) as f32 - 1.0).collect();
+        for ty in [GgmlType::TQ2_0, GgmlType::IQ2_BN, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::F16] {
+            let mut bytes = vec![0u8; ty.tensor_bytes(&[k as u64, rows as u64]).unwrap() as usize];
+            tern_quant::quantize_tensor(ty, &x, k, &mut bytes);
+            let desc = WeightDesc { ty, ne: [k, rows, 1, 1] };
+            let repacked = repack(desc, &bytes);
+            assert_eq!(repacked.is_some(), ty != GgmlType::F16, "{ty}");
+            let actual = repacked.map_or(bytes.len(), |r| r.image.bytes.len());
+            let planned = weight_bytes(desc, bytes.len());
+            assert!(planned >= actual, "{ty}: {planned} < {actual}");
+        }
+    }
+}
