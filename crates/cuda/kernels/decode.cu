@@ -162,7 +162,7 @@ __device__ __forceinline__ void prefetch_phase(const Phase& ph, int blk, int nbl
 __device__ __forceinline__ void nq_phase(const NqArgs& n, float* xs) {
     bool vec = nq_vec(n.x, n.w, n.ne0);
     float4 wpre[ROW_UNROLL];
-    nq_prefetch(n.w, n.ne0, vec, wpre);
+    nq_prefetch(n.w, n.ne0, n.k_pad, vec, wpre);
     float d = nq_row(n.x, n.w, n.y, n.q, n.lsum, n.ne0, n.k_pad, n.norm, n.eps, xs, wpre, vec);
     if (threadIdx.x == 0) *n.d = d;
 }
@@ -271,7 +271,7 @@ __device__ __forceinline__ void gemv_rows(const GemvArgs& g, int blk, int nblk, 
         const NqArgs& n = g.nq;
         bool vec = nq_vec(n.x, n.w, n.ne0);
         float4 wpre[ROW_UNROLL];
-        nq_prefetch(n.w, n.ne0, vec, wpre);
+        nq_prefetch(n.w, n.ne0, g.k_pad, vec, wpre);
         d = nq_row(n.x, n.w, blk == 0 ? n.y : nullptr, qs, ls, n.ne0, g.k_pad, n.norm, n.eps, xs, wpre, vec,
                    mid ? mid + 2 : nullptr);
         __syncthreads();

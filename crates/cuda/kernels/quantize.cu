@@ -38,17 +38,63 @@ __device__ __forceinline__ void load_row4(const float* src, float* dst, int n) {
     }
 }
 
-// The norm weight's first ROW_UNROLL vectors per thread (a whole row at
-// 1024 threads), which never depend on the previous kernel: callers load them
-// before waiting for it, off the critical path.
-__device__ __forceinline__ void nq_prefetch(const float* w, int ne0, bool vec, float4* wpre) {
+// Whether a row takes nq_row's register path: each thread's words of the
+// permuted layout (k_pad / 4 of them) fit ROW_UNROLL float4 registers.
+__device__ __forceinline__ bool nq_fits(int k_pad) {
+    return (k_pad >> 2) <= ROW_UNROLL * (int)blockDim.x;
+}
+
+// The norm weight's first ROW_UNROLL vectors per thread, which never depend
+// on the previous kernel: callers load them before waiting for it, off the
+// critical path. On the register path they are the thread's permuted words
+// (zero past ne0); otherwise the row's vectors in order.
+__device__ __forceinline__ void nq_prefetch(const float* w, int ne0, int k_pad, bool vec, float4* wpre) {
     const float4* w4 = (const float4*)w;
     int n4 = ne0 >> 2, stride = blockDim.x;
-    if (vec && w) {
+    if (!(vec && w)) return;
+    bool fits = nq_fits(k_pad);
 #pragma unroll
-        for (int u = 0; u < ROW_UNROLL; ++u)
-            if (threadIdx.x + u * stride < n4) wpre[u] = w4[threadIdx.x + u * stride];
+    for (int u = 0; u < ROW_UNROLL; ++u) {
+        int i = threadIdx.x + u * stride;
+        if (fits) {
+            int base = i < (k_pad >> 2) ? permuted_base(i) : ne0;
+            wpre[u] = base < ne0 ? w4[base >> 2] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        } else if (i < n4) {
+            wpre[u] = w4[i];
+        }
     }
+}
+
+// The RMS norm's 1/sqrt(mean(x²) + eps) from each thread's partial sum of
+// squares (double, like the CPU). One warp finishes the sum and the double
+// division and shares the result, rather than every warp doing the same
+// hundred-odd instructions of double arithmetic.
+__device__ __forceinline__ float block_inv_rms(double ss, double* scratch, int ne0, float eps) {
+    __shared__ float inv;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    ss = warp_reduce(ss, Sum());
+    __syncthreads();
+    if (lane == 0) scratch[warp] = ss;
+    __syncthreads();
+    if (warp == 0) {
+        double v = warp_reduce(lane < nw ? scratch[lane] : 0.0, Sum());
+        if (lane == 0) inv = (float)(1.0 / sqrt(v / ne0 + (double)eps));
+    }
+    __syncthreads();
+    return inv;
+}
+
+// Quantizes four weighted values into one packed word, returning their sum.
+__device__ __forceinline__ u32 quant4(float4 v, float sa, int* sum) {
+    const float xv[4] = {v.x, v.y, v.z, v.w};
+    u32 packed = 0;
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+        int q = max(-128, min(127, __float2int_rn(xv[b] * sa)));
+        *sum += q;
+        packed |= ((u32)(q & 255)) << (8 * b);
+    }
+    return packed;
 }
 
 // Whether a row can be read and weighted as float4 vectors.
@@ -75,8 +121,7 @@ __device__ __forceinline__ void nq_staged(const float* xr, const float* w, float
     if (norm) {
         double ss = 0.0;
         for (int e = threadIdx.x; e < ne0; e += blockDim.x) ss += (double)xs[e] * (double)xs[e];
-        ss = block_reduce(ss, dscratch, 0.0, Sum());
-        inv = (float)(1.0 / sqrt(ss / ne0 + (double)eps));
+        inv = block_inv_rms(ss, dscratch, ne0, eps);
     }
     if (vec && w) {
         // The rest of the weight streams from global memory, its loads together.
@@ -130,35 +175,31 @@ __device__ __forceinline__ float nq_row(const float* xr, const float* w, float* 
                                         bool vec, u64* staged = nullptr) {
     __shared__ double dscratch[32];
     __shared__ float scratch[32];
-    int n4 = ne0 >> 2, stride = blockDim.x;
+    int stride = blockDim.x;
     float inv = 1.0f, amax = 0.0f;
-    if (vec && w && n4 <= ROW_UNROLL * stride) {
-        // The row fits ROW_UNROLL vectors a thread (up to 16384 floats at
-        // 1024 threads): it stays in registers from its load to its
-        // weighting, with the norm weight prefetched for the same vectors,
-        // and reaches shared memory once, weighted, for the permuted reads
-        // below (one barrier and one pass less than staging it first).
+    if (vec && nq_fits(k_pad)) {
+        // Each thread loads its own words of the permuted layout straight
+        // from the row (four consecutive floats each), norms, weights and
+        // quantizes them in registers: no pass through shared memory and no
+        // barrier besides the two reductions.
+        int nw = k_pad >> 2;
         float4 v[ROW_UNROLL];
 #pragma unroll
-        for (int u = 0; u < ROW_UNROLL; ++u)
-            if (threadIdx.x + u * stride < n4) v[u] = __ldcg((const float4*)xr + threadIdx.x + u * stride);
+        for (int u = 0; u < ROW_UNROLL; ++u) {
+            int i = threadIdx.x + u * stride, base = i < nw ? permuted_base(i) : ne0;
+            v[u] = base < ne0 ? __ldcg((const float4*)(xr + base)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
         if (norm) {
             double ss = 0.0;
 #pragma unroll
-            for (int u = 0; u < ROW_UNROLL; ++u) {
-                if (threadIdx.x + u * stride >= n4) break;
+            for (int u = 0; u < ROW_UNROLL; ++u)
                 ss += (double)v[u].x * (double)v[u].x + (double)v[u].y * (double)v[u].y +
                       (double)v[u].z * (double)v[u].z + (double)v[u].w * (double)v[u].w;
-            }
-            ss = block_reduce(ss, dscratch, 0.0, Sum());
-            inv = (float)(1.0 / sqrt(ss / ne0 + (double)eps));
+            inv = block_inv_rms(ss, dscratch, ne0, eps);
         }
         if (staged && threadIdx.x == 0) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(*staged));
-        float4* x4 = (float4*)xs;
 #pragma unroll
         for (int u = 0; u < ROW_UNROLL; ++u) {
-            int i = threadIdx.x + u * stride;
-            if (i >= n4) break;
             float4 a = v[u];
             if (norm) {
                 a.x *= inv;
@@ -166,16 +207,34 @@ __device__ __forceinline__ float nq_row(const float* xr, const float* w, float* 
                 a.z *= inv;
                 a.w *= inv;
             }
-            a.x *= wpre[u].x;
-            a.y *= wpre[u].y;
-            a.z *= wpre[u].z;
-            a.w *= wpre[u].w;
-            x4[i] = a;
+            if (w) {
+                a.x *= wpre[u].x;
+                a.y *= wpre[u].y;
+                a.z *= wpre[u].z;
+                a.w *= wpre[u].w;
+            }
+            v[u] = a;
             amax = fmaxf(amax, fmaxf(fmaxf(fabsf(a.x), fabsf(a.y)), fmaxf(fabsf(a.z), fabsf(a.w))));
         }
-    } else {
-        nq_staged(xr, w, xs, ne0, norm, eps, wpre, vec, staged, dscratch, &inv, &amax);
+        amax = block_max(amax, scratch);
+        float sa = 127.0f / fmaxf(amax, 1e-5f);
+        // k_pad / 4 is a multiple of 64 and blockDim a multiple of 32, so
+        // whole warps take each step and every 16-word lane block is one
+        // half-warp for the sums.
+#pragma unroll
+        for (int u = 0; u < ROW_UNROLL; ++u) {
+            int i = threadIdx.x + u * stride;
+            if (i >= nw) break;
+            int base = permuted_base(i), sum = 0;
+            if (yr && base < ne0) *(float4*)(yr + base) = v[u];
+            ((u32*)qr_)[i] = quant4(v[u], sa, &sum);
+#pragma unroll
+            for (int o = 8; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+            if ((i & 15) == 0) ls[i >> 4] = sum;
+        }
+        return 1.0f / sa;
     }
+    nq_staged(xr, w, xs, ne0, norm, eps, wpre, vec, staged, dscratch, &inv, &amax);
     amax = block_max(amax, scratch);
     if (yr) {
         for (int e = threadIdx.x; e < ne0; e += blockDim.x) yr[e] = xs[e];
@@ -208,7 +267,7 @@ __device__ __forceinline__ float nq_row(const float* xr, const float* w, float* 
     return 1.0f / sa;
 }
 
-// grid: tokens, block: 1024. x: [ne0, n_tok] f32. norm: 1 = apply RMS norm
+// grid: tokens, block: up to 1024 (lower.rs picks it). x: [ne0, n_tok] f32. norm: 1 = apply RMS norm
 // first; w (optional) multiplies after it; y (optional) receives the f32
 // result. q: [n_tok, k_pad] i8, d: [n_tok] f32 (1 / s_a), lsum: [n_tok,
 // k_pad/64] i32. The row is staged in dynamic shared memory (ne0 floats).
@@ -218,7 +277,7 @@ extern "C" __global__ void __launch_bounds__(1024) norm_quant(const float* x, co
     const float* xr = x + (u64)blockIdx.x * ne0;
     bool vec = nq_vec(xr, w, ne0);
     float4 wpre[ROW_UNROLL];
-    nq_prefetch(w, ne0, vec, wpre);
+    nq_prefetch(w, ne0, k_pad, vec, wpre);
     pdl_wait();
     pdl_launch();
     float dd = nq_row(xr, w, y ? y + (u64)blockIdx.x * ne0 : nullptr, q + (u64)blockIdx.x * k_pad,
