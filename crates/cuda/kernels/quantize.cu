@@ -102,6 +102,25 @@ __device__ __forceinline__ bool nq_vec(const float* xr, const float* w, int ne0)
     return (ne0 & 3) == 0 && ((u64)xr & 15) == 0 && (!w || ((u64)w & 15) == 0);
 }
 
+// Four values normed and weighted in the CPU's order, (x·inv)·w (w when
+// has_w), with the running absmax of the results.
+__device__ __forceinline__ float4 weigh4(float4 v, int norm, float inv, bool has_w, float4 w, float* amax) {
+    if (norm) {
+        v.x *= inv;
+        v.y *= inv;
+        v.z *= inv;
+        v.w *= inv;
+    }
+    if (has_w) {
+        v.x *= w.x;
+        v.y *= w.y;
+        v.z *= w.z;
+        v.w *= w.w;
+    }
+    *amax = fmaxf(*amax, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+    return v;
+}
+
 // nq_row's path for rows staged in shared memory before they are normed
 // (rows too long for registers, unaligned rows, no norm weight): sets the
 // norm's `inv` and the weighted row's partial absmax of this thread.
@@ -135,19 +154,7 @@ __device__ __forceinline__ void nq_staged(const float* xr, const float* w, float
             for (int u = 0; u < ROW_UNROLL; ++u) {
                 int i = i0 + u * stride;
                 if (i >= n4) break;
-                float4 v = x4[i];
-                if (norm) {
-                    v.x *= inv;
-                    v.y *= inv;
-                    v.z *= inv;
-                    v.w *= inv;
-                }
-                v.x *= wv[u].x;
-                v.y *= wv[u].y;
-                v.z *= wv[u].z;
-                v.w *= wv[u].w;
-                x4[i] = v;
-                amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+                x4[i] = weigh4(x4[i], norm, inv, true, wv[u], &amax);
             }
         }
     } else {
@@ -199,23 +206,7 @@ __device__ __forceinline__ float nq_row(const float* xr, const float* w, float* 
         }
         if (staged && threadIdx.x == 0) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(*staged));
 #pragma unroll
-        for (int u = 0; u < ROW_UNROLL; ++u) {
-            float4 a = v[u];
-            if (norm) {
-                a.x *= inv;
-                a.y *= inv;
-                a.z *= inv;
-                a.w *= inv;
-            }
-            if (w) {
-                a.x *= wpre[u].x;
-                a.y *= wpre[u].y;
-                a.z *= wpre[u].z;
-                a.w *= wpre[u].w;
-            }
-            v[u] = a;
-            amax = fmaxf(amax, fmaxf(fmaxf(fabsf(a.x), fabsf(a.y)), fmaxf(fabsf(a.z), fabsf(a.w))));
-        }
+        for (int u = 0; u < ROW_UNROLL; ++u) v[u] = weigh4(v[u], norm, inv, w != nullptr, wpre[u], &amax);
         amax = block_max(amax, scratch);
         float sa = 127.0f / fmaxf(amax, 1e-5f);
         // k_pad / 4 is a multiple of 64 and blockDim a multiple of 32, so
