@@ -432,12 +432,13 @@ impl Lower<'_> {
         // Rows staged in shared memory may take it past 48 KiB (opted in at
         // load). A prompt's rows run best many at once, 256 threads each. A
         // lone token's row is a chain of dependent phases (load, two block
-        // reductions, stores) that 512 threads hold in registers up to
-        // k_pad 8192. At 1024 threads a block needs the whole register file,
-        // so it could not start (programmatic launch) until the GEMV before
-        // it had left an SM; 512 was 8% faster a token on an H100 (tg128
-        // 550-562 -> 586-614 t/s, same lease).
-        let threads = if rows >= 64 { 256 } else { 512 };
+        // reductions, stores) held in registers: 4 words of the permuted
+        // layout a thread, so 256 threads up to k_pad 4096 and 512 beyond.
+        // The smaller the block, the sooner it finds room on an SM beside
+        // the GEMV before it and starts under programmatic launch: on an
+        // H100, 1024 -> 512 threads took tg128 from 550-562 to 586-614 t/s,
+        // and 512 -> 256 (for k_pad <= 4096) from 568-583 to 586-619.
+        let threads = if rows >= 64 || k_pad <= 4 * 4 * 256 { 256 } else { 512 };
         let l = Launch::new(Kernel::NormQuant, (rows as u32, 1, 1), threads)
             .smem(ne0 * 4)
             .ptr(x)
