@@ -261,7 +261,7 @@ __device__ __forceinline__ float nq_row(const float* xr, const float* w, float* 
 // grid: tokens, block: up to 1024 (lower.rs picks it). x: [ne0, n_tok] f32. norm: 1 = apply RMS norm
 // first; w (optional) multiplies after it; y (optional) receives the f32
 // result. q: [n_tok, k_pad] i8, d: [n_tok] f32 (1 / s_a), lsum: [n_tok,
-// k_pad/64] i32. The row is staged in dynamic shared memory (ne0 floats).
+// k_pad/64] i32. Rows past nq_fits are staged in dynamic shared memory (ne0 floats).
 extern "C" __global__ void __launch_bounds__(1024) norm_quant(const float* x, const float* w, float* y, i8* q, float* d,
                                                             int* lsum, int ne0, int k_pad, int norm, float eps) {
     extern __shared__ __align__(16) float xs[];
