@@ -402,7 +402,7 @@ impl Lower<'_> {
         let y = self.ptr(dst)?;
         if self.read_by_ternary(dst) {
             let y = if self.only_levels_read(dst) { 0 } else { y };
-            let q = self.quantize(dst, x, w, y, ne0, rows, true, eps);
+            let q = self.quantize(x, w, y, ne0, rows, true, eps);
             self.quant.insert(dst, q);
         } else {
             let l =
@@ -414,17 +414,7 @@ impl Lower<'_> {
 
     /// Emits `norm_quant` for `rows` rows of `ne0` at `x`.
     #[allow(clippy::too_many_arguments)]
-    fn quantize(
-        &mut self,
-        _id: NodeId,
-        x: u64,
-        w: u64,
-        y: u64,
-        ne0: usize,
-        rows: usize,
-        norm: bool,
-        eps: f32,
-    ) -> Quant {
+    fn quantize(&mut self, x: u64, w: u64, y: u64, ne0: usize, rows: usize, norm: bool, eps: f32) -> Quant {
         let k_pad = ne0.next_multiple_of(256);
         let q = self.take(rows * k_pad);
         let d = self.take(rows * 4);
@@ -484,7 +474,7 @@ impl Lower<'_> {
             None => {
                 let xn = self.node_ref(x).clone();
                 let xp = self.ptr(x)?;
-                let q = self.quantize(x, xp, 0, 0, xn.ne[0], xn.n_rows(), false, 0.0);
+                let q = self.quantize(xp, 0, 0, xn.ne[0], xn.n_rows(), false, 0.0);
                 self.quant.insert(x, q);
                 q
             }
