@@ -111,13 +111,10 @@ pub fn assign(graph: &Graph, placement: &Placement, backends: &[&dyn Backend]) -
                 offloaded[w.index()] =
                     placement.staged_work(graph, n).and_then(|(_, work)| placement.offload.decide(&work));
             }
-            (Op::GetRows, Some(w)) => {
-                lookup[w.index()] = Some(if n.ne[1] >= placement.offload.min_batch {
-                    NodeReason::HeadCopyBatch
-                } else {
-                    NodeReason::HeadCopyFirstLayer
-                })
+            (Op::GetRows, Some(w)) if n.ne[1] >= placement.offload.min_batch => {
+                lookup[w.index()] = Some(NodeReason::HeadCopyBatch)
             }
+            (Op::GetRows, Some(w)) if first_layer_on_copy => lookup[w.index()] = Some(NodeReason::HeadCopyFirstLayer),
             _ => {}
         }
     }
@@ -126,16 +123,9 @@ pub fn assign(graph: &Graph, placement: &Placement, backends: &[&dyn Backend]) -
         let on = |backend, reason| Assigned { backend, reason };
         let src_backend = |i: usize| out[node.srcs[i].index()].backend;
         let a = match &node.op {
-            Op::Weight(i) => match placement.head_copy {
-                Some(c) if c.weight == *i && read_by_matmul[id] => on(c.backend, NodeReason::HeadCopy),
-                Some(c) if c.weight == *i && lookup[id] == Some(NodeReason::HeadCopyBatch) => {
-                    on(c.backend, NodeReason::HeadCopyBatch)
-                }
-                Some(c)
-                    if c.weight == *i && first_layer_on_copy && lookup[id] == Some(NodeReason::HeadCopyFirstLayer) =>
-                {
-                    on(c.backend, NodeReason::HeadCopyFirstLayer)
-                }
+            Op::Weight(i) => match (placement.head_copy, lookup[id]) {
+                (Some(c), _) if c.weight == *i && read_by_matmul[id] => on(c.backend, NodeReason::HeadCopy),
+                (Some(c), Some(how)) if c.weight == *i => on(c.backend, how),
                 _ => match (placement.staged_copy(*i), offloaded[id]) {
                     (Some(c), Some(_)) if c.kind == CopyKind::Staged => on(c.backend, NodeReason::Staged),
                     _ => on(placement.weights[*i].backend, NodeReason::Weight),
