@@ -317,6 +317,35 @@ fn fused_norm_batched_projections_and_residual_match_cpu() {
     }
 }
 
+/// One token's norm + weight + int8 at the widths that take each path of
+/// `norm_quant`: 256 threads in registers (k_pad ≤ 4096), 512 in registers
+/// (the 2B-4T ffn_down's 6912), and staged in shared memory past 8192.
+#[test]
+fn one_token_norm_quant_at_every_width_matches_cpu() {
+    let Some(mut gpu) = gpu() else { return };
+    let mut rng = Rng(17);
+    for k in [768usize, 6912, 9216] {
+        let rows = 72;
+        let mut g = Graph::new();
+        let x = g.weight(0, "x", GgmlType::F32, [k, 1, 1, 1]);
+        let nw = g.weight(1, "norm", GgmlType::F32, [k, 1, 1, 1]);
+        let w = g.weight(2, "w", GgmlType::TQ2_0, [k, rows, 1, 1]);
+        let h = g.rms_norm(x, 1e-5);
+        let h = g.mul(h, nw);
+        let y = g.mul_mat(w, h, Precision::Paired);
+        g.mark_output(y);
+        let data = HashMap::from([
+            (x, bytes_f32(&rng.vec(k))),
+            (nw, bytes_f32(&rng.vec(k))),
+            (w, ternary_weight(GgmlType::TQ2_0, k, rows, false, &mut rng)),
+        ]);
+        // As in the fused block: the sum of squares in another order can move
+        // one int8 activation by one at a rounding tie.
+        let e = compare(&mut gpu, &g, &data, &[y], 2e-3, &format!("one-token norm k={k}"));
+        eprintln!("one-token norm k={k}: {e:.1e}");
+    }
+}
+
 /// One token's gate/up pair at row counts that leave a block's second row
 /// pairs (or part of them) empty, and `k_pad` at and past the two-fetch limit
 /// of the two-pairs-a-warp kernel: act(gate)·up equals the CPU's.
