@@ -159,10 +159,19 @@ __device__ __forceinline__ void unit_sync(const AttUnit& u) {
 // kernel once the work that does not depend on it is issued. `angles`
 // (optional) holds each rotated pair's (cos, sin) at this token's position,
 // computed once for every layer. `known_pos` ≥ 0 is pos[0] already read
-// (one token), saving the unit that load.
+// (one token), saving the unit that load. `st` (optional): the warp's running
+// (Σ o², max |o · sw|) of the outputs o it writes (sw null: |o|), for a
+// norm that follows (decode.cu).
+__device__ __forceinline__ void att_stats(float2* st, float ss, float am) {
+    ss = warp_sum(ss);
+    am = warp_max(am);
+    if ((threadIdx.x & 31) == 0) *st = make_float2(st->x + ss, fmaxf(st->y, am));
+}
+
 template <int D>
 __device__ __forceinline__ void attention_unit(const AttArgs& A, int kvh, int t, int s, const AttUnit& U,
-                                               float* qs_all, int* last, bool pdl, const float2* angles, int known_pos) {
+                                               float* qs_all, int* last, bool pdl, const float2* angles, int known_pos,
+                                               const float* sw, float2* st) {
     // References, not copies: in the persistent kernel A sits in shared
     // memory, and fields reloaded from there cost less than the registers
     // copies would hold across the whole unit.
@@ -184,6 +193,14 @@ __device__ __forceinline__ void attention_unit(const AttArgs& A, int kvh, int t,
     int n_kv = p + 1, n_active = (n_kv + split - 1) / split;
     int row = head_dim * n_head_kv;
     float rcs[(D / 2)], rsn[(D / 2)];
+    // The norm weight of the dims this lane writes when there is one split.
+    bool vvec = v_type == T_F16 && (head_dim & 3) == 0;
+    float swr[D];
+#pragma unroll
+    for (int i = 0; i < D; ++i) {
+        int dd = att_dim(i, lane, vvec);
+        swr[i] = st && sw && dd < head_dim ? sw[(u64)h * head_dim + dd] : 1.0f;
+    }
     if (s < n_active) {
         if (r.on) {
 #pragma unroll
@@ -234,22 +251,24 @@ __device__ __forceinline__ void attention_unit(const AttArgs& A, int kvh, int t,
             float cs = rcs[m], sn = rsn[m];
             // Pairs past n_rot/2 pass through: cos 1, sin 0 gives x0·1 − x1·0
             // and x0·0 + x1·1, the same floats.
-            float x0 = qh[a], x1 = qh[b];
+            // From L2: in the persistent kernel other blocks wrote these rows
+            // since this SM may last have cached them.
+            float x0 = __ldcg(qh + a), x1 = __ldcg(qh + b);
             qs[a] = (x0 * cs - x1 * sn) * scale;
             qs[b] = (x0 * sn + x1 * cs) * scale;
             if (store) {
-                float k0 = kh[a], k1 = kh[b];
+                float k0 = __ldcg(kh + a), k1 = __ldcg(kh + b);
                 st_cache(kc, dst + a, k_type, k0 * cs - k1 * sn);
                 st_cache(kc, dst + b, k_type, k0 * sn + k1 * cs);
             }
         }
         if (store) {
             const float* vh = r.v + (u64)t * row + (u64)kvh * head_dim;
-            for (int dd = lane; dd < head_dim; dd += 32) st_cache(vc, dst + dd, v_type, vh[dd]);
+            for (int dd = lane; dd < head_dim; dd += 32) st_cache(vc, dst + dd, v_type, __ldcg(vh + dd));
         }
         unit_sync(U);
     } else {
-        for (int dd = lane; dd < head_dim; dd += 32) qs[dd] = qh[dd] * scale;
+        for (int dd = lane; dd < head_dim; dd += 32) qs[dd] = __ldcg(qh + dd) * scale;
     }
     __syncwarp();
     float acc[D];
@@ -259,7 +278,6 @@ __device__ __forceinline__ void attention_unit(const AttArgs& A, int kvh, int t,
     int j0 = s * split, j1 = min(n_kv, j0 + split);
     u64 off = (u64)kvh * head_dim;
     bool vec = k_type == T_F16 ? (head_dim & 7) == 0 : (head_dim & 3) == 0;
-    bool vvec = v_type == T_F16 && (head_dim & 3) == 0;
     for (int jb = j0; jb < j1; jb += 32) {
         int j = jb + lane;
         float sc = -INFINITY;
@@ -353,11 +371,17 @@ __device__ __forceinline__ void attention_unit(const AttArgs& A, int kvh, int t,
     }
     float* oh = out + ((u64)t * n_head + h) * head_dim;
     if (n_active == 1) {
+        float ss = 0.0f, am = 0.0f;
 #pragma unroll
         for (int i = 0; i < D; ++i) {
             int dd = att_dim(i, lane, vvec);
-            if (dd < head_dim) oh[dd] = acc[i] / l;
+            if (dd >= head_dim) continue;
+            float o = acc[i] / l;
+            oh[dd] = o;
+            ss += o * o;
+            am = fmaxf(am, fabsf(o * swr[i]));
         }
+        if (st) att_stats(st, ss, am);
         return;
     }
     float* pp = part + (((u64)t * n_head + h) * n_split + s) * (head_dim + 2);
@@ -412,11 +436,17 @@ __device__ __forceinline__ void attention_unit(const AttArgs& A, int kvh, int t,
 #pragma unroll
             for (int i = 0; i < D; ++i) a[i] += vals[u][i] * wv[u];
     }
+    float ss = 0.0f, am = 0.0f;
 #pragma unroll
     for (int i = 0; i < D; ++i) {
         int dd = lane + 32 * i;
-        if (dd < head_dim) oh[dd] = a[i] / sum;
+        if (dd >= head_dim) continue;
+        float o = a[i] / sum;
+        oh[dd] = o;
+        ss += o * o;
+        if (st) am = fmaxf(am, fabsf(sw ? o * sw[(u64)h * head_dim + dd] : o));
     }
+    if (st) att_stats(st, ss, am);
 }
 
 // grid: (n_head_kv, n_tok, n_split), block: 32 * (n_head / n_head_kv) (see above).
@@ -427,7 +457,8 @@ extern "C" __global__ void attention(const float* q, u8* kc, u8* vc, const int* 
     __shared__ int last;
     AttArgs a = {q, kc, vc, pos, out, part, counters, n_head, n_head_kv, head_dim, scale, split, n_split, k_type, v_type, r};
     AttUnit u = {(int)threadIdx.x >> 5, (int)threadIdx.x, (int)blockDim.x, 1};
-    attention_unit<ATT_MAXD>(a, blockIdx.x, blockIdx.y, blockIdx.z, u, qs_all, &last, true, nullptr, -1);
+    attention_unit<ATT_MAXD>(a, blockIdx.x, blockIdx.y, blockIdx.z, u, qs_all, &last, true, nullptr, -1, nullptr,
+                             nullptr);
 }
 
 // Prompt attention on tensor cores (FlashAttention-2 style) for f16 caches:

@@ -5,12 +5,15 @@
 //
 // Why: a 2B-4T token is ~270 launches that each move 0.6–9 MB, so the gaps
 // between launches cost more than the bytes. Here:
-// * a phase boundary is one barrier instead of a launch;
-// * every block norms and quantizes a GEMV's input itself (the vector is
-//   ≤ 28 KB, read from L2) instead of a launch of its own doing it once;
-// * each block prefetches into L2 the weight rows it will read `look` phases
-//   ahead, so DRAM keeps streaming while blocks wait at barriers (weights
-//   never depend on activations).
+// * a phase boundary is one barrier (a counter every block adds to once and
+//   waits on: one trip to L2 and back) instead of a launch;
+// * weights never depend on activations, so each block copies its rows of
+//   the phases ahead into a ring in shared memory (bulk copies completing on
+//   an mbarrier, issued by thread 0 while it waits at barriers): a GEMV reads
+//   its weights from shared memory, and DRAM streams while blocks wait;
+// * every block norms and quantizes a GEMV's input itself, from the row's
+//   sum of squares and weighted absmax that the phase writing the row left
+//   behind (a partial per block): no block reductions on the critical path.
 
 #define PH_NQ 0
 #define PH_GEMV 1
@@ -23,14 +26,20 @@
 #define DEC_THREADS 256
 #define DEC_WARPS_MAX 8
 // Phase descriptors kept in shared memory: the current phase, the `look`
-// phases whose weights are being prefetched, and one arriving (look ≤ 4).
+// phases ahead, and one arriving (look ≤ 4).
 #define DEC_RING 6
-// Bytes per L2 prefetch instruction.
-#define DEC_PIECE 16384
 // head_dim ≤ this: attention units run with 4 accumulators a lane (the
 // standalone kernel's 8 would not fit the 128 registers a thread has here).
 #define DEC_ATT_D 4
 #define DEC_MAX_HEAD_DIM (32 * DEC_ATT_D)
+// GEMV phases whose weights may be in the shared-memory ring at once (one
+// mbarrier each).
+#define WR_SLOTS 8
+// Blocks the statistics slots have room for (tern_cuda::decode::STAT_BLOCKS).
+#define STAT_BLOCKS 1024
+// Float4 words of a row a thread quantizes from statistics in registers:
+// k_pad ≤ 4 · NQS_WORDS · DEC_THREADS.
+#define NQS_WORDS 8
 
 // norm_quant's arguments for one row.
 struct NqArgs {
@@ -47,19 +56,25 @@ struct NqArgs {
 };
 static_assert(sizeof(NqArgs) == 64, "NqArgs layout (tern_cuda::decode::NqArgs)");
 
-// A ternary GEMV phase. With `fused` every block quantizes nq.x into shared
-// memory first; otherwise it reads nq.q / nq.d / nq.lsum. `rows` counts
-// virtual rows: (gate, up) pairs when pair_act ≥ 0, else the batch's
-// matrices' rows end to end.
+// A ternary GEMV phase. `fused`: 0 reads nq.q / nq.d / nq.lsum; 1 has every
+// block norm and quantize nq.x into shared memory with block reductions; 2
+// the same from the statistics slot `stat_in`. `rows` counts virtual rows:
+// (gate, up) pairs when pair_act ≥ 0, else the batch's matrices' rows end
+// to end. `stat_out` ≥ 0: each block leaves (Σ out², max |out · stat_w|) of
+// the rows it wrote in that slot, for the next phase's norm (stat_w null:
+// an unweighted norm). An attention phase uses stat_w / stat_out alone.
 struct GemvArgs {
     TernaryBatch b;
     NqArgs nq;
+    const float* stat_w;
     int fused;
     int pair_act;
     int rows;
     int k_pad;
+    int stat_out;
+    int stat_in;
 };
-static_assert(sizeof(GemvArgs) == 224, "GemvArgs layout (tern_cuda::decode::GemvArgs)");
+static_assert(sizeof(GemvArgs) == 240, "GemvArgs layout (tern_cuda::decode::GemvArgs)");
 
 struct Phase {
     int kind;
@@ -67,8 +82,16 @@ struct Phase {
     GemvArgs g;
     AttArgs a;
 };
-static_assert(sizeof(Phase) == 368, "Phase layout (tern_cuda::decode::Phase)");
+static_assert(sizeof(Phase) == 384, "Phase layout (tern_cuda::decode::Phase)");
 #define PHASE_WORDS ((int)(sizeof(Phase) / 4))
+
+// The words in front of a table (tern_cuda::decode::HEADER_BYTES): the
+// barrier counter (word 0), the launch count and the blocks done with this
+// launch (words 32 and 48, on their own line), then two statistics slots of
+// STAT_BLOCKS float2 from byte 256.
+#define BAR_EPOCH 32
+#define BAR_DONE 48
+#define STATS_AT 64
 
 __device__ __forceinline__ u32 ld_acquire(const u32* p) {
     u32 v;
@@ -76,38 +99,85 @@ __device__ __forceinline__ u32 ld_acquire(const u32* p) {
     return v;
 }
 
-// Every block waits here until all have arrived; their writes before it are
-// visible to all after it. bar[0] counts arrivals, bar[32] (its own 128-byte
-// line) is the generation the last arrival bumps. The count is back at 0
-// once a barrier opens, so the words carry over from launch to launch.
 __device__ __forceinline__ u64 now_ns() {
     u64 t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
 }
 
-// `done` (optional, tracing): where thread 0 stamps the block's arrival.
-// The arrival is a release and the wait an acquire, both at GPU scope, with
-// no full fences: bar.sync orders the block's other threads around them.
-__device__ __forceinline__ void grid_sync(u32* bar, u32 nblocks, u64* done) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        if (done) *done = now_ns();
-        u32* gen = bar + 32;
-        // Read before arriving: the generation cannot move until this block arrives.
-        u32 g = ld_acquire(gen);
-        u32 arrived;
-        asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], 1;" : "=r"(arrived) : "l"(bar) : "memory");
-        if (arrived == nblocks - 1) {
-            // Everyone has arrived: nobody touches the count until the new generation shows.
-            asm volatile("st.relaxed.gpu.global.u32 [%0], 0;" ::"l"(bar) : "memory");
-            asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(gen), "r"(g + 1) : "memory");
-        } else {
-            while (ld_acquire(gen) == g) {
-            }
-        }
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+    return (u32)__cvta_generic_to_shared(p);
+}
+
+// The weight ring's mbarriers and each in-flight phase's segment: its
+// offset in the ring and its end in bytes issued since the launch began.
+struct WRing {
+    u64 mbar[WR_SLOTS];
+    u32 seg[WR_SLOTS];
+    u32 end[WR_SLOTS];
+};
+
+// Thread 0's producer state: the next phase to look at, GEMV phases issued
+// and freed, and bytes issued and freed (monotonic; offsets are mod cap).
+struct Producer {
+    int next;
+    u32 issued, freed, head, tail;
+};
+
+// The ring needs the bulk copy engine and transaction-counting mbarriers
+// (sm_90); the backend runs decode_run on such devices only, and the other
+// architectures' builds trap if it ever starts there.
+#if __CUDA_ARCH__ >= 900
+#define SM90(...) __VA_ARGS__
+#else
+#define SM90(...) __trap()
+#endif
+
+__device__ __forceinline__ void mbar_init(u64* m) {
+    SM90(asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(m)) : "memory"));
+}
+
+// A spinning wait that has not ended in two seconds is a bug (a barrier
+// some block never reaches, a copy never issued): trap, so that the launch
+// fails with an error instead of hanging the GPU.
+struct SpinGuard {
+    u32 it = 0;
+    u64 t0 = 0;
+    __device__ __forceinline__ void tick() {
+        if ((++it & 1023) != 0) return;
+        u64 t = now_ns();
+        if (t0 == 0)
+            t0 = t;
+        else if (t - t0 > 2000000000ull)
+            __trap();
     }
-    __syncthreads();
+};
+
+__device__ __forceinline__ void mbar_wait(u64* m, u32 parity) {
+    u32 a = smem_addr(m), ok;
+    SpinGuard guard;
+    do {
+        guard.tick();
+        SM90(asm volatile(
+            "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+            : "=r"(ok)
+            : "r"(a), "r"(parity)
+            : "memory"));
+    } while (!ok);
+}
+
+// Bytes from global to shared memory on the copy engine; `m` counts them.
+__device__ __forceinline__ void bulk_copy(u8* dst, const u8* src, u32 bytes, u64* m) {
+    // Pieces of at most 32 KiB: one bulk copy's size is a 32-bit count, but
+    // smaller pieces start streaming sooner.
+    for (u32 o = 0; o < bytes; o += 32768) {
+        u32 n = min(32768u, bytes - o);
+        SM90(asm volatile(
+            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                smem_addr(dst + o)),
+            "l"(src + o), "r"(n), "r"(smem_addr(m))
+            : "memory"));
+    }
 }
 
 // This block's rows of a GEMV phase: [r0, r1) of the virtual rows.
@@ -126,35 +196,62 @@ __device__ __forceinline__ void locate(const GemvArgs& g, int vr, int* mi, int* 
     *row = vr;
 }
 
-__device__ __forceinline__ void l2_prefetch(const u8* p, u32 bytes) {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-#else
-    for (u32 o = 0; o < bytes; o += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + o));
-#endif
+// Bytes of weights block `blk` reads in GEMV phase `g`: its virtual rows,
+// twice for (gate, up) pairs.
+__device__ __forceinline__ u32 segment_bytes(const GemvArgs& g, int r0, int r1) {
+    return (u32)(r1 - r0) * (u32)(g.k_pad >> 2) * (g.pair_act >= 0 ? 2u : 1u);
 }
 
-// This block's weight rows of GEMV phase `ph` into L2, in DEC_PIECE pieces
-// spread over the block's threads.
-__device__ __forceinline__ void prefetch_phase(const Phase& ph, int blk, int nblk) {
-    if (ph.kind != PH_GEMV) return;
-    const GemvArgs& g = ph.g;
-    int r0, r1;
-    block_rows(g, blk, nblk, &r0, &r1);
-    u64 rb = (u64)(g.k_pad >> 2);
-    int piece = 0, base = 0;
-    for (int mi = 0; mi < g.b.n; ++mi) {
-        const TernaryMat& m = g.b.m[mi];
-        // Pairs read the same rows of gate and up; a batch's matrices follow each other.
-        int lo = g.pair_act >= 0 ? r0 : max(r0 - base, 0);
-        int hi = g.pair_act >= 0 ? r1 : min(r1 - base, m.rows);
-        base += m.rows;
-        if (g.pair_act >= 0 && mi > 1) break;
-        if (lo >= hi) continue;
-        const u8* a = m.w + (u64)lo * rb;
-        u64 bytes = (u64)(hi - lo) * rb;
-        for (u64 o = 0; o < bytes; o += DEC_PIECE, ++piece)
-            if (piece % (int)blockDim.x == (int)threadIdx.x) l2_prefetch(a + o, (u32)min((u64)DEC_PIECE, bytes - o));
+// Thread 0: the weight rows of the next GEMV phases into the ring, while
+// they fit (space and mbarriers). The descriptors are read from the table
+// in global memory: they stay the same for the whole launch. Rows of a
+// segment lie as the virtual rows go (pairs: the gate rows, then the up rows).
+__device__ void issue_ahead(const Phase* phases, int n, Producer* pr, WRing* wr, u8* ring, u32 cap, int blk,
+                            int nblk) {
+    while (pr->next < n && pr->issued - pr->freed < WR_SLOTS) {
+        const Phase* ph = phases + pr->next;
+        if (__ldg(&ph->kind) != PH_GEMV) {
+            ++pr->next;
+            continue;
+        }
+        const GemvArgs& g = ph->g;
+        int r0, r1;
+        block_rows(g, blk, nblk, &r0, &r1);
+        u32 bytes = segment_bytes(g, r0, r1), rb = (u32)(g.k_pad >> 2);
+        u32 start = pr->head, off = start % cap;
+        if (off + bytes > cap) {
+            start += cap - off;
+            off = 0;
+        }
+        if (start + bytes - pr->tail > cap) return;
+        u32 slot = pr->issued % WR_SLOTS;
+        u64* m = &wr->mbar[slot];
+        wr->seg[slot] = off;
+        wr->end[slot] = start + bytes;
+        if (bytes == 0) {
+            SM90(asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(m)) : "memory"));
+        } else {
+            SM90(asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(m)),
+                              "r"(bytes)
+                              : "memory"));
+            u8* dst = ring + off;
+            if (g.pair_act >= 0) {
+                u32 half = (u32)(r1 - r0) * rb;
+                bulk_copy(dst, g.b.m[0].w + (u64)r0 * rb, half, m);
+                bulk_copy(dst + half, g.b.m[1].w + (u64)r0 * rb, half, m);
+            } else {
+                int base = 0;
+                for (int mi = 0; mi < g.b.n && mi < 3; ++mi) {
+                    const TernaryMat& mt = g.b.m[mi];
+                    int lo = max(r0 - base, 0), hi = min(r1 - base, mt.rows);
+                    if (lo < hi) bulk_copy(dst + (u64)(base + lo - r0) * rb, mt.w + (u64)lo * rb, (u32)(hi - lo) * rb, m);
+                    base += mt.rows;
+                }
+            }
+        }
+        pr->head = start + bytes;
+        ++pr->issued;
+        ++pr->next;
     }
 }
 
@@ -178,18 +275,9 @@ __device__ __forceinline__ RowEnds row_ends(const GemvArgs& g, int mi, int row, 
     RowEnds e;
     e.sg = m.groups == 1 ? m.scales[row] : 1.0f;
     e.su = pair && g.b.m[1].groups == 1 ? g.b.m[1].scales[row] : 1.0f;
-    e.res = m.res ? m.res[row] : 0.0f;
+    // From L2: other blocks wrote the residual row during this launch.
+    e.res = m.res ? __ldcg(m.res + row) : 0.0f;
     return e;
-}
-
-// The weights and row ends of virtual row `vr`.
-template <int U>
-__device__ __forceinline__ void fetch_vrow(const GemvArgs& g, int vr, bool pair, int* mi, int* row, uint4* wg,
-                                           uint4* wu, RowEnds* e) {
-    locate(g, vr, mi, row);
-    fetch_row<U>(g.b.m[*mi], *row, g.k_pad, 0, wg);
-    if (pair) fetch_row<U>(g.b.m[1], *row, g.k_pad, 0, wu);
-    *e = row_ends(g, *mi, *row, pair);
 }
 
 // chunk_dot with the activations in registers: a[j] is the j-th 16 bytes of
@@ -249,69 +337,182 @@ __device__ __forceinline__ float row_dot_regs(const TernaryMat& m, int row, int 
     return m.groups == 1 ? (float)warp_sum_i(acc) : warp_sum(facc);
 }
 
-// A block's rows of a ternary GEMV (k_pad ≤ 2048·U); each warp takes every
-// warps-th row of the block's range. Every row's loads go out one row ahead
-// (the first before the input's norm chain, which they do not depend on),
-// and the activations sit in registers: the row loop reads no shared memory.
+// A row's weights for U fetch slots from shared memory: the lane's 16-byte
+// vectors as fetch_row takes them from global memory (a warp reads 512
+// contiguous bytes a slot, no bank conflicts).
 template <int U>
-__device__ __forceinline__ void gemv_rows(const GemvArgs& g, int blk, int nblk, float* xs, i8* qs, int* ls,
-                                          u64* mid) {
+__device__ __forceinline__ void smem_row(const u8* row, int k_pad, uint4* wv) {
+    int lane = threadIdx.x & 31, tig = lane & 3, cs = lane >> 2, n_chunks = k_pad >> 8;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        int c = cs + 8 * u;
+        wv[u] = c < n_chunks ? ((const uint4*)row)[c * 4 + tig] : make_uint4(0, 0, 0, 0);
+    }
+}
+
+// The row statistics the writers of a row left in `st` (a float2 per
+// block: Σ x², max |x · w|), reduced by each warp on its own in a fixed
+// order (no block barrier, the same result in every run).
+__device__ __forceinline__ void reduce_stats(const float2* st, int nblk, double* ss, float* am) {
+    int lane = threadIdx.x & 31;
+    double s = 0.0;
+    float a = 0.0f;
+    for (int i = lane; i < nblk; i += 32) {
+        float2 v = __ldcg(st + i);
+        s += (double)v.x;
+        a = fmaxf(a, v.y);
+    }
+    *ss = warp_reduce(s, Sum());
+    *am = warp_max(a);
+}
+
+// nq_row for a row whose statistics are known: each thread loads its words
+// of the permuted layout and the norm weight's, and norms, weights and
+// quantizes them with no reduction. The scale comes from the weighted
+// absmax before the norm, max |x·w| · inv, so a level can round to 128
+// where the CPU's max |(x·inv)·w| gives 127 (clamped). Returns d = 1/s_a.
+__device__ __forceinline__ float nq_from_stats(const NqArgs& n, const float2* st, int nblk, float* yr, i8* qr,
+                                               int* ls) {
+    int nw = n.k_pad >> 2, stride = blockDim.x;
+    bool has_w = n.w != nullptr;
+    float4 v[NQS_WORDS], w[NQS_WORDS];
+#pragma unroll
+    for (int u = 0; u < NQS_WORDS; ++u) {
+        int i = threadIdx.x + u * stride, base = i < nw ? permuted_base(i) : n.ne0;
+        bool in = base < n.ne0;
+        v[u] = in ? __ldcg((const float4*)(n.x + base)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        w[u] = in && has_w ? __ldg((const float4*)(n.w + base)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    double ss;
+    float am;
+    reduce_stats(st, nblk, &ss, &am);
+    float inv = n.norm ? (float)(1.0 / sqrt(ss / n.ne0 + (double)n.eps)) : 1.0f;
+    float sa = 127.0f / fmaxf(am * inv, 1e-5f), unused = 0.0f;
+#pragma unroll
+    for (int u = 0; u < NQS_WORDS; ++u) {
+        int i = threadIdx.x + u * stride;
+        // nw is a multiple of 64: whole warps leave together, and each
+        // 16-word lane block is one half-warp for the sums.
+        if (i >= nw) break;
+        int base = permuted_base(i), sum = 0;
+        float4 y = weigh4(v[u], n.norm, inv, has_w, w[u], &unused);
+        if (yr && base < n.ne0) *(float4*)(yr + base) = y;
+        ((u32*)qr)[i] = quant4(y, sa, &sum);
+#pragma unroll
+        for (int o = 8; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        if ((i & 15) == 0) ls[i >> 4] = sum;
+    }
+    return 1.0f / sa;
+}
+
+// Writes this block's statistics of the rows it wrote: each warp's (Σ y²,
+// max |y·w|) summed in warp order by thread 0.
+__device__ __forceinline__ void put_stats(float2* out, int blk, float ss, float am) {
+    __shared__ float2 wred[DEC_WARPS_MAX];
+    int warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    if ((threadIdx.x & 31) == 0) wred[warp] = make_float2(ss, am);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double s = 0.0;
+        float a = 0.0f;
+        for (int i = 0; i < warps; ++i) {
+            s += (double)wred[i].x;
+            a = fmaxf(a, wred[i].y);
+        }
+        out[blk] = make_float2((float)s, a);
+    }
+}
+
+// A block's rows of a ternary GEMV (k_pad ≤ 2048·U) with its weights in the
+// ring (`wsm`, complete once mbarrier `m` passes `parity`); each warp takes
+// every warps-th row of the block's range. Lane i loads the ends (scales,
+// residual, next norm's weight) of the warp's i-th row up front, so no row
+// waits on a load of its own.
+template <int U>
+__device__ __forceinline__ void gemv_rows(const GemvArgs& g, int blk, int nblk, const u8* wsm, u64* m, u32 parity,
+                                          float* xs, i8* qs, int* ls, float2* stats, u64* mid) {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     bool pair = g.pair_act >= 0;
     int r0, r1;
     block_rows(g, blk, nblk, &r0, &r1);
-    int vr = r0 + warp, mi = 0, row = 0;
-    uint4 wg[U], wu[U];
-    RowEnds e = {1.0f, 1.0f, 0.0f};
-    if (vr < r1) fetch_vrow<U>(g, vr, pair, &mi, &row, wg, wu, &e);
+    u32 rb = (u32)(g.k_pad >> 2);
+    RowEnds mine = {1.0f, 1.0f, 0.0f};
+    float msw = 1.0f;
+    int mvr = r0 + warp + lane * warps;
+    if (mvr < r1) {
+        int mi, row;
+        locate(g, mvr, &mi, &row);
+        mine = row_ends(g, mi, row, pair);
+        if (g.stat_w) msw = __ldg(g.stat_w + row);
+    }
     const i8* q = g.nq.q;
     const int* lsum = g.nq.lsum;
     float d;
-    if (g.fused) {
+    if (g.fused == 2) {
+        d = nq_from_stats(g.nq, stats + g.stat_in * STAT_BLOCKS, nblk, blk == 0 ? g.nq.y : nullptr, qs, ls);
+        if (mid && threadIdx.x == 0) mid[2] = now_ns();
+    } else if (g.fused == 1) {
         const NqArgs& n = g.nq;
         bool vec = nq_vec(n.x, n.w, n.ne0);
         float4 wpre[ROW_UNROLL];
         nq_prefetch(n.w, n.ne0, g.k_pad, vec, wpre);
         d = nq_row(n.x, n.w, blk == 0 ? n.y : nullptr, qs, ls, n.ne0, g.k_pad, n.norm, n.eps, xs, wpre, vec,
                    mid ? mid + 2 : nullptr);
+    } else {
+        d = __ldcg(g.nq.d);
+    }
+    if (g.fused) {
         __syncthreads();
         if (mid && threadIdx.x == 0) *mid = now_ns();
         q = qs;
         lsum = ls;
-    } else {
-        d = __ldcg(g.nq.d);
     }
-    if (vr >= r1) return;
-    LaneActs<U> la;
-    lane_acts<U>(q, lsum, g.k_pad, &la);
-    while (vr < r1) {
-        int nvr = vr + warps, nmi = 0, nrow = 0;
-        uint4 ng[U], nu[U];
-        RowEnds ne = e;
-        if (nvr < r1) fetch_vrow<U>(g, nvr, pair, &nmi, &nrow, ng, nu, &ne);
-        const TernaryMat& m = g.b.m[mi];
-        float y = row_dot_regs<U>(m, row, g.k_pad, wg, la) * e.sg * d;
-        if (pair) y = gated(y, row_dot_regs<U>(g.b.m[1], row, g.k_pad, wu, la) * e.su * d, g.pair_act);
-        if (lane == 0) m.out[row] = m.res ? y + e.res : y;
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            wg[u] = ng[u];
-            wu[u] = nu[u];
+    mbar_wait(m, parity);
+    float ss = 0.0f, am = 0.0f;
+    if (r0 + warp < r1) {
+        LaneActs<U> la;
+        lane_acts<U>(q, lsum, g.k_pad, &la);
+        int it = 0;
+        for (int vr = r0 + warp; vr < r1; vr += warps, ++it) {
+            int mi, row;
+            locate(g, vr, &mi, &row);
+            RowEnds e;
+            float sw;
+            if (it < 32) {
+                e.sg = __shfl_sync(0xffffffffu, mine.sg, it);
+                e.su = __shfl_sync(0xffffffffu, mine.su, it);
+                e.res = __shfl_sync(0xffffffffu, mine.res, it);
+                sw = __shfl_sync(0xffffffffu, msw, it);
+            } else {
+                e = row_ends(g, mi, row, pair);
+                sw = g.stat_w ? __ldg(g.stat_w + row) : 1.0f;
+            }
+            const TernaryMat& mt = g.b.m[mi];
+            uint4 wg[U];
+            smem_row<U>(wsm + (u64)(vr - r0) * rb, g.k_pad, wg);
+            float y = row_dot_regs<U>(mt, row, g.k_pad, wg, la) * e.sg * d;
+            if (pair) {
+                uint4 wu[U];
+                smem_row<U>(wsm + (u64)(r1 - r0 + vr - r0) * rb, g.k_pad, wu);
+                y = gated(y, row_dot_regs<U>(g.b.m[1], row, g.k_pad, wu, la) * e.su * d, g.pair_act);
+            }
+            float o = mt.res ? y + e.res : y;
+            if (lane == 0) mt.out[row] = o;
+            ss += o * o;
+            am = fmaxf(am, fabsf(o * sw));
         }
-        e = ne;
-        mi = nmi;
-        row = nrow;
-        vr = nvr;
     }
+    if (g.stat_out >= 0) put_stats(stats + g.stat_out * STAT_BLOCKS, blk, ss, am);
 }
 
-// Rows of up to 16 chunks (k_pad ≤ 4096) take two fetch slots, longer ones four.
-__device__ __forceinline__ void gemv_phase(const GemvArgs& g, int blk, int nblk, float* xs, i8* qs, int* ls,
-                                           u64* mid) {
+// Rows of up to 16 chunks (k_pad ≤ 4096) take two fetch slots, longer ones
+// four (k_pad ≤ 8192; decode.rs fuses no longer rows).
+__device__ __forceinline__ void gemv_phase(const GemvArgs& g, int blk, int nblk, const u8* wsm, u64* m, u32 parity,
+                                           float* xs, i8* qs, int* ls, float2* stats, u64* mid) {
     if (g.k_pad <= 4096)
-        gemv_rows<2>(g, blk, nblk, xs, qs, ls, mid);
+        gemv_rows<2>(g, blk, nblk, wsm, m, parity, xs, qs, ls, stats, mid);
     else
-        gemv_rows<GEMV_UNROLL>(g, blk, nblk, xs, qs, ls, mid);
+        gemv_rows<GEMV_UNROLL>(g, blk, nblk, wsm, m, parity, xs, qs, ls, stats, mid);
 }
 
 // The rotation an attention's rope applies at this token's position, kept
@@ -351,48 +552,78 @@ __device__ __forceinline__ void angles_for(const AttArgs& a, int p, Angles* an) 
 
 // One token's attention: the units (KV head, split) of the active splits go
 // round the blocks; a block runs (its warps) / group units side by side, each
-// on its own named barrier (1..15).
-__device__ __forceinline__ void att_phase(const AttArgs& a, int blk, int nblk, float* att, int* lasts, Angles* an,
-                                          const int* pos, int pos0) {
+// on its own named barrier (1..15). With ph.g.stat_out ≥ 0 each warp sums
+// the statistics of the outputs it writes, for the norm after.
+__device__ __forceinline__ void att_phase(const Phase& ph, int blk, int nblk, float* att, int* lasts, Angles* an,
+                                          const int* pos, int pos0, float2* stats) {
+    __shared__ float2 ast[DEC_WARPS_MAX];
+    const AttArgs& a = ph.a;
     // The kernel read the token's position at its start; another positions
     // tensor is read here.
     int p = a.pos == pos ? pos0 : a.pos[0];
     if (a.r.on) angles_for(a, p, an);
     int warp = threadIdx.x >> 5;
+    bool want = ph.g.stat_out >= 0;
+    if (want && (threadIdx.x & 31) == 0) ast[warp] = make_float2(0.0f, 0.0f);
+    __syncwarp();
     int group = a.n_head / a.n_head_kv, per = min((int)(blockDim.x >> 5) / group, 15);
     int slot = warp / group;
-    if (slot >= per) return;
-    AttUnit u = {warp % group, (int)threadIdx.x - slot * group * 32, group * 32, 1 + slot};
-    int n_active = (p + a.split) / a.split;
-    int units = a.n_head_kv * n_active;
-    for (int un = blk * per + slot; un < units; un += nblk * per)
-        attention_unit<DEC_ATT_D>(a, un % a.n_head_kv, 0, un / a.n_head_kv, u, att + slot * group * a.head_dim,
-                                  lasts + slot, false, a.r.on ? an->cs : nullptr, p);
+    if (slot < per) {
+        AttUnit u = {warp % group, (int)threadIdx.x - slot * group * 32, group * 32, 1 + slot};
+        int n_active = (p + a.split) / a.split;
+        int units = a.n_head_kv * n_active;
+        for (int un = blk * per + slot; un < units; un += nblk * per)
+            attention_unit<DEC_ATT_D>(a, un % a.n_head_kv, 0, un / a.n_head_kv, u, att + slot * group * a.head_dim,
+                                      lasts + slot, false, a.r.on ? an->cs : nullptr, p, ph.g.stat_w,
+                                      want ? &ast[warp] : nullptr);
+    }
+    if (want) {
+        __syncwarp();
+        float2 v = ast[warp];
+        put_stats(stats + ph.g.stat_out * STAT_BLOCKS, blk, v.x, v.y);
+    }
 }
 
 // grid: one block per SM (all resident: the barriers need every block).
-// block: DEC_THREADS. bar: 64 words, zero at first use. Dynamic shared
-// memory: DEC_RING descriptors, then the staged input row (ne0_max floats),
-// its int8 levels (k_pad_max) and lane sums (k_pad_max / 64 ints), then
-// DEC_WARPS_MAX · DEC_MAX_HEAD_DIM floats of attention q heads. trace
-// (optional, TERN_CUDA_FUSE_TRACE): [phase][block] (start, done) times in ns.
-extern "C" __global__ void __launch_bounds__(DEC_THREADS, 1) decode_run(const Phase* phases, int n, u32* bar, int look,
-                                                                       int ne0_max, int k_pad_max, u64* trace,
-                                                                       const int* pos) {
-    extern __shared__ __align__(16) u8 dsm[];
+// block: DEC_THREADS. bar: the table's header (HEADER_BYTES, zero at first
+// use). Dynamic shared memory: DEC_RING descriptors, then the staged input
+// row (ne0_max floats), its int8 levels (k_pad_max) and lane sums (k_pad_max
+// / 64 ints), DEC_WARPS_MAX · DEC_MAX_HEAD_DIM floats of attention q heads,
+// and from the next 128-byte boundary the weight ring (ring_cap bytes, a
+// multiple of 16). trace (optional, TERN_CUDA_FUSE_TRACE): [phase][block]
+// (start, quantized, done, staged) times in ns.
+extern "C" __global__ void __launch_bounds__(DEC_THREADS, 1)
+    decode_run(const Phase* phases, int n, u32* bar, int look, int ne0_max, int k_pad_max, u64* trace, const int* pos,
+               u32 ring_cap) {
+    extern __shared__ __align__(128) u8 dsm[];
     __shared__ int lasts[16];
     __shared__ Angles angles;
+    __shared__ WRing wr;
     Phase* ring = (Phase*)dsm;
     float* xs = (float*)(dsm + DEC_RING * sizeof(Phase));
     i8* qs = (i8*)(xs + ((ne0_max + 3) & ~3));
     int* ls = (int*)(qs + k_pad_max);
     float* att = (float*)(ls + k_pad_max / 64);
+    u8* wring = (u8*)(((u64)(att + DEC_WARPS_MAX * DEC_MAX_HEAD_DIM) + 127) & ~(u64)127);
+    float2* stats = (float2*)(bar + STATS_AT);
     int blk = blockIdx.x, nblk = gridDim.x;
-    if (threadIdx.x == 0) angles.pos = -1;
     look = max(0, min(look, DEC_RING - 2));
     const u32* src = (const u32*)phases;
-    // Descriptors 0..look now, and phases 0..look-1's weights into L2: the
-    // table and the weights never depend on the previous kernel.
+    Producer pr = {0, 0, 0, 0, 0};
+    u32 target = 0, epoch = 0;
+    // The table and the weights never depend on the previous kernel:
+    // descriptors 0..look and the first phases' weights go out before
+    // pdl_wait.
+    if (threadIdx.x == 0) {
+        angles.pos = -1;
+        for (int i = 0; i < WR_SLOTS; ++i) mbar_init(&wr.mbar[i]);
+        SM90(asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"));
+        SM90(asm volatile("fence.proxy.async.shared::cta;" ::: "memory"));
+        // The counter stands at (n − 1) · nblk arrivals per earlier launch.
+        epoch = ld_acquire(bar + BAR_EPOCH);
+        target = epoch * (u32)(n - 1) * (u32)nblk;
+        issue_ahead(phases, n, &pr, &wr, wring, ring_cap, blk, nblk);
+    }
     for (int i = threadIdx.x; i < min(look + 1, n) * PHASE_WORDS; i += blockDim.x) {
         int p = i / PHASE_WORDS;
         ((u32*)(ring + p % DEC_RING))[i % PHASE_WORDS] = src[i];
@@ -400,11 +631,10 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, 1) decode_run(const Ph
     // Positions are inputs, written before the graph's first kernel.
     int pos0 = pos ? pos[0] : 0;
     __syncthreads();
-    for (int p = 0; p < min(look, n); ++p) prefetch_phase(ring[p % DEC_RING], blk, nblk);
     pdl_wait();
+    u32 gi = 0;
     for (int p = 0; p < n; ++p) {
         if (trace && threadIdx.x == 0) trace[((u64)p * nblk + blk) * 4] = now_ns();
-        if (p + look < n) prefetch_phase(ring[(p + look) % DEC_RING], blk, nblk);
         // Descriptor p + look + 1 is loaded now and stored at the phase's end,
         // into the slot of phase p − 1, which no thread reads any more.
         int next = p + look + 1;
@@ -413,19 +643,44 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, 1) decode_run(const Ph
         if (p == n - 1) pdl_launch();
         u64* stamp = trace ? trace + ((u64)p * nblk + blk) * 4 : nullptr;
         const Phase& ph = ring[p % DEC_RING];
-        if (ph.kind == PH_GEMV) {
-            gemv_phase(ph.g, blk, nblk, xs, qs, ls, stamp ? stamp + 1 : nullptr);
+        bool gemv = ph.kind == PH_GEMV;
+        if (gemv) {
+            u32 slot = gi % WR_SLOTS;
+            gemv_phase(ph.g, blk, nblk, wring + wr.seg[slot], &wr.mbar[slot], (gi / WR_SLOTS) & 1, xs, qs, ls, stats,
+                       stamp ? stamp + 1 : nullptr);
+            ++gi;
         } else if (ph.kind == PH_ATT) {
-            att_phase(ph.a, blk, nblk, att, lasts, &angles, pos, pos0);
+            att_phase(ph, blk, nblk, att, lasts, &angles, pos, pos0, stats);
         } else if (blk == 0) {
             nq_phase(ph.g.nq, xs);
         }
         if (carry) ((u32*)(ring + next % DEC_RING))[threadIdx.x] = word;
-        if (p + 1 < n) {
-            grid_sync(bar, nblk, stamp ? stamp + 2 : nullptr);
-        } else if (stamp) {
-            __syncthreads();
-            if (threadIdx.x == 0) stamp[2] = now_ns();
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            if (stamp) stamp[2] = now_ns();
+            if (p + 1 < n) {
+                // Arrive (a release: bar.sync ordered the block's writes
+                // before it), then, while the others arrive, free this
+                // phase's weights and refill the ring; then wait (acquire).
+                asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(bar) : "memory");
+                if (gemv) {
+                    pr.tail = wr.end[pr.freed % WR_SLOTS];
+                    ++pr.freed;
+                }
+                issue_ahead(phases, n, &pr, &wr, wring, ring_cap, blk, nblk);
+                target += (u32)nblk;
+                SpinGuard guard;
+                while ((int)(ld_acquire(bar) - target) < 0) guard.tick();
+            } else {
+                // The last block done bumps the launch count for the next launch.
+                u32 done;
+                asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], 1;" : "=r"(done) : "l"(bar + BAR_DONE) : "memory");
+                if (done == (u32)nblk - 1) {
+                    asm volatile("st.relaxed.gpu.global.u32 [%0], 0;" ::"l"(bar + BAR_DONE) : "memory");
+                    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(bar + BAR_EPOCH), "r"(epoch + 1) : "memory");
+                }
+            }
         }
+        if (p + 1 < n) __syncthreads();
     }
 }

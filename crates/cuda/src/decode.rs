@@ -30,21 +30,46 @@ pub struct NqArgs {
 }
 const _: () = assert!(std::mem::size_of::<NqArgs>() == 64);
 
-/// `struct GemvArgs`: a ternary GEMV phase.
+/// `struct GemvArgs`: a ternary GEMV phase (an attention phase uses its
+/// statistics fields alone).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct GemvArgs {
     pub b: TernaryBatch,
     pub nq: NqArgs,
-    /// 1: every block quantizes `nq.x` itself.
+    /// The next norm's weight, for the statistics this phase leaves (0: an
+    /// unweighted norm).
+    pub stat_w: u64,
+    /// 0: levels from `nq.q`; 1: every block quantizes `nq.x` itself, with
+    /// block reductions; 2: the same from the statistics slot `stat_in`.
     pub fused: i32,
     /// ≥ 0: (gate, up) pairs with this activation.
     pub pair_act: i32,
     /// Virtual rows: pairs, or the batch's rows end to end.
     pub rows: i32,
     pub k_pad: i32,
+    /// ≥ 0: each block leaves (Σ out², max |out · stat_w|) of its rows in
+    /// this slot of the table's header, for the norm of the next phase.
+    pub stat_out: i32,
+    pub stat_in: i32,
 }
-const _: () = assert!(std::mem::size_of::<GemvArgs>() == 224);
+const _: () = assert!(std::mem::size_of::<GemvArgs>() == 240);
+
+impl Default for GemvArgs {
+    fn default() -> Self {
+        GemvArgs {
+            b: TernaryBatch::default(),
+            nq: NqArgs::default(),
+            stat_w: 0,
+            fused: 0,
+            pair_act: -1,
+            rows: 0,
+            k_pad: 0,
+            stat_out: -1,
+            stat_in: -1,
+        }
+    }
+}
 
 /// `struct AttArgs` in attention.cu: `attention`'s arguments.
 #[repr(C)]
@@ -89,7 +114,7 @@ pub struct Phase {
     pub g: GemvArgs,
     pub a: AttArgs,
 }
-const _: () = assert!(std::mem::size_of::<Phase>() == 368);
+const _: () = assert!(std::mem::size_of::<Phase>() == 384);
 
 /// `decode_run`'s block size, warps, descriptor ring and head_dim bound
 /// (DEC_THREADS, DEC_WARPS_MAX, DEC_RING, DEC_MAX_HEAD_DIM in decode.cu);
@@ -98,8 +123,15 @@ pub const THREADS: u32 = 256;
 const WARPS: usize = 8;
 const RING: usize = 6;
 const MAX_HEAD_DIM: usize = 128;
-/// The barrier words in front of each table (64 u32).
-pub const BARRIER_BYTES: usize = 256;
+/// Blocks the statistics slots have room for (STAT_BLOCKS).
+pub const STAT_BLOCKS: usize = 1024;
+/// In front of each table: the barrier words (64 u32), then two statistics
+/// slots of STAT_BLOCKS (f32, f32).
+pub const HEADER_BYTES: usize = 256 + 2 * STAT_BLOCKS * 8;
+/// The longest rows a fused GEMV takes (GEMV_UNROLL · 8 chunks of 256).
+const MAX_K_PAD: i32 = 8192;
+/// Slack for aligning the weight ring to 128 bytes.
+const RING_ALIGN: usize = 128;
 /// Shorter runs stay as launches: a run of two gains little over PDL.
 const MIN_PHASES: usize = 4;
 
@@ -109,7 +141,7 @@ pub struct Config {
     /// One per SM: every block must be resident at once.
     pub blocks: u32,
 
-    /// Phases ahead whose weights each block prefetches into L2 (≤ 4).
+    /// Phase descriptors each block loads ahead into shared memory (≤ 4).
     pub look: i32,
     /// Dynamic shared memory a block may have and still be resident.
     pub smem_max: usize,
@@ -145,7 +177,7 @@ pub fn trace_summary(phases: &[Phase], blocks: usize, trace: &[u64]) -> Vec<Stri
     let mut rows: Vec<(String, usize, [f64; 4])> = Vec::new();
     for (p, ph) in phases.iter().enumerate() {
         let (start, done) = (first(p, 0), last(p, 2));
-        let fused = ph.g.fused == 1 && ph.kind == PhaseKind::Gemv;
+        let fused = ph.g.fused != 0 && ph.kind == PhaseKind::Gemv;
         let (staged, mid) = if fused { (last(p, 3), last(p, 1)) } else { (start, start) };
         let next = if p + 1 < phases.len() { first(p + 1, 0) } else { done };
         let label = match ph.kind {
@@ -235,8 +267,11 @@ fn gemv(l: &Launch) -> Option<GemvArgs> {
     let n = (b.n as usize).min(3);
     let rows = if pair_act >= 0 { b.m[0].rows } else { b.m[..n].iter().map(|m| m.rows).sum() };
     let k_pad = int(l, 1)?;
+    if k_pad > MAX_K_PAD {
+        return None;
+    }
     let nq = NqArgs { q: ptr(l, 2)?, d: ptr(l, 3)?, lsum: ptr(l, 4)?, k_pad, ..Default::default() };
-    Some(GemvArgs { b: *b, nq, fused: 0, pair_act, rows, k_pad })
+    Some(GemvArgs { b: *b, nq, pair_act, rows, k_pad, ..Default::default() })
 }
 
 /// A one-token attention that `decode_run`'s units can take.
@@ -343,20 +378,84 @@ fn phases_at(launches: &[Launch], i: usize, prev: Option<&mut Phase>, cfg: &Conf
     Some((Phase { kind: PhaseKind::Gemv, g, ..Default::default() }, 2))
 }
 
-/// Dynamic shared memory `decode_run` needs for `phases` (its layout).
-fn smem_bytes(phases: &[Phase]) -> usize {
+/// Dynamic shared memory `decode_run` needs for `phases` before its weight
+/// ring (its layout), the ring's alignment slack included.
+fn smem_fixed(phases: &[Phase]) -> usize {
+    let (ne0, k_pad) = staged_sizes(phases);
+    let fixed = RING * std::mem::size_of::<Phase>()
+        + 4 * ne0.next_multiple_of(4)
+        + k_pad
+        + k_pad / 16
+        + 4 * WARPS * MAX_HEAD_DIM;
+    fixed + RING_ALIGN
+}
+
+/// decode_run's `ne0_max` and `k_pad_max`: the longest row a block stages as
+/// floats (norms with block reductions, lone norm phases) and the longest
+/// it quantizes into shared memory.
+fn staged_sizes(phases: &[Phase]) -> (usize, usize) {
     let (mut ne0, mut k_pad) = (0usize, 0usize);
     for p in phases {
         match p.kind {
-            PhaseKind::Gemv if p.g.fused == 1 => {
-                ne0 = ne0.max(p.g.nq.ne0 as usize);
+            PhaseKind::Gemv if p.g.fused != 0 => {
+                if p.g.fused == 1 {
+                    ne0 = ne0.max(p.g.nq.ne0 as usize);
+                }
                 k_pad = k_pad.max(p.g.k_pad as usize);
             }
             PhaseKind::NormQuant => ne0 = ne0.max(p.g.nq.ne0 as usize),
             _ => {}
         }
     }
-    RING * std::mem::size_of::<Phase>() + 4 * ne0.next_multiple_of(4) + k_pad + k_pad / 16 + 4 * WARPS * MAX_HEAD_DIM
+    (ne0, k_pad)
+}
+
+/// The bytes of weights block `blk` of `blocks` copies into its ring for a
+/// GEMV phase (decode.cu's block_rows and segment_bytes).
+fn segment_bytes(g: &GemvArgs, blk: usize, blocks: usize) -> usize {
+    let rows = g.rows.max(0) as usize;
+    let per = rows.div_ceil(blocks);
+    let r0 = (blk * per).min(rows);
+    let r1 = (r0 + per).min(rows);
+    (r1 - r0) * (g.k_pad as usize / 4) * if g.pair_act >= 0 { 2 } else { 1 }
+}
+
+/// The largest segment any block copies for `phases`.
+fn max_segment(phases: &[Phase], blocks: usize) -> usize {
+    phases.iter().filter(|p| p.kind == PhaseKind::Gemv).map(|p| segment_bytes(&p.g, 0, blocks)).max().unwrap_or(0)
+}
+
+/// Gives each fused GEMV whose input row the phase before it writes whole
+/// (a GEMV with one output, or an attention) the statistics of that row:
+/// the writer leaves them in slot `i % 2`, and the GEMV quantizes from them
+/// with no block reductions. Two slots, so that a phase's writers never
+/// overwrite what its own readers still read.
+fn link_stats(phases: &mut [Phase]) {
+    for i in 1..phases.len() {
+        let (before, after) = phases.split_at_mut(i);
+        let (prev, cur) = (&mut before[i - 1], &mut after[0]);
+        let nq = cur.g.nq;
+        let aligned = nq.ne0 % 4 == 0 && nq.x % 16 == 0 && nq.w % 16 == 0;
+        if cur.kind != PhaseKind::Gemv || cur.g.fused != 1 || !aligned {
+            continue;
+        }
+        let writes_row = match prev.kind {
+            PhaseKind::Gemv => {
+                let single = prev.g.pair_act >= 0 || prev.g.b.n == 1;
+                let m = &prev.g.b.m[0];
+                single && m.out == nq.x && m.rows == nq.ne0
+            }
+            PhaseKind::Attention => prev.a.out == nq.x && prev.a.n_head * prev.a.head_dim == nq.ne0,
+            PhaseKind::NormQuant => false,
+        };
+        if writes_row {
+            let slot = ((i - 1) % 2) as i32;
+            prev.g.stat_out = slot;
+            prev.g.stat_w = nq.w;
+            cur.g.fused = 2;
+            cur.g.stat_in = slot;
+        }
+    }
 }
 
 /// The positions tensor every attention of a run reads (0 if none or
@@ -370,23 +469,27 @@ fn shared_pos(phases: &[Phase]) -> u64 {
 }
 
 fn fused_launch(phases: &[Phase], cfg: &Config) -> Option<Launch> {
-    let smem = smem_bytes(phases);
-    if phases.len() < MIN_PHASES || smem > cfg.smem_max {
+    // The ring takes the rest of what a block may have, and must hold the
+    // largest segment (decode.cu would wait for it forever).
+    let fixed = smem_fixed(phases);
+    let ring = cfg.smem_max.saturating_sub(fixed) / 16 * 16;
+    if phases.len() < MIN_PHASES || ring < max_segment(phases, cfg.blocks as usize) || cfg.blocks as usize > STAT_BLOCKS
+    {
         return None;
     }
-    let ne0 = phases.iter().map(|p| p.g.nq.ne0).max().unwrap_or(0);
-    let k_pad = phases.iter().filter(|p| p.g.fused == 1).map(|p| p.g.k_pad).max().unwrap_or(0);
+    let (ne0, k_pad) = staged_sizes(phases);
     Some(
         Launch::new(Kernel::DecodeRun, (cfg.blocks, 1, 1), THREADS)
-            .smem(smem)
+            .smem(fixed + ring)
             .ptr(0)
             .i32(phases.len() as i32)
             .ptr(0)
             .i32(cfg.look)
-            .i32(ne0)
-            .i32(k_pad)
+            .i32(ne0 as i32)
+            .i32(k_pad as i32)
             .ptr(0)
-            .ptr(shared_pos(phases)),
+            .ptr(shared_pos(phases))
+            .i32(ring as i32),
     )
 }
 
@@ -402,6 +505,7 @@ pub fn fuse(launches: Vec<Launch>, cfg: &Config) -> Fused {
             phases.push(p);
             i += n;
         }
+        link_stats(&mut phases);
         match fused_launch(&phases, cfg) {
             Some(l) => {
                 out.tables.push((out.launches.len(), phases));
@@ -501,13 +605,22 @@ mod tests {
         let kinds: Vec<_> = phases.iter().map(|p| p.kind).collect();
         use PhaseKind::*;
         assert_eq!(kinds, [Gemv, Attention, Gemv, Gemv, Gemv]);
-        assert!(phases.iter().filter(|p| p.kind == Gemv).all(|p| p.g.fused == 1));
+        // The first norm reduces in each block (the embedding wrote its
+        // row); the others read what the phase before left.
+        let fused: Vec<_> = phases.iter().map(|p| p.g.fused).collect();
+        assert_eq!(fused, [1, 0, 2, 2, 2]);
+        let outs: Vec<_> = phases.iter().map(|p| (p.g.stat_out, p.g.stat_in)).collect();
+        assert_eq!(outs, [(-1, -1), (1, -1), (0, 1), (1, 0), (-1, 1)], "a writer at phase i uses slot i % 2");
+        assert_eq!(phases[1].g.stat_w, 0x9000, "the attention's stats weigh by the next norm");
         assert_eq!(phases[0].g.rows, 2560 + 640 + 640);
         assert_eq!(phases[3].g.rows, 6912, "a pair phase counts pairs");
         assert_eq!(phases[4].g.nq.ne0, 6912);
         assert_eq!(f.launches[0].args[1], Arg::I32(5));
-        assert_eq!(f.launches[0].args[4], Arg::I32(6912), "ne0_max");
-        assert_eq!(table_bytes(phases).len(), 5 * 368);
+        assert_eq!(f.launches[0].args[4], Arg::I32(2560), "ne0_max: only the first norm stages floats");
+        assert_eq!(f.launches[0].args[5], Arg::I32(6912), "k_pad_max");
+        assert_eq!(table_bytes(phases).len(), 5 * 384);
+        // Block 0's gate/up rows: 53 pairs of 640-byte rows.
+        assert_eq!(max_segment(phases, 132), 53 * 2 * 640);
     }
 
     #[test]
@@ -524,8 +637,29 @@ mod tests {
         let phases = &f.tables[0].1;
         assert_eq!(phases.len(), 5);
         assert_eq!(phases[1].a.out, CFG.private);
-        assert_eq!((phases[2].g.fused, phases[2].g.nq.x), (1, CFG.private));
+        assert_eq!((phases[2].g.fused, phases[2].g.nq.x), (2, CFG.private));
         assert_eq!(phases[2].g.b.m[0].out, 0x5_0000);
+    }
+
+    #[test]
+    fn a_ring_too_small_for_a_segment_keeps_the_launches() {
+        let launches = layer();
+        let tight = Config { smem_max: 40 << 10, ..CFG };
+        let f = fuse(launches.clone(), &tight);
+        assert!(f.tables.is_empty());
+        assert_eq!(f.launches, launches);
+    }
+
+    #[test]
+    fn rows_written_by_several_matrices_or_elsewhere_carry_no_statistics() {
+        let mut launches = layer();
+        // The O projection writes somewhere else than gate/up's norm reads.
+        launches[4] = gemv(0x200_0000, &[(0x6_4000, 0x1_0000, 2560)], 2560, -1);
+        let f = fuse(launches, &CFG);
+        let p = &f.tables[0].1;
+        assert_eq!((p[2].g.stat_out, p[3].g.fused), (-1, 1));
+        // Q/K/V write three rows: the attention after reads no norm anyway.
+        assert_eq!(p[0].g.stat_out, -1);
     }
 
     #[test]

@@ -145,7 +145,8 @@ const FUSE_PRIVATE_BYTES: usize = 256 << 10;
 /// attention being slower than the launches they replace. One block per SM;
 /// `TERN_CUDA_LOOK` phases of weights prefetched ahead (default 3).
 fn fuse_config(gpu: &Gpu, kernels: &Kernels) -> std::result::Result<Option<decode::Config>, String> {
-    if !env_flag("TERN_CUDA_FUSE", false) {
+    // The weight ring needs the bulk copy engine (sm_90).
+    if !env_flag("TERN_CUDA_FUSE", false) || gpu.info.arch.0 < 9 {
         return Ok(None);
     }
     let var = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<i32>().ok());
@@ -388,7 +389,7 @@ impl CudaBackend {
                     );
                 }
             }
-            let mut bytes = vec![0u8; decode::BARRIER_BYTES];
+            let mut bytes = vec![0u8; decode::HEADER_BYTES];
             bytes.extend_from_slice(decode::table_bytes(phases));
             let trace_at = bytes.len();
             if tracing {
@@ -404,7 +405,7 @@ impl CudaBackend {
             tables.push(ptr);
             self.gpu.upload(ptr, &bytes).map_err(|m| self.dev_err(m))?;
             let l = &mut fused.launches[*at];
-            l.args[0] = launch::Arg::Ptr(ptr + decode::BARRIER_BYTES as u64);
+            l.args[0] = launch::Arg::Ptr(ptr + decode::HEADER_BYTES as u64);
             l.args[2] = launch::Arg::Ptr(ptr);
             if tracing {
                 l.args[6] = launch::Arg::Ptr(ptr + trace_at as u64);

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# decode_run (TERN_CUDA_FUSE=1) against the separate launches, on a GPU
+# machine through `device` (carrying .gpu from scripts/gpu-build.sh plus
+# make_bitnet_gguf.py, llama3-tiktoken-tokenizer.model and the gguf wheel):
+# makes the 2B-4T-shaped IQ2_BN model in the lease while scripts/gpu-check.sh
+# runs (CHECK=0 skips it), then greedy text with and without fusing, the
+# per-phase trace, ROUNDS alternating tg128 rounds, and tg128 at each
+# attention split in SPLITS. Logs go to $OUT.
+set -u
+cd "$(dirname "$0")/.."
+M=${MODELS:-/tmp/models}
+OUT=${OUT:-/tmp}
+T=.gpu/tern
+mkdir -p "$M"
+export PYTHONPATH=/tmp/site
+if [ ! -e "$M/IQ2_BN.gguf" ]; then
+    pip install --no-deps --target /tmp/site .gpu/gguf-*.whl -q > "$M/pip.log" 2>&1
+    (python3 .gpu/make_bitnet_gguf.py --tokenizer-model .gpu/llama3-tiktoken-tokenizer.model --arch bitnet-b1.58 \
+        -o "$M/f16.gguf" && $T quantize "$M/f16.gguf" "$M/IQ2_BN.gguf" IQ2_BN) > "$M/gen.log" 2>&1 &
+fi
+if [ "${CHECK:-1}" = 1 ]; then
+    timeout 300 scripts/gpu-check.sh > "$OUT/check.log" 2>&1
+    echo "gpu-check rc=$?"
+    grep -E '^=== |test result|FAILED|panicked|GEMV' "$OUT/check.log" | head -40
+fi
+wait
+tg() { timeout 60 "$@" bench -m "$M/IQ2_BN.gguf" -ngl 99 -p 0 -n 128 -r "${REPS:-5}" 2>&1 | grep tg128 | awk -F'|' '{print $(NF-1)}'; }
+for f in 0 1; do
+    echo "FUSE=$f greedy: $(TERN_CUDA_FUSE=$f timeout 60 $T run -m "$M/IQ2_BN.gguf" -ngl 99 -p "The capital of" -n 24 --temp 0 2>/dev/null | tr '\n' ' ')"
+done
+TERN_CUDA_FUSE=1 TERN_CUDA_FUSE_TRACE=1 timeout 60 $T bench -m "$M/IQ2_BN.gguf" -ngl 99 -p 0 -n 16 -r 1 > "$OUT/trace.log" 2>&1
+grep -E 'phases|decode_run' "$OUT/trace.log" | head -20
+for _ in $(seq "${ROUNDS:-3}"); do
+    for f in 0 1; do
+        echo "FUSE=$f tg128 $(TERN_CUDA_FUSE=$f tg $T)"
+    done
+done
+for s in ${SPLITS:-}; do
+    echo "FUSE=1 ATT_SPLIT=$s tg128 $(TERN_CUDA_FUSE=1 TERN_CUDA_ATT_SPLIT=$s tg $T)"
+done
