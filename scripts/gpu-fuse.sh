@@ -28,6 +28,23 @@ tg() { timeout 60 "$@" bench -m "$M/IQ2_BN.gguf" -ngl 99 -p 0 -n 128 -r "${REPS:
 for f in 0 1; do
     echo "FUSE=$f greedy: $(TERN_CUDA_FUSE=$f timeout 60 $T run -m "$M/IQ2_BN.gguf" -ngl 99 -p "The capital of" -n 24 --temp 0 2>/dev/null | tr '\n' ' ')"
 done
+# Logits of the same greedy steps with and without fusing: KL of each row
+# until the two runs first pick different tokens.
+for f in 0 1; do
+    TERN_CUDA_FUSE=$f timeout 60 $T eval -m "$M/IQ2_BN.gguf" -ngl 99 --tokens 128000,791,6864,315 --gen 24 \
+        --logits-out "$M/logits$f.npy" > /dev/null 2> "$OUT/eval$f.log"
+done
+python3 - "$M/logits0.npy" "$M/logits1.npy" <<'PY'
+import sys
+import numpy as np
+a, b = (np.load(f).astype(np.float64) for f in sys.argv[1:3])
+for i in range(min(len(a), len(b))):
+    pa, pb = (np.exp(x - x.max()) / np.exp(x - x.max()).sum() for x in (a[i], b[i]))
+    kl = float((pa * (np.log(pa + 1e-300) - np.log(pb + 1e-300))).sum())
+    print(f"row {i:2d}: KL {kl:.2e} max|d| {np.abs(a[i] - b[i]).max():.3e} top1 {a[i].argmax()} {b[i].argmax()}")
+    if a[i].argmax() != b[i].argmax():
+        break
+PY
 TERN_CUDA_FUSE=1 TERN_CUDA_FUSE_TRACE=1 timeout 60 $T bench -m "$M/IQ2_BN.gguf" -ngl 99 -p 0 -n 16 -r 1 > "$OUT/trace.log" 2>&1
 grep -E 'phases|decode_run' "$OUT/trace.log" | head -20
 for _ in $(seq "${ROUNDS:-3}"); do

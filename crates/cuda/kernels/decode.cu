@@ -85,6 +85,22 @@ struct Phase {
 static_assert(sizeof(Phase) == 384, "Phase layout (tern_cuda::decode::Phase)");
 #define PHASE_WORDS ((int)(sizeof(Phase) / 4))
 
+// What the producer needs of a GEMV phase, in the order of the GEMV phases
+// (tern_cuda::decode::Copy): the table holds them after the phases, and each
+// block keeps them in shared memory, so that refilling the ring reads no
+// global memory while the block waits at a barrier.
+struct Copy {
+    const u8* w[3];
+    int rows[3];
+    int n;
+    int vrows;
+    int k_pad;
+    int pair;
+    int pad;
+};
+static_assert(sizeof(Copy) == 56, "Copy layout (tern_cuda::decode::Copy)");
+#define COPY_WORDS ((int)(sizeof(Copy) / 4))
+
 // The words in front of a table (tern_cuda::decode::HEADER_BYTES): the
 // barrier counter (word 0), the launch count and the blocks done with this
 // launch (words 32 and 48, on their own line), then two statistics slots of
@@ -117,10 +133,9 @@ struct WRing {
     u32 end[WR_SLOTS];
 };
 
-// Thread 0's producer state: the next phase to look at, GEMV phases issued
-// and freed, and bytes issued and freed (monotonic; offsets are mod cap).
+// The producer thread's state: GEMV phases issued and freed, and bytes
+// issued and freed (monotonic; ring offsets are these mod cap).
 struct Producer {
-    int next;
     u32 issued, freed, head, tail;
 };
 
@@ -196,28 +211,17 @@ __device__ __forceinline__ void locate(const GemvArgs& g, int vr, int* mi, int* 
     *row = vr;
 }
 
-// Bytes of weights block `blk` reads in GEMV phase `g`: its virtual rows,
-// twice for (gate, up) pairs.
-__device__ __forceinline__ u32 segment_bytes(const GemvArgs& g, int r0, int r1) {
-    return (u32)(r1 - r0) * (u32)(g.k_pad >> 2) * (g.pair_act >= 0 ? 2u : 1u);
-}
-
-// Thread 0: the weight rows of the next GEMV phases into the ring, while
-// they fit (space and mbarriers). The descriptors are read from the table
-// in global memory: they stay the same for the whole launch. Rows of a
-// segment lie as the virtual rows go (pairs: the gate rows, then the up rows).
-__device__ void issue_ahead(const Phase* phases, int n, Producer* pr, WRing* wr, u8* ring, u32 cap, int blk,
+// The producer (one thread): the weight rows of the next GEMV phases into
+// the ring while they fit (space and mbarriers). A segment's rows lie as the
+// virtual rows go (pairs: the gate rows, then the up rows); it never wraps.
+__device__ void issue_ahead(const Copy* copies, int n_copies, Producer* pr, WRing* wr, u8* ring, u32 cap, int blk,
                             int nblk) {
-    while (pr->next < n && pr->issued - pr->freed < WR_SLOTS) {
-        const Phase* ph = phases + pr->next;
-        if (__ldg(&ph->kind) != PH_GEMV) {
-            ++pr->next;
-            continue;
-        }
-        const GemvArgs& g = ph->g;
-        int r0, r1;
-        block_rows(g, blk, nblk, &r0, &r1);
-        u32 bytes = segment_bytes(g, r0, r1), rb = (u32)(g.k_pad >> 2);
+    while ((int)pr->issued < n_copies && pr->issued - pr->freed < WR_SLOTS) {
+        const Copy& c = copies[pr->issued];
+        int per = (c.vrows + nblk - 1) / nblk;
+        int r0 = min(c.vrows, blk * per), r1 = min(c.vrows, r0 + per);
+        u32 rb = (u32)(c.k_pad >> 2);
+        u32 bytes = (u32)(r1 - r0) * rb * (c.pair ? 2u : 1u);
         u32 start = pr->head, off = start % cap;
         if (off + bytes > cap) {
             start += cap - off;
@@ -235,23 +239,21 @@ __device__ void issue_ahead(const Phase* phases, int n, Producer* pr, WRing* wr,
                               "r"(bytes)
                               : "memory"));
             u8* dst = ring + off;
-            if (g.pair_act >= 0) {
+            if (c.pair) {
                 u32 half = (u32)(r1 - r0) * rb;
-                bulk_copy(dst, g.b.m[0].w + (u64)r0 * rb, half, m);
-                bulk_copy(dst + half, g.b.m[1].w + (u64)r0 * rb, half, m);
+                bulk_copy(dst, c.w[0] + (u64)r0 * rb, half, m);
+                bulk_copy(dst + half, c.w[1] + (u64)r0 * rb, half, m);
             } else {
                 int base = 0;
-                for (int mi = 0; mi < g.b.n && mi < 3; ++mi) {
-                    const TernaryMat& mt = g.b.m[mi];
-                    int lo = max(r0 - base, 0), hi = min(r1 - base, mt.rows);
-                    if (lo < hi) bulk_copy(dst + (u64)(base + lo - r0) * rb, mt.w + (u64)lo * rb, (u32)(hi - lo) * rb, m);
-                    base += mt.rows;
+                for (int mi = 0; mi < c.n; ++mi) {
+                    int lo = max(r0 - base, 0), hi = min(r1 - base, c.rows[mi]);
+                    if (lo < hi) bulk_copy(dst + (u64)(base + lo - r0) * rb, c.w[mi] + (u64)lo * rb, (u32)(hi - lo) * rb, m);
+                    base += c.rows[mi];
                 }
             }
         }
         pr->head = start + bytes;
         ++pr->issued;
-        ++pr->next;
     }
 }
 
@@ -281,17 +283,19 @@ __device__ __forceinline__ RowEnds row_ends(const GemvArgs& g, int mi, int row, 
 }
 
 // chunk_dot with the activations in registers: a[j] is the j-th 16 bytes of
-// this lane's block of the chunk.
+// this lane's block of the chunk. Four accumulators, one per shift, so the
+// dp4a chain is four long, not sixteen: with eight warps an SM, latency,
+// not issue, bounds the rows.
 __device__ __forceinline__ int chunk_dot_regs(uint4 wv, const int4* a) {
     const u32 w[4] = {wv.x, wv.y, wv.z, wv.w};
-    int s = 0;
+    int s[4] = {0, 0, 0, 0};
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
         const int aw[4] = {a[j].x, a[j].y, a[j].z, a[j].w};
 #pragma unroll
-        for (int b = 0; b < 4; ++b) s = dp4a_us((w[j] >> (2 * b)) & M2, aw[b], s);
+        for (int b = 0; b < 4; ++b) s[b] = dp4a_us((w[j] >> (2 * b)) & M2, aw[b], s[b]);
     }
-    return s;
+    return (s[0] + s[1]) + (s[2] + s[3]);
 }
 
 // The activations a lane pairs with its weight slots, loaded once a phase:
@@ -316,11 +320,14 @@ __device__ __forceinline__ void lane_acts(const i8* q, const int* lsum, int k_pa
     }
 }
 
-// Row `row` of `m` (at most 8·U chunks, fetched into wv) against the lane's
-// activations, before the row scale and d: per-chunk scales are applied.
+// This lane's part of row `row` of `m` (at most 8·U chunks, in wv) against
+// its activations, before the row scale and d; per-chunk scales are
+// applied. Rows with one scale sum exactly in i32, and the float the lane
+// returns is that integer (|Σ| ≤ 8192 · 128 < 2^24), so the warp's float
+// sum of them is exact too.
 template <int U>
-__device__ __forceinline__ float row_dot_regs(const TernaryMat& m, int row, int k_pad, const uint4* wv,
-                                              const LaneActs<U>& la) {
+__device__ __forceinline__ float lane_dot(const TernaryMat& m, int row, int k_pad, const uint4* wv,
+                                          const LaneActs<U>& la) {
     int cs = (threadIdx.x & 31) >> 2, n_chunks = k_pad >> 8;
     int acc = 0;
     float facc = 0.0f;
@@ -334,7 +341,15 @@ __device__ __forceinline__ float row_dot_regs(const TernaryMat& m, int row, int 
         else
             facc += (float)s * m.scales[(u64)row * m.groups + c];
     }
-    return m.groups == 1 ? (float)warp_sum_i(acc) : warp_sum(facc);
+    return m.groups == 1 ? (float)acc : facc;
+}
+
+// Four sums over the warp at once (their shuffles interleaved).
+__device__ __forceinline__ void warp_sum4(float* v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) v[i] += __shfl_xor_sync(0xffffffffu, v[i], o);
 }
 
 // A row's weights for U fetch slots from shared memory: the lane's 16-byte
@@ -472,34 +487,49 @@ __device__ __forceinline__ void gemv_rows(const GemvArgs& g, int blk, int nblk, 
     if (r0 + warp < r1) {
         LaneActs<U> la;
         lane_acts<U>(q, lsum, g.k_pad, &la);
+        // Two of the warp's rows an iteration (iterations it and it + 1 of
+        // the lane-indexed ends), their dots and sums side by side.
         int it = 0;
-        for (int vr = r0 + warp; vr < r1; vr += warps, ++it) {
-            int mi, row;
-            locate(g, vr, &mi, &row);
-            RowEnds e;
-            float sw;
-            if (it < 32) {
-                e.sg = __shfl_sync(0xffffffffu, mine.sg, it);
-                e.su = __shfl_sync(0xffffffffu, mine.su, it);
-                e.res = __shfl_sync(0xffffffffu, mine.res, it);
-                sw = __shfl_sync(0xffffffffu, msw, it);
-            } else {
-                e = row_ends(g, mi, row, pair);
-                sw = g.stat_w ? __ldg(g.stat_w + row) : 1.0f;
+        for (int vr = r0 + warp; vr < r1; vr += 2 * warps, it += 2) {
+            int vrs[2] = {vr, vr + warps};
+            int mis[2], rows[2];
+            RowEnds e[2];
+            float sw[2], part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int k = 0; k < 2; ++k) {
+                bool live = vrs[k] < r1;
+                locate(g, live ? vrs[k] : vr, &mis[k], &rows[k]);
+                int src = it + k;
+                if (src < 32) {
+                    e[k].sg = __shfl_sync(0xffffffffu, mine.sg, src);
+                    e[k].su = __shfl_sync(0xffffffffu, mine.su, src);
+                    e[k].res = __shfl_sync(0xffffffffu, mine.res, src);
+                    sw[k] = __shfl_sync(0xffffffffu, msw, src);
+                } else {
+                    e[k] = row_ends(g, mis[k], rows[k], pair);
+                    sw[k] = g.stat_w ? __ldg(g.stat_w + rows[k]) : 1.0f;
+                }
+                if (!live) continue;
+                uint4 wv[U];
+                smem_row<U>(wsm + (u64)(vrs[k] - r0) * rb, g.k_pad, wv);
+                part[2 * k] = lane_dot<U>(g.b.m[mis[k]], rows[k], g.k_pad, wv, la);
+                if (pair) {
+                    smem_row<U>(wsm + (u64)(r1 - r0 + vrs[k] - r0) * rb, g.k_pad, wv);
+                    part[2 * k + 1] = lane_dot<U>(g.b.m[1], rows[k], g.k_pad, wv, la);
+                }
             }
-            const TernaryMat& mt = g.b.m[mi];
-            uint4 wg[U];
-            smem_row<U>(wsm + (u64)(vr - r0) * rb, g.k_pad, wg);
-            float y = row_dot_regs<U>(mt, row, g.k_pad, wg, la) * e.sg * d;
-            if (pair) {
-                uint4 wu[U];
-                smem_row<U>(wsm + (u64)(r1 - r0 + vr - r0) * rb, g.k_pad, wu);
-                y = gated(y, row_dot_regs<U>(g.b.m[1], row, g.k_pad, wu, la) * e.su * d, g.pair_act);
+            warp_sum4(part);
+#pragma unroll
+            for (int k = 0; k < 2; ++k) {
+                if (vrs[k] >= r1) break;
+                const TernaryMat& mt = g.b.m[mis[k]];
+                float y = part[2 * k] * e[k].sg * d;
+                if (pair) y = gated(y, part[2 * k + 1] * e[k].su * d, g.pair_act);
+                float o = mt.res ? y + e[k].res : y;
+                if (lane == 0) mt.out[rows[k]] = o;
+                ss += o * o;
+                am = fmaxf(am, fabsf(o * sw[k]));
             }
-            float o = mt.res ? y + e.res : y;
-            if (lane == 0) mt.out[row] = o;
-            ss += o * o;
-            am = fmaxf(am, fabsf(o * sw));
         }
     }
     if (g.stat_out >= 0) put_stats(stats + g.stat_out * STAT_BLOCKS, blk, ss, am);
@@ -586,50 +616,62 @@ __device__ __forceinline__ void att_phase(const Phase& ph, int blk, int nblk, fl
 
 // grid: one block per SM (all resident: the barriers need every block).
 // block: DEC_THREADS. bar: the table's header (HEADER_BYTES, zero at first
-// use). Dynamic shared memory: DEC_RING descriptors, then the staged input
-// row (ne0_max floats), its int8 levels (k_pad_max) and lane sums (k_pad_max
-// / 64 ints), DEC_WARPS_MAX · DEC_MAX_HEAD_DIM floats of attention q heads,
-// and from the next 128-byte boundary the weight ring (ring_cap bytes, a
-// multiple of 16). trace (optional, TERN_CUDA_FUSE_TRACE): [phase][block]
-// (start, quantized, done, staged) times in ns.
+// use). phases: n phases, then n_copies Copy records. Dynamic shared memory:
+// DEC_RING descriptors, the staged input row (ne0_max floats), its int8
+// levels (k_pad_max) and lane sums (k_pad_max / 64 ints), DEC_WARPS_MAX ·
+// DEC_MAX_HEAD_DIM floats of attention q heads, the Copy records, and from
+// the next 128-byte boundary the weight ring (ring_cap bytes, a multiple of
+// 16). trace (optional, TERN_CUDA_FUSE_TRACE): [phase][block] (start,
+// quantized, done, staged) times in ns.
+//
+// Thread 0 keeps the barrier, thread 32 (lane 0 of warp 1) the ring: at a
+// phase boundary one arrives and waits while the other frees the phase's
+// weights and refills the ring, so neither waits for the other.
 extern "C" __global__ void __launch_bounds__(DEC_THREADS, 1)
     decode_run(const Phase* phases, int n, u32* bar, int look, int ne0_max, int k_pad_max, u64* trace, const int* pos,
-               u32 ring_cap) {
+               u32 ring_cap, int n_copies) {
     extern __shared__ __align__(128) u8 dsm[];
     __shared__ int lasts[16];
     __shared__ Angles angles;
     __shared__ WRing wr;
+    const int PRODUCER = 32;
     Phase* ring = (Phase*)dsm;
     float* xs = (float*)(dsm + DEC_RING * sizeof(Phase));
     i8* qs = (i8*)(xs + ((ne0_max + 3) & ~3));
     int* ls = (int*)(qs + k_pad_max);
     float* att = (float*)(ls + k_pad_max / 64);
-    u8* wring = (u8*)(((u64)(att + DEC_WARPS_MAX * DEC_MAX_HEAD_DIM) + 127) & ~(u64)127);
+    Copy* copies = (Copy*)(att + DEC_WARPS_MAX * DEC_MAX_HEAD_DIM);
+    u8* wring = (u8*)(((u64)(copies + n_copies) + 127) & ~(u64)127);
     float2* stats = (float2*)(bar + STATS_AT);
     int blk = blockIdx.x, nblk = gridDim.x;
     look = max(0, min(look, DEC_RING - 2));
     const u32* src = (const u32*)phases;
-    Producer pr = {0, 0, 0, 0, 0};
+    Producer pr = {0, 0, 0, 0};
     u32 target = 0, epoch = 0;
     // The table and the weights never depend on the previous kernel:
-    // descriptors 0..look and the first phases' weights go out before
-    // pdl_wait.
+    // descriptors 0..look, the copy records and the first phases' weights
+    // go out before pdl_wait.
     if (threadIdx.x == 0) {
         angles.pos = -1;
-        for (int i = 0; i < WR_SLOTS; ++i) mbar_init(&wr.mbar[i]);
-        SM90(asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"));
-        SM90(asm volatile("fence.proxy.async.shared::cta;" ::: "memory"));
         // The counter stands at (n − 1) · nblk arrivals per earlier launch.
         epoch = ld_acquire(bar + BAR_EPOCH);
         target = epoch * (u32)(n - 1) * (u32)nblk;
-        issue_ahead(phases, n, &pr, &wr, wring, ring_cap, blk, nblk);
+    }
+    if (threadIdx.x == PRODUCER) {
+        for (int i = 0; i < WR_SLOTS; ++i) mbar_init(&wr.mbar[i]);
+        SM90(asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"));
+        SM90(asm volatile("fence.proxy.async.shared::cta;" ::: "memory"));
     }
     for (int i = threadIdx.x; i < min(look + 1, n) * PHASE_WORDS; i += blockDim.x) {
         int p = i / PHASE_WORDS;
         ((u32*)(ring + p % DEC_RING))[i % PHASE_WORDS] = src[i];
     }
+    const u32* csrc = (const u32*)(phases + n);
+    for (int i = threadIdx.x; i < n_copies * COPY_WORDS; i += blockDim.x) ((u32*)copies)[i] = csrc[i];
     // Positions are inputs, written before the graph's first kernel.
     int pos0 = pos ? pos[0] : 0;
+    __syncthreads();
+    if (threadIdx.x == PRODUCER) issue_ahead(copies, n_copies, &pr, &wr, wring, ring_cap, blk, nblk);
     __syncthreads();
     pdl_wait();
     u32 gi = 0;
@@ -660,14 +702,8 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, 1)
             if (stamp) stamp[2] = now_ns();
             if (p + 1 < n) {
                 // Arrive (a release: bar.sync ordered the block's writes
-                // before it), then, while the others arrive, free this
-                // phase's weights and refill the ring; then wait (acquire).
+                // before it), then wait (acquire).
                 asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(bar) : "memory");
-                if (gemv) {
-                    pr.tail = wr.end[pr.freed % WR_SLOTS];
-                    ++pr.freed;
-                }
-                issue_ahead(phases, n, &pr, &wr, wring, ring_cap, blk, nblk);
                 target += (u32)nblk;
                 SpinGuard guard;
                 while ((int)(ld_acquire(bar) - target) < 0) guard.tick();
@@ -680,6 +716,13 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, 1)
                     asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(bar + BAR_EPOCH), "r"(epoch + 1) : "memory");
                 }
             }
+        } else if (threadIdx.x == PRODUCER && p + 1 < n) {
+            // This phase's weights are read: free them and refill the ring.
+            if (gemv) {
+                pr.tail = wr.end[pr.freed % WR_SLOTS];
+                ++pr.freed;
+            }
+            issue_ahead(copies, n_copies, &pr, &wr, wring, ring_cap, blk, nblk);
         }
         if (p + 1 < n) __syncthreads();
     }

@@ -116,6 +116,40 @@ pub struct Phase {
 }
 const _: () = assert!(std::mem::size_of::<Phase>() == 384);
 
+/// `struct Copy`: what the producer of `decode_run`'s weight ring needs of
+/// a GEMV phase. The table holds one per GEMV phase, in order, after the
+/// phases.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Copy {
+    pub w: [u64; 3],
+    pub rows: [i32; 3],
+    pub n: i32,
+    /// Virtual rows (pairs, or the matrices' rows end to end).
+    pub vrows: i32,
+    pub k_pad: i32,
+    /// 1: (gate, up) pairs, read from w[0] and w[1].
+    pub pair: i32,
+    pub pad: i32,
+}
+const _: () = assert!(std::mem::size_of::<Copy>() == 56);
+
+impl Copy {
+    fn of(g: &GemvArgs) -> Copy {
+        let n = (g.b.n as usize).min(3);
+        let mut c = Copy { n: n as i32, vrows: g.rows, k_pad: g.k_pad, pair: (g.pair_act >= 0) as i32, ..Default::default() };
+        for (i, m) in g.b.m[..n].iter().enumerate() {
+            c.w[i] = m.w;
+            c.rows[i] = m.rows;
+        }
+        c
+    }
+}
+
+fn copies(phases: &[Phase]) -> Vec<Copy> {
+    phases.iter().filter(|p| p.kind == PhaseKind::Gemv).map(|p| Copy::of(&p.g)).collect()
+}
+
 /// `decode_run`'s block size, warps, descriptor ring and head_dim bound
 /// (DEC_THREADS, DEC_WARPS_MAX, DEC_RING, DEC_MAX_HEAD_DIM in decode.cu);
 /// longer heads keep the standalone attention.
@@ -169,12 +203,13 @@ pub struct Fused {
 /// phase's time is its blocks' last `done` less their first start; a fused
 /// GEMV's splits at the last block to have its input staged in shared
 /// memory and then quantized; its barrier is the gap to the next phase's
-/// first start. Averaged over phases of one kind and size.
+/// first start; "starts over" is how far apart the blocks began it.
+/// Averaged over phases of one kind and size.
 pub fn trace_summary(phases: &[Phase], blocks: usize, trace: &[u64]) -> Vec<String> {
     let at = |p: usize, b: usize, i: usize| trace[(p * blocks + b) * 4 + i];
     let first = |p: usize, i: usize| (0..blocks).map(|b| at(p, b, i)).min().unwrap_or(0);
     let last = |p: usize, i: usize| (0..blocks).map(|b| at(p, b, i)).max().unwrap_or(0);
-    let mut rows: Vec<(String, usize, [f64; 4])> = Vec::new();
+    let mut rows: Vec<(String, usize, [f64; 5])> = Vec::new();
     for (p, ph) in phases.iter().enumerate() {
         let (start, done) = (first(p, 0), last(p, 2));
         let fused = ph.g.fused != 0 && ph.kind == PhaseKind::Gemv;
@@ -188,11 +223,11 @@ pub fn trace_summary(phases: &[Phase], blocks: usize, trace: &[u64]) -> Vec<Stri
             PhaseKind::NormQuant => "norm_quant".to_string(),
         };
         let us = |a: u64, b: u64| b.saturating_sub(a) as f64 / 1e3;
-        let t = [us(start, staged), us(staged, mid), us(mid, done), us(done, next)];
+        let t = [us(start, last(p, 0)), us(start, staged), us(staged, mid), us(mid, done), us(done, next)];
         match rows.iter_mut().find(|r| r.0 == label) {
             Some(r) => {
                 r.1 += 1;
-                (0..4).for_each(|i| r.2[i] += t[i]);
+                (0..5).for_each(|i| r.2[i] += t[i]);
             }
             None => rows.push((label, 1, t)),
         }
@@ -201,19 +236,28 @@ pub fn trace_summary(phases: &[Phase], blocks: usize, trace: &[u64]) -> Vec<Stri
         .map(|(l, n, t)| {
             let n = *n as f64;
             format!(
-                "  {l:<30} {n:>4} phases: stage {:>5.2} + quantize {:>5.2} + rows {:>6.2} + barrier {:>5.2} µs each",
-                t[0] / n,
+                "  {l:<30} {n:>4} phases: stage {:>5.2} (starts over {:>5.2}) + quantize {:>5.2} + rows {:>6.2} + barrier {:>5.2} µs each",
                 t[1] / n,
+                t[0] / n,
                 t[2] / n,
-                t[3] / n
+                t[3] / n,
+                t[4] / n
             )
         })
         .collect()
 }
 
-pub fn table_bytes(phases: &[Phase]) -> &[u8] {
-    // SAFETY: Phase is repr(C) plain data without padding (the size asserts above).
-    unsafe { std::slice::from_raw_parts(phases.as_ptr() as *const u8, std::mem::size_of_val(phases)) }
+/// A table as `decode_run` reads it: the phases, then their Copy records.
+pub fn table_bytes(phases: &[Phase]) -> Vec<u8> {
+    let copies = copies(phases);
+    // SAFETY: Phase and Copy are repr(C) plain data without padding (the size asserts above).
+    let (p, c) = unsafe {
+        (
+            std::slice::from_raw_parts(phases.as_ptr() as *const u8, std::mem::size_of_val(phases)),
+            std::slice::from_raw_parts(copies.as_ptr() as *const u8, std::mem::size_of_val(copies.as_slice())),
+        )
+    };
+    [p, c].concat()
 }
 
 fn ptr(l: &Launch, i: usize) -> Option<u64> {
@@ -382,11 +426,13 @@ fn phases_at(launches: &[Launch], i: usize, prev: Option<&mut Phase>, cfg: &Conf
 /// ring (its layout), the ring's alignment slack included.
 fn smem_fixed(phases: &[Phase]) -> usize {
     let (ne0, k_pad) = staged_sizes(phases);
+    let n_copies = phases.iter().filter(|p| p.kind == PhaseKind::Gemv).count();
     let fixed = RING * std::mem::size_of::<Phase>()
         + 4 * ne0.next_multiple_of(4)
         + k_pad
         + k_pad / 16
-        + 4 * WARPS * MAX_HEAD_DIM;
+        + 4 * WARPS * MAX_HEAD_DIM
+        + n_copies * std::mem::size_of::<Copy>();
     fixed + RING_ALIGN
 }
 
@@ -489,7 +535,8 @@ fn fused_launch(phases: &[Phase], cfg: &Config) -> Option<Launch> {
             .i32(k_pad as i32)
             .ptr(0)
             .ptr(shared_pos(phases))
-            .i32(ring as i32),
+            .i32(ring as i32)
+            .i32(copies(phases).len() as i32),
     )
 }
 
@@ -618,7 +665,7 @@ mod tests {
         assert_eq!(f.launches[0].args[1], Arg::I32(5));
         assert_eq!(f.launches[0].args[4], Arg::I32(2560), "ne0_max: only the first norm stages floats");
         assert_eq!(f.launches[0].args[5], Arg::I32(6912), "k_pad_max");
-        assert_eq!(table_bytes(phases).len(), 5 * 384);
+        assert_eq!(table_bytes(phases).len(), 5 * 384 + 4 * 56, "the phases, then a Copy per GEMV");
         // Block 0's gate/up rows: 53 pairs of 640-byte rows.
         assert_eq!(max_segment(phases, 132), 53 * 2 * 640);
     }

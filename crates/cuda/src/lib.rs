@@ -390,7 +390,7 @@ impl CudaBackend {
                 }
             }
             let mut bytes = vec![0u8; decode::HEADER_BYTES];
-            bytes.extend_from_slice(decode::table_bytes(phases));
+            bytes.extend_from_slice(&decode::table_bytes(phases));
             let trace_at = bytes.len();
             if tracing {
                 bytes.resize(trace_at + phases.len() * cfg.blocks as usize * 32, 0);
