@@ -5,7 +5,8 @@
 # makes the 2B-4T-shaped IQ2_BN model in the lease while scripts/gpu-check.sh
 # runs (CHECK=0 skips it), then greedy text with and without fusing, the
 # per-phase trace, ROUNDS alternating tg128 rounds, and tg128 at each
-# attention split in SPLITS. Logs go to $OUT.
+# attention split in SPLITS and weight-ring size (KiB) in RINGS. CHECK=fuse
+# runs only the golden models through decode_run. Logs go to $OUT.
 set -u
 cd "$(dirname "$0")/.."
 M=${MODELS:-/tmp/models}
@@ -18,7 +19,13 @@ if [ ! -e "$M/IQ2_BN.gguf" ]; then
     (python3 .gpu/make_bitnet_gguf.py --tokenizer-model .gpu/llama3-tiktoken-tokenizer.model --arch bitnet-b1.58 \
         -o "$M/f16.gguf" && $T quantize "$M/f16.gguf" "$M/IQ2_BN.gguf" IQ2_BN) > "$M/gen.log" 2>&1 &
 fi
-if [ "${CHECK:-1}" = 1 ]; then
+if [ "${CHECK:-1}" = fuse ]; then
+    # decode_run alone: the golden models fused against the CPU.
+    built_at=$(cat .gpu/built-at); [ -e "$built_at" ] || { mkdir -p "$(dirname "$built_at")"; ln -s "$PWD" "$built_at"; }
+    TERN_REQUIRE_GPU=1 TERN_CUDA_FUSE=1 timeout 120 .gpu/gpu_golden --nocapture --test-threads=1 > "$OUT/check.log" 2>&1
+    echo "gpu_golden TERN_CUDA_FUSE=1 rc=$?"
+    grep -E 'test result|FAILED|panicked' "$OUT/check.log" | head -20
+elif [ "${CHECK:-1}" = 1 ]; then
     timeout 300 scripts/gpu-check.sh > "$OUT/check.log" 2>&1
     echo "gpu-check rc=$?"
     grep -E '^=== |test result|FAILED|panicked|GEMV' "$OUT/check.log" | head -40
@@ -46,7 +53,7 @@ for i in range(min(len(a), len(b))):
         break
 PY
 TERN_CUDA_FUSE=1 TERN_CUDA_FUSE_TRACE=1 timeout 60 $T bench -m "$M/IQ2_BN.gguf" -ngl 99 -p 0 -n 16 -r 1 > "$OUT/trace.log" 2>&1
-grep -E 'phases|decode_run' "$OUT/trace.log" | head -20
+grep -A8 'decode_run trace' "$OUT/trace.log"
 for _ in $(seq "${ROUNDS:-3}"); do
     for f in 0 1; do
         echo "FUSE=$f tg128 $(TERN_CUDA_FUSE=$f tg $T)"
@@ -54,4 +61,7 @@ for _ in $(seq "${ROUNDS:-3}"); do
 done
 for s in ${SPLITS:-}; do
     echo "FUSE=1 ATT_SPLIT=$s tg128 $(TERN_CUDA_FUSE=1 TERN_CUDA_ATT_SPLIT=$s tg $T)"
+done
+for r in ${RINGS:-}; do
+    echo "FUSE=1 RING_KB=$r tg128 $(TERN_CUDA_FUSE=1 TERN_CUDA_RING_KB=$r tg $T)"
 done

@@ -105,6 +105,18 @@ static_assert(sizeof(Copy) == 56, "Copy layout (tern_cuda::decode::Copy)");
 // barrier counter (word 0), the launch count and the blocks done with this
 // launch (words 32 and 48, on their own line), then two statistics slots of
 // STAT_BLOCKS float2 from byte 256.
+// Trace stamps per (phase, block), 8 u64 (tern_cuda::decode::trace_summary):
+// start, input quantized, done, input staged, weights ready, rows done,
+// ring refilled.
+#define TR_START 0
+#define TR_QUANT 1
+#define TR_DONE 2
+#define TR_STAGED 3
+#define TR_READY 4
+#define TR_ROWS 5
+#define TR_ISSUED 6
+#define TR_SLOTS 8
+
 #define BAR_EPOCH 32
 #define BAR_DONE 48
 #define STATS_AT 64
@@ -366,19 +378,34 @@ __device__ __forceinline__ void smem_row(const u8* row, int k_pad, uint4* wv) {
 }
 
 // The row statistics the writers of a row left in `st` (a float2 per
-// block: Σ x², max |x · w|), reduced by each warp on its own in a fixed
-// order (no block barrier, the same result in every run).
+// block: Σ x², max |x · w|), reduced by warp 0 in a fixed order (the same
+// result in every run) and shared through shared memory: the others wait at
+// the next block barrier. Each lane's loads go out together: a loop of one
+// load at a time paid an L2 round trip per 32 blocks.
 __device__ __forceinline__ void reduce_stats(const float2* st, int nblk, double* ss, float* am) {
-    int lane = threadIdx.x & 31;
+    if (threadIdx.x >= 32) return;
+    int lane = threadIdx.x;
     double s = 0.0;
     float a = 0.0f;
-    for (int i = lane; i < nblk; i += 32) {
-        float2 v = __ldcg(st + i);
-        s += (double)v.x;
-        a = fmaxf(a, v.y);
+    for (int i0 = 0; i0 < nblk; i0 += 256) {
+        float2 v[8];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            int i = i0 + lane + 32 * k;
+            v[k] = i < nblk ? __ldcg(st + i) : make_float2(0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            s += (double)v[k].x;
+            a = fmaxf(a, v[k].y);
+        }
     }
-    *ss = warp_reduce(s, Sum());
-    *am = warp_max(a);
+    s = warp_reduce(s, Sum());
+    a = warp_max(a);
+    if (lane == 0) {
+        *ss = s;
+        *am = a;
+    }
 }
 
 // nq_row for a row whose statistics are known: each thread loads its words
@@ -398,9 +425,12 @@ __device__ __forceinline__ float nq_from_stats(const NqArgs& n, const float2* st
         v[u] = in ? __ldcg((const float4*)(n.x + base)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         w[u] = in && has_w ? __ldg((const float4*)(n.w + base)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
-    double ss;
-    float am;
-    reduce_stats(st, nblk, &ss, &am);
+    __shared__ double red_ss;
+    __shared__ float red_am;
+    reduce_stats(st, nblk, &red_ss, &red_am);
+    __syncthreads();
+    double ss = red_ss;
+    float am = red_am;
     float inv = n.norm ? (float)(1.0 / sqrt(ss / n.ne0 + (double)n.eps)) : 1.0f;
     float sa = 127.0f / fmaxf(am * inv, 1e-5f), unused = 0.0f;
 #pragma unroll
@@ -445,9 +475,10 @@ __device__ __forceinline__ void put_stats(float2* out, int blk, float ss, float 
 // waits on a load of its own.
 template <int U>
 __device__ __forceinline__ void gemv_rows(const GemvArgs& g, int blk, int nblk, const u8* wsm, u64* m, u32 parity,
-                                          float* xs, i8* qs, int* ls, float2* stats, u64* mid) {
+                                          float* xs, i8* qs, int* ls, float2* stats, u64* tr) {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     bool pair = g.pair_act >= 0;
+    bool stamp = tr && threadIdx.x == 0;
     int r0, r1;
     block_rows(g, blk, nblk, &r0, &r1);
     u32 rb = (u32)(g.k_pad >> 2);
@@ -465,24 +496,25 @@ __device__ __forceinline__ void gemv_rows(const GemvArgs& g, int blk, int nblk, 
     float d;
     if (g.fused == 2) {
         d = nq_from_stats(g.nq, stats + g.stat_in * STAT_BLOCKS, nblk, blk == 0 ? g.nq.y : nullptr, qs, ls);
-        if (mid && threadIdx.x == 0) mid[2] = now_ns();
+        if (stamp) tr[TR_STAGED] = now_ns();
     } else if (g.fused == 1) {
         const NqArgs& n = g.nq;
         bool vec = nq_vec(n.x, n.w, n.ne0);
         float4 wpre[ROW_UNROLL];
         nq_prefetch(n.w, n.ne0, g.k_pad, vec, wpre);
         d = nq_row(n.x, n.w, blk == 0 ? n.y : nullptr, qs, ls, n.ne0, g.k_pad, n.norm, n.eps, xs, wpre, vec,
-                   mid ? mid + 2 : nullptr);
+                   tr ? tr + TR_STAGED : nullptr);
     } else {
         d = __ldcg(g.nq.d);
     }
     if (g.fused) {
         __syncthreads();
-        if (mid && threadIdx.x == 0) *mid = now_ns();
+        if (stamp) tr[TR_QUANT] = now_ns();
         q = qs;
         lsum = ls;
     }
     mbar_wait(m, parity);
+    if (stamp) tr[TR_READY] = now_ns();
     float ss = 0.0f, am = 0.0f;
     if (r0 + warp < r1) {
         LaneActs<U> la;
@@ -532,17 +564,18 @@ __device__ __forceinline__ void gemv_rows(const GemvArgs& g, int blk, int nblk, 
             }
         }
     }
+    if (stamp) tr[TR_ROWS] = now_ns();
     if (g.stat_out >= 0) put_stats(stats + g.stat_out * STAT_BLOCKS, blk, ss, am);
 }
 
 // Rows of up to 16 chunks (k_pad ≤ 4096) take two fetch slots, longer ones
 // four (k_pad ≤ 8192; decode.rs fuses no longer rows).
 __device__ __forceinline__ void gemv_phase(const GemvArgs& g, int blk, int nblk, const u8* wsm, u64* m, u32 parity,
-                                           float* xs, i8* qs, int* ls, float2* stats, u64* mid) {
+                                           float* xs, i8* qs, int* ls, float2* stats, u64* tr) {
     if (g.k_pad <= 4096)
-        gemv_rows<2>(g, blk, nblk, wsm, m, parity, xs, qs, ls, stats, mid);
+        gemv_rows<2>(g, blk, nblk, wsm, m, parity, xs, qs, ls, stats, tr);
     else
-        gemv_rows<GEMV_UNROLL>(g, blk, nblk, wsm, m, parity, xs, qs, ls, stats, mid);
+        gemv_rows<GEMV_UNROLL>(g, blk, nblk, wsm, m, parity, xs, qs, ls, stats, tr);
 }
 
 // The rotation an attention's rope applies at this token's position, kept
@@ -676,20 +709,20 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, 1)
     pdl_wait();
     u32 gi = 0;
     for (int p = 0; p < n; ++p) {
-        if (trace && threadIdx.x == 0) trace[((u64)p * nblk + blk) * 4] = now_ns();
+        u64* stamp = trace ? trace + ((u64)p * nblk + blk) * TR_SLOTS : nullptr;
+        if (stamp && threadIdx.x == 0) stamp[TR_START] = now_ns();
         // Descriptor p + look + 1 is loaded now and stored at the phase's end,
         // into the slot of phase p − 1, which no thread reads any more.
         int next = p + look + 1;
         bool carry = next < n && (int)threadIdx.x < PHASE_WORDS;
         u32 word = carry ? src[(u64)next * PHASE_WORDS + threadIdx.x] : 0;
         if (p == n - 1) pdl_launch();
-        u64* stamp = trace ? trace + ((u64)p * nblk + blk) * 4 : nullptr;
         const Phase& ph = ring[p % DEC_RING];
         bool gemv = ph.kind == PH_GEMV;
         if (gemv) {
             u32 slot = gi % WR_SLOTS;
             gemv_phase(ph.g, blk, nblk, wring + wr.seg[slot], &wr.mbar[slot], (gi / WR_SLOTS) & 1, xs, qs, ls, stats,
-                       stamp ? stamp + 1 : nullptr);
+                       stamp);
             ++gi;
         } else if (ph.kind == PH_ATT) {
             att_phase(ph, blk, nblk, att, lasts, &angles, pos, pos0, stats);
@@ -699,7 +732,7 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, 1)
         if (carry) ((u32*)(ring + next % DEC_RING))[threadIdx.x] = word;
         __syncthreads();
         if (threadIdx.x == 0) {
-            if (stamp) stamp[2] = now_ns();
+            if (stamp) stamp[TR_DONE] = now_ns();
             if (p + 1 < n) {
                 // Arrive (a release: bar.sync ordered the block's writes
                 // before it), then wait (acquire).
@@ -723,6 +756,7 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, 1)
                 ++pr.freed;
             }
             issue_ahead(copies, n_copies, &pr, &wr, wring, ring_cap, blk, nblk);
+            if (stamp) stamp[TR_ISSUED] = now_ns();
         }
         if (p + 1 < n) __syncthreads();
     }

@@ -187,6 +187,9 @@ pub struct Config {
     /// Keys per attention unit (0: as lowered): fewer splits are fewer
     /// merges on the critical path, more are more blocks at work.
     pub att_split: i32,
+    /// The most shared memory the weight ring may take (0: all there is):
+    /// what a block leaves unused is L1 cache, which attention reads through.
+    pub ring_max: usize,
 }
 
 /// The launches with each fused run as one `decode_run` launch, and the
@@ -198,23 +201,52 @@ pub struct Fused {
     pub tables: Vec<(usize, Vec<Phase>)>,
 }
 
+/// u64 stamps per (phase, block) in a trace (TR_SLOTS in decode.cu).
+pub const TRACE_SLOTS: usize = 8;
+
 /// What `TERN_CUDA_FUSE_TRACE=1` prints for one traced run: `trace` holds
-/// [phase][block] (start, quantized, done, input staged) nanoseconds. A
-/// phase's time is its blocks' last `done` less their first start; a fused
-/// GEMV's splits at the last block to have its input staged in shared
-/// memory and then quantized; its barrier is the gap to the next phase's
-/// first start; "starts over" is how far apart the blocks began it.
-/// Averaged over phases of one kind and size.
+/// [phase][block] TRACE_SLOTS nanoseconds: start, input quantized, done,
+/// input staged, weights ready, rows done, ring refilled. Each column is
+/// the last block's stamp less the last block's stamp before it (the first
+/// start for "stage"), so a phase's columns add up to its time; "starts
+/// over" is how far apart the blocks began it, "refill" how long the ring's
+/// producer ran past the phase's end, and "barrier" the gap from the last
+/// block done to the next phase's first start. Averaged over phases of one
+/// kind and size.
 pub fn trace_summary(phases: &[Phase], blocks: usize, trace: &[u64]) -> Vec<String> {
-    let at = |p: usize, b: usize, i: usize| trace[(p * blocks + b) * 4 + i];
+    const START: usize = 0;
+    const QUANT: usize = 1;
+    const DONE: usize = 2;
+    const STAGED: usize = 3;
+    const READY: usize = 4;
+    const ROWS: usize = 5;
+    const ISSUED: usize = 6;
+    const COLUMNS: [&str; 8] = ["starts over", "stage", "sync", "weights", "rows", "stats", "refill", "barrier"];
+    let at = |p: usize, b: usize, i: usize| trace[(p * blocks + b) * TRACE_SLOTS + i];
     let first = |p: usize, i: usize| (0..blocks).map(|b| at(p, b, i)).min().unwrap_or(0);
     let last = |p: usize, i: usize| (0..blocks).map(|b| at(p, b, i)).max().unwrap_or(0);
-    let mut rows: Vec<(String, usize, [f64; 5])> = Vec::new();
+    let us = |a: u64, b: u64| b.saturating_sub(a) as f64 / 1e3;
+    let mut rows: Vec<(String, usize, [f64; 8])> = Vec::new();
     for (p, ph) in phases.iter().enumerate() {
-        let (start, done) = (first(p, 0), last(p, 2));
-        let fused = ph.g.fused != 0 && ph.kind == PhaseKind::Gemv;
-        let (staged, mid) = if fused { (last(p, 3), last(p, 1)) } else { (start, start) };
-        let next = if p + 1 < phases.len() { first(p + 1, 0) } else { done };
+        let (start, done) = (first(p, START), last(p, DONE));
+        let next = if p + 1 < phases.len() { first(p + 1, START) } else { done };
+        let t = if ph.kind == PhaseKind::Gemv {
+            let (staged, quant, ready, rows_done) = (last(p, STAGED), last(p, QUANT), last(p, READY), last(p, ROWS));
+            let staged = if ph.g.fused != 0 { staged } else { start };
+            let quant = if ph.g.fused != 0 { quant } else { start };
+            [
+                us(start, last(p, START)),
+                us(start, staged),
+                us(staged, quant),
+                us(quant, ready),
+                us(ready, rows_done),
+                us(rows_done, done),
+                us(done, last(p, ISSUED)),
+                us(done, next),
+            ]
+        } else {
+            [us(start, last(p, START)), 0.0, 0.0, 0.0, us(start, done), 0.0, us(done, last(p, ISSUED)), us(done, next)]
+        };
         let label = match ph.kind {
             PhaseKind::Gemv => {
                 format!("gemv {} rows k {}{}", ph.g.rows, ph.g.k_pad, if ph.g.pair_act >= 0 { " pairs" } else { "" })
@@ -222,29 +254,20 @@ pub fn trace_summary(phases: &[Phase], blocks: usize, trace: &[u64]) -> Vec<Stri
             PhaseKind::Attention => "attention".to_string(),
             PhaseKind::NormQuant => "norm_quant".to_string(),
         };
-        let us = |a: u64, b: u64| b.saturating_sub(a) as f64 / 1e3;
-        let t = [us(start, last(p, 0)), us(start, staged), us(staged, mid), us(mid, done), us(done, next)];
         match rows.iter_mut().find(|r| r.0 == label) {
             Some(r) => {
                 r.1 += 1;
-                (0..5).for_each(|i| r.2[i] += t[i]);
+                (0..8).for_each(|i| r.2[i] += t[i]);
             }
             None => rows.push((label, 1, t)),
         }
     }
-    rows.iter()
-        .map(|(l, n, t)| {
-            let n = *n as f64;
-            format!(
-                "  {l:<30} {n:>4} phases: stage {:>5.2} (starts over {:>5.2}) + quantize {:>5.2} + rows {:>6.2} + barrier {:>5.2} µs each",
-                t[1] / n,
-                t[0] / n,
-                t[2] / n,
-                t[3] / n,
-                t[4] / n
-            )
-        })
-        .collect()
+    let mut out = vec![format!("  {:<30} {:>6} {}", "phase (µs each)", "count", COLUMNS.map(|c| format!("{c:>11}")).join(""))];
+    out.extend(rows.iter().map(|(l, n, t)| {
+        let n = *n as f64;
+        format!("  {l:<30} {n:>6} {}", t.map(|v| format!("{:>11.2}", v / n)).join(""))
+    }));
+    out
 }
 
 /// A table as `decode_run` reads it: the phases, then their Copy records.
@@ -518,7 +541,10 @@ fn fused_launch(phases: &[Phase], cfg: &Config) -> Option<Launch> {
     // The ring takes the rest of what a block may have, and must hold the
     // largest segment (decode.cu would wait for it forever).
     let fixed = smem_fixed(phases);
-    let ring = cfg.smem_max.saturating_sub(fixed) / 16 * 16;
+    let mut ring = cfg.smem_max.saturating_sub(fixed) / 16 * 16;
+    if cfg.ring_max > 0 {
+        ring = ring.min(cfg.ring_max / 16 * 16);
+    }
     if phases.len() < MIN_PHASES || ring < max_segment(phases, cfg.blocks as usize) || cfg.blocks as usize > STAT_BLOCKS
     {
         return None;
@@ -574,8 +600,15 @@ mod tests {
     use super::*;
     use crate::launch::TernaryMat;
 
-    const CFG: Config =
-        Config { blocks: 132, look: 3, smem_max: 200 << 10, private: 0xf00_0000, private_cap: 1 << 16, att_split: 0 };
+    const CFG: Config = Config {
+        blocks: 132,
+        look: 3,
+        smem_max: 200 << 10,
+        private: 0xf00_0000,
+        private_cap: 1 << 16,
+        att_split: 0,
+        ring_max: 0,
+    };
 
     fn nq(x: u64, q: u64, ne0: i32) -> Launch {
         Launch::new(Kernel::NormQuant, (1, 1, 1), 1024)

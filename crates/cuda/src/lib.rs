@@ -163,6 +163,7 @@ fn fuse_config(gpu: &Gpu, kernels: &Kernels) -> std::result::Result<Option<decod
         private,
         private_cap: FUSE_PRIVATE_BYTES,
         att_split: var("TERN_CUDA_ATT_SPLIT").unwrap_or(0),
+        ring_max: var("TERN_CUDA_RING_KB").unwrap_or(0).max(0) as usize * 1024,
     }))
 }
 
@@ -345,7 +346,7 @@ impl CudaBackend {
     fn report_traces(&self) {
         let Some(cfg) = self.fuse else { return };
         for (ptr, phases) in self.plans.values().flat_map(|p| &p.traces) {
-            let mut raw = vec![0u8; phases.len() * cfg.blocks as usize * 32];
+            let mut raw = vec![0u8; phases.len() * cfg.blocks as usize * decode::TRACE_SLOTS * 8];
             if self.gpu.sync().and_then(|_| self.gpu.download(*ptr, &mut raw)).is_ok() {
                 let t: Vec<u64> = raw.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect();
                 if t.iter().all(|&v| v == 0) {
@@ -393,7 +394,7 @@ impl CudaBackend {
             bytes.extend_from_slice(&decode::table_bytes(phases));
             let trace_at = bytes.len();
             if tracing {
-                bytes.resize(trace_at + phases.len() * cfg.blocks as usize * 32, 0);
+                bytes.resize(trace_at + phases.len() * cfg.blocks as usize * decode::TRACE_SLOTS * 8, 0);
             }
             let ptr = match self.alloc_raw(bytes.len()) {
                 Ok(p) => p,
