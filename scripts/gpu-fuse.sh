@@ -4,9 +4,9 @@
 # make_bitnet_gguf.py, llama3-tiktoken-tokenizer.model and the gguf wheel):
 # makes the 2B-4T-shaped IQ2_BN model in the lease while scripts/gpu-check.sh
 # runs (CHECK=0 skips it), then greedy text with and without fusing, the
-# per-phase trace, ROUNDS alternating tg128 rounds, and tg128 at each
-# attention split in SPLITS and weight-ring size (KiB) in RINGS. CHECK=fuse
-# runs only the golden models through decode_run. Logs go to $OUT.
+# per-phase trace, ROUNDS alternating tg128 rounds, and tg128 fused with
+# each setting in VARIANTS (e.g. "TERN_CUDA_SPIN_NS=100 TERN_CUDA_ATT_SPLIT=64").
+# CHECK=fuse runs only the golden models through decode_run. Logs go to $OUT.
 set -u
 cd "$(dirname "$0")/.."
 M=${MODELS:-/tmp/models}
@@ -59,9 +59,6 @@ for _ in $(seq "${ROUNDS:-3}"); do
         echo "FUSE=$f tg128 $(TERN_CUDA_FUSE=$f tg $T)"
     done
 done
-for s in ${SPLITS:-}; do
-    echo "FUSE=1 ATT_SPLIT=$s tg128 $(TERN_CUDA_FUSE=1 TERN_CUDA_ATT_SPLIT=$s tg $T)"
-done
-for r in ${RINGS:-}; do
-    echo "FUSE=1 RING_KB=$r tg128 $(TERN_CUDA_FUSE=1 TERN_CUDA_RING_KB=$r tg $T)"
+for v in ${VARIANTS:-}; do
+    echo "FUSE=1 $v tg128 $(env TERN_CUDA_FUSE=1 "$v" bash -c "$(declare -f tg); tg $T")"
 done

@@ -89,16 +89,21 @@ static_assert(sizeof(Phase) == 384, "Phase layout (tern_cuda::decode::Phase)");
 // (tern_cuda::decode::Copy): the table holds them after the phases, and each
 // block keeps them in shared memory, so that refilling the ring reads no
 // global memory while the block waits at a barrier.
+// `nw` (nw_bytes, a multiple of 16; 0: none) is the norm weight of the
+// phase's input, copied in front of its rows: constant like the weights, it
+// leaves the critical path and the L2 traffic every block makes after a
+// barrier.
 struct Copy {
     const u8* w[3];
+    const u8* nw;
     int rows[3];
     int n;
     int vrows;
     int k_pad;
     int pair;
-    int pad;
+    int nw_bytes;
 };
-static_assert(sizeof(Copy) == 56, "Copy layout (tern_cuda::decode::Copy)");
+static_assert(sizeof(Copy) == 64, "Copy layout (tern_cuda::decode::Copy)");
 #define COPY_WORDS ((int)(sizeof(Copy) / 4))
 
 // The words in front of a table (tern_cuda::decode::HEADER_BYTES): the
@@ -115,6 +120,8 @@ static_assert(sizeof(Copy) == 56, "Copy layout (tern_cuda::decode::Copy)");
 #define TR_READY 4
 #define TR_ROWS 5
 #define TR_ISSUED 6
+// Phase 0 only: the kernel's entry.
+#define TR_ENTRY 7
 #define TR_SLOTS 8
 
 #define BAR_EPOCH 32
@@ -232,8 +239,8 @@ __device__ void issue_ahead(const Copy* copies, int n_copies, Producer* pr, WRin
         const Copy& c = copies[pr->issued];
         int per = (c.vrows + nblk - 1) / nblk;
         int r0 = min(c.vrows, blk * per), r1 = min(c.vrows, r0 + per);
-        u32 rb = (u32)(c.k_pad >> 2);
-        u32 bytes = (u32)(r1 - r0) * rb * (c.pair ? 2u : 1u);
+        u32 rb = (u32)(c.k_pad >> 2), nwb = (u32)c.nw_bytes;
+        u32 bytes = nwb + (u32)(r1 - r0) * rb * (c.pair ? 2u : 1u);
         u32 start = pr->head, off = start % cap;
         if (off + bytes > cap) {
             start += cap - off;
@@ -246,11 +253,13 @@ __device__ void issue_ahead(const Copy* copies, int n_copies, Producer* pr, WRin
         wr->end[slot] = start + bytes;
         if (bytes == 0) {
             SM90(asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(m)) : "memory"));
+            (void)nwb;
         } else {
             SM90(asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(m)),
                               "r"(bytes)
                               : "memory"));
-            u8* dst = ring + off;
+            if (nwb) bulk_copy(ring + off, c.nw, nwb, m);
+            u8* dst = ring + off + nwb;
             if (c.pair) {
                 u32 half = (u32)(r1 - r0) * rb;
                 bulk_copy(dst, c.w[0] + (u64)r0 * rb, half, m);
@@ -413,17 +422,24 @@ __device__ __forceinline__ void reduce_stats(const float2* st, int nblk, double*
 // quantizes them with no reduction. The scale comes from the weighted
 // absmax before the norm, max |x·w| · inv, so a level can round to 128
 // where the CPU's max |(x·inv)·w| gives 127 (clamped). Returns d = 1/s_a.
-__device__ __forceinline__ float nq_from_stats(const NqArgs& n, const float2* st, int nblk, float* yr, i8* qr,
-                                               int* ls) {
+// `wn` is the norm weight's copy in the ring (null: unweighted).
+__device__ __forceinline__ float nq_from_stats(const NqArgs& n, const float* wn, const float2* st, int nblk, float* yr,
+                                               i8* qr, int* ls, u64* m, u32 parity) {
     int nw = n.k_pad >> 2, stride = blockDim.x;
-    bool has_w = n.w != nullptr;
+    bool has_w = wn != nullptr;
     float4 v[NQS_WORDS], w[NQS_WORDS];
 #pragma unroll
     for (int u = 0; u < NQS_WORDS; ++u) {
         int i = threadIdx.x + u * stride, base = i < nw ? permuted_base(i) : n.ne0;
         bool in = base < n.ne0;
         v[u] = in ? __ldcg((const float4*)(n.x + base)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        w[u] = in && has_w ? __ldg((const float4*)(n.w + base)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    // The norm weight came with the phase's weights.
+    if (has_w) mbar_wait(m, parity);
+#pragma unroll
+    for (int u = 0; u < NQS_WORDS; ++u) {
+        int i = threadIdx.x + u * stride, base = i < nw ? permuted_base(i) : n.ne0;
+        w[u] = base < n.ne0 && has_w ? *(const float4*)(wn + base) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
     __shared__ double red_ss;
     __shared__ float red_am;
@@ -482,6 +498,12 @@ __device__ __forceinline__ void gemv_rows(const GemvArgs& g, int blk, int nblk, 
     int r0, r1;
     block_rows(g, blk, nblk, &r0, &r1);
     u32 rb = (u32)(g.k_pad >> 2);
+    // The segment: the input's norm weight when it came along, then the rows.
+    const float* wn = nullptr;
+    if (g.fused == 2 && g.nq.w) {
+        wn = (const float*)wsm;
+        wsm += (g.nq.ne0 * 4 + 15) & ~15;
+    }
     RowEnds mine = {1.0f, 1.0f, 0.0f};
     float msw = 1.0f;
     int mvr = r0 + warp + lane * warps;
@@ -495,7 +517,8 @@ __device__ __forceinline__ void gemv_rows(const GemvArgs& g, int blk, int nblk, 
     const int* lsum = g.nq.lsum;
     float d;
     if (g.fused == 2) {
-        d = nq_from_stats(g.nq, stats + g.stat_in * STAT_BLOCKS, nblk, blk == 0 ? g.nq.y : nullptr, qs, ls);
+        d = nq_from_stats(g.nq, wn, stats + g.stat_in * STAT_BLOCKS, nblk, blk == 0 ? g.nq.y : nullptr, qs, ls, m,
+                          parity);
         if (stamp) tr[TR_STAGED] = now_ns();
     } else if (g.fused == 1) {
         const NqArgs& n = g.nq;
@@ -662,7 +685,7 @@ __device__ __forceinline__ void att_phase(const Phase& ph, int blk, int nblk, fl
 // weights and refills the ring, so neither waits for the other.
 extern "C" __global__ void __launch_bounds__(DEC_THREADS, 1)
     decode_run(const Phase* phases, int n, u32* bar, int look, int ne0_max, int k_pad_max, u64* trace, const int* pos,
-               u32 ring_cap, int n_copies) {
+               u32 ring_cap, int n_copies, int spin_ns) {
     extern __shared__ __align__(128) u8 dsm[];
     __shared__ int lasts[16];
     __shared__ Angles angles;
@@ -685,6 +708,7 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, 1)
     // descriptors 0..look, the copy records and the first phases' weights
     // go out before pdl_wait.
     if (threadIdx.x == 0) {
+        if (trace) trace[(u64)blk * TR_SLOTS + TR_ENTRY] = now_ns();
         angles.pos = -1;
         // The counter stands at (n − 1) · nblk arrivals per earlier launch.
         epoch = ld_acquire(bar + BAR_EPOCH);
@@ -739,7 +763,12 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, 1)
                 asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(bar) : "memory");
                 target += (u32)nblk;
                 SpinGuard guard;
-                while ((int)(ld_acquire(bar) - target) < 0) guard.tick();
+                while ((int)(ld_acquire(bar) - target) < 0) {
+                    // Fewer polls of the counter's line leave the L2 slice
+                    // to the arrivals (TERN_CUDA_SPIN_NS).
+                    if (spin_ns) __nanosleep(spin_ns);
+                    guard.tick();
+                }
             } else {
                 // The last block done bumps the launch count for the next launch.
                 u32 done;

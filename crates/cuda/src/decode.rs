@@ -123,6 +123,9 @@ const _: () = assert!(std::mem::size_of::<Phase>() == 384);
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Copy {
     pub w: [u64; 3],
+    /// The input's norm weight, copied in front of the rows (nw_bytes, 0
+    /// for none): phases that quantize from statistics read it there.
+    pub nw: u64,
     pub rows: [i32; 3],
     pub n: i32,
     /// Virtual rows (pairs, or the matrices' rows end to end).
@@ -130,14 +133,31 @@ pub struct Copy {
     pub k_pad: i32,
     /// 1: (gate, up) pairs, read from w[0] and w[1].
     pub pair: i32,
-    pub pad: i32,
+    pub nw_bytes: i32,
 }
-const _: () = assert!(std::mem::size_of::<Copy>() == 56);
+const _: () = assert!(std::mem::size_of::<Copy>() == 64);
+
+/// Bytes of the norm weight a GEMV phase's segment starts with.
+fn norm_bytes(g: &GemvArgs) -> usize {
+    if g.fused == 2 && g.nq.w != 0 {
+        (4 * g.nq.ne0 as usize).next_multiple_of(16)
+    } else {
+        0
+    }
+}
 
 impl Copy {
     fn of(g: &GemvArgs) -> Copy {
         let n = (g.b.n as usize).min(3);
-        let mut c = Copy { n: n as i32, vrows: g.rows, k_pad: g.k_pad, pair: (g.pair_act >= 0) as i32, ..Default::default() };
+        let mut c = Copy {
+            n: n as i32,
+            vrows: g.rows,
+            k_pad: g.k_pad,
+            pair: (g.pair_act >= 0) as i32,
+            nw_bytes: norm_bytes(g) as i32,
+            nw: if norm_bytes(g) > 0 { g.nq.w } else { 0 },
+            ..Default::default()
+        };
         for (i, m) in g.b.m[..n].iter().enumerate() {
             c.w[i] = m.w;
             c.rows[i] = m.rows;
@@ -190,6 +210,8 @@ pub struct Config {
     /// The most shared memory the weight ring may take (0: all there is):
     /// what a block leaves unused is L1 cache, which attention reads through.
     pub ring_max: usize,
+    /// Nanoseconds a block sleeps between polls of the barrier (0: none).
+    pub spin_ns: i32,
 }
 
 /// The launches with each fused run as one `decode_run` launch, and the
@@ -206,7 +228,8 @@ pub const TRACE_SLOTS: usize = 8;
 
 /// What `TERN_CUDA_FUSE_TRACE=1` prints for one traced run: `trace` holds
 /// [phase][block] TRACE_SLOTS nanoseconds: start, input quantized, done,
-/// input staged, weights ready, rows done, ring refilled. Each column is
+/// input staged, weights ready, rows done, ring refilled, and in phase 0
+/// the kernel's entry. Each column is
 /// the last block's stamp less the last block's stamp before it (the first
 /// start for "stage"), so a phase's columns add up to its time; "starts
 /// over" is how far apart the blocks began it, "refill" how long the ring's
@@ -262,7 +285,14 @@ pub fn trace_summary(phases: &[Phase], blocks: usize, trace: &[u64]) -> Vec<Stri
             None => rows.push((label, 1, t)),
         }
     }
-    let mut out = vec![format!("  {:<30} {:>6} {}", "phase (µs each)", "count", COLUMNS.map(|c| format!("{c:>11}")).join(""))];
+    const ENTRY: usize = 7;
+    let (entry, end) = (first(0, ENTRY), last(phases.len() - 1, DONE));
+    let mut out = vec![format!(
+        "  entry to the first phase {:.2} µs, first phase to the last done {:.2} µs",
+        us(entry, first(0, START)),
+        us(first(0, START), end)
+    )];
+    out.push(format!("  {:<30} {:>6} {}", "phase (µs each)", "count", COLUMNS.map(|c| format!("{c:>11}")).join("")));
     out.extend(rows.iter().map(|(l, n, t)| {
         let n = *n as f64;
         format!("  {l:<30} {n:>6} {}", t.map(|v| format!("{:>11.2}", v / n)).join(""))
@@ -486,7 +516,7 @@ fn segment_bytes(g: &GemvArgs, blk: usize, blocks: usize) -> usize {
     let per = rows.div_ceil(blocks);
     let r0 = (blk * per).min(rows);
     let r1 = (r0 + per).min(rows);
-    (r1 - r0) * (g.k_pad as usize / 4) * if g.pair_act >= 0 { 2 } else { 1 }
+    norm_bytes(g) + (r1 - r0) * (g.k_pad as usize / 4) * if g.pair_act >= 0 { 2 } else { 1 }
 }
 
 /// The largest segment any block copies for `phases`.
@@ -562,7 +592,8 @@ fn fused_launch(phases: &[Phase], cfg: &Config) -> Option<Launch> {
             .ptr(0)
             .ptr(shared_pos(phases))
             .i32(ring as i32)
-            .i32(copies(phases).len() as i32),
+            .i32(copies(phases).len() as i32)
+            .i32(cfg.spin_ns),
     )
 }
 
@@ -608,6 +639,7 @@ mod tests {
         private_cap: 1 << 16,
         att_split: 0,
         ring_max: 0,
+        spin_ns: 0,
     };
 
     fn nq(x: u64, q: u64, ne0: i32) -> Launch {
@@ -698,9 +730,12 @@ mod tests {
         assert_eq!(f.launches[0].args[1], Arg::I32(5));
         assert_eq!(f.launches[0].args[4], Arg::I32(2560), "ne0_max: only the first norm stages floats");
         assert_eq!(f.launches[0].args[5], Arg::I32(6912), "k_pad_max");
-        assert_eq!(table_bytes(phases).len(), 5 * 384 + 4 * 56, "the phases, then a Copy per GEMV");
-        // Block 0's gate/up rows: 53 pairs of 640-byte rows.
-        assert_eq!(max_segment(phases, 132), 53 * 2 * 640);
+        assert_eq!(table_bytes(phases).len(), 5 * 384 + 4 * 64, "the phases, then a Copy per GEMV");
+        // Block 0's gate/up rows, 53 pairs of 640-byte rows, after the norm weight.
+        assert_eq!(max_segment(phases, 132), 2560 * 4 + 53 * 2 * 640);
+        let c = copies(phases);
+        assert_eq!((c[0].nw, c[0].nw_bytes), (0, 0), "the first norm reads its weight itself");
+        assert_eq!((c[3].nw, c[3].nw_bytes, c[3].pair), (0x9000, 6912 * 4, 0));
     }
 
     #[test]
