@@ -9,7 +9,7 @@
 # CHECK=fuse runs only the golden models through decode_run. Logs go to $OUT.
 set -u
 cd "$(dirname "$0")/.."
-M=${MODELS:-/tmp/models}
+export M=${MODELS:-/tmp/models}
 OUT=${OUT:-/tmp}
 T=.gpu/tern
 mkdir -p "$M"
