@@ -303,89 +303,6 @@ __device__ __forceinline__ RowEnds row_ends(const GemvArgs& g, int mi, int row, 
     return e;
 }
 
-// chunk_dot with the activations in registers: a[j] is the j-th 16 bytes of
-// this lane's block of the chunk. Four accumulators, one per shift, so the
-// dp4a chain is four long, not sixteen: with eight warps an SM, latency,
-// not issue, bounds the rows.
-__device__ __forceinline__ int chunk_dot_regs(uint4 wv, const int4* a) {
-    const u32 w[4] = {wv.x, wv.y, wv.z, wv.w};
-    int s[4] = {0, 0, 0, 0};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        const int aw[4] = {a[j].x, a[j].y, a[j].z, a[j].w};
-#pragma unroll
-        for (int b = 0; b < 4; ++b) s[b] = dp4a_us((w[j] >> (2 * b)) & M2, aw[b], s[b]);
-    }
-    return (s[0] + s[1]) + (s[2] + s[3]);
-}
-
-// The activations a lane pairs with its weight slots, loaded once a phase:
-// chunk cs + 8u, lane block tig, and that block's sum.
-template <int U>
-struct LaneActs {
-    int4 a[U][4];
-    int ls[U];
-};
-
-template <int U>
-__device__ __forceinline__ void lane_acts(const i8* q, const int* lsum, int k_pad, LaneActs<U>* la) {
-    int lane = threadIdx.x & 31, tig = lane & 3, cs = lane >> 2, n_chunks = k_pad >> 8;
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-        int c = cs + 8 * u;
-        bool in = c < n_chunks;
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-            la->a[u][j] = in ? ((const int4*)(q + c * 256 + tig * 64))[j] : make_int4(0, 0, 0, 0);
-        la->ls[u] = in ? lsum[c * 4 + tig] : 0;
-    }
-}
-
-// This lane's part of row `row` of `m` (at most 8·U chunks, in wv) against
-// its activations, before the row scale and d; per-chunk scales are
-// applied. Rows with one scale sum exactly in i32, and the float the lane
-// returns is that integer (|Σ| ≤ 8192 · 128 < 2^24), so the warp's float
-// sum of them is exact too.
-template <int U>
-__device__ __forceinline__ float lane_dot(const TernaryMat& m, int row, int k_pad, const uint4* wv,
-                                          const LaneActs<U>& la) {
-    int cs = (threadIdx.x & 31) >> 2, n_chunks = k_pad >> 8;
-    int acc = 0;
-    float facc = 0.0f;
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-        int c = cs + 8 * u;
-        if (c >= n_chunks) break;
-        int s = chunk_dot_regs(wv[u], la.a[u]) - la.ls[u];
-        if (m.groups == 1)
-            acc += s;
-        else
-            facc += (float)s * m.scales[(u64)row * m.groups + c];
-    }
-    return m.groups == 1 ? (float)acc : facc;
-}
-
-// Four sums over the warp at once (their shuffles interleaved).
-__device__ __forceinline__ void warp_sum4(float* v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) v[i] += __shfl_xor_sync(0xffffffffu, v[i], o);
-}
-
-// A row's weights for U fetch slots from shared memory: the lane's 16-byte
-// vectors as fetch_row takes them from global memory (a warp reads 512
-// contiguous bytes a slot, no bank conflicts).
-template <int U>
-__device__ __forceinline__ void smem_row(const u8* row, int k_pad, uint4* wv) {
-    int lane = threadIdx.x & 31, tig = lane & 3, cs = lane >> 2, n_chunks = k_pad >> 8;
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-        int c = cs + 8 * u;
-        wv[u] = c < n_chunks ? ((const uint4*)row)[c * 4 + tig] : make_uint4(0, 0, 0, 0);
-    }
-}
-
 // The row statistics the writers of a row left in `st` (a float2 per
 // block: Σ x², max |x · w|), reduced by warp 0 in a fixed order (the same
 // result in every run) and shared through shared memory: the others wait at
@@ -484,19 +401,72 @@ __device__ __forceinline__ void put_stats(float2* out, int blk, float ss, float 
     }
 }
 
-// A block's rows of a ternary GEMV (k_pad ≤ 2048·U) with its weights in the
-// ring (`wsm`, complete once mbarrier `m` passes `parity`); each warp takes
-// every warps-th row of the block's range. Lane i loads the ends (scales,
-// residual, next norm's weight) of the warp's i-th row up front, so no row
-// waits on a load of its own.
-template <int U>
-__device__ __forceinline__ void gemv_rows(const GemvArgs& g, int blk, int nblk, const u8* wsm, u64* m, u32 parity,
-                                          float* xs, i8* qs, int* ls, float2* stats, u64* tr) {
+// Row tiles of 16 a block's GEMV rows may take, times the warps a tile's
+// chunks split over (tern_cuda::decode::MAX_BLOCK_ROWS: 256 rows, so 16
+// tiles, 32 for pairs).
+#define MMA_ITEMS 32
+
+// One warp's part of a 16-row tile: rows `rows` (16 rows of `rb` bytes in
+// shared memory, `valid` of them real), chunks [c0, c1), against the
+// activations `q` (shared). Tensor cores do the dot products: the m16n8k32
+// A fragment of thread (g, tig) is lane block tig of rows g and g + 8 (the
+// layout's 16-byte vectors), and bits 2j..2j+1 of its bytes pair with
+// activation word 4w + j of the block. Masking plane j in place (no shift)
+// leaves codes times 4^j, so each plane accumulates apart and the planes
+// are summed as acc_j / 4^j at the end: one LOP3 per four weights. Only
+// column 0 of the product is used (one token); lanes g ≠ 0 feed the unused
+// columns. Returns Σ c·q over the chunks for rows g (.x) and g + 8 (.y), in
+// the lanes with tig = 0.
+__device__ __forceinline__ int2 tile_dot(const u8* rows, u32 rb, int valid, const i8* q, int c0, int c1) {
+    int lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
+    int acc[4][4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) acc[j][r] = 0;
+    bool lo_in = g < valid, hi_in = g + 8 < valid;
+    const u8* rlo = rows + (u64)g * rb + tig * 16;
+    const u8* rhi = rlo + 8 * (u64)rb;
+    for (int c = c0; c < c1; ++c) {
+        uint4 wl = lo_in ? *(const uint4*)(rlo + c * 64) : make_uint4(0, 0, 0, 0);
+        uint4 wh = hi_in ? *(const uint4*)(rhi + c * 64) : make_uint4(0, 0, 0, 0);
+        const uint4* ap = (const uint4*)(q + c * 256 + tig * 64);
+        const uint4 a4[4] = {ap[0], ap[1], ap[2], ap[3]};
+        const u32 act[16] = {a4[0].x, a4[0].y, a4[0].z, a4[0].w, a4[1].x, a4[1].y, a4[1].z, a4[1].w,
+                             a4[2].x, a4[2].y, a4[2].z, a4[2].w, a4[3].x, a4[3].y, a4[3].z, a4[3].w};
+        const u32 lw[4] = {wl.x, wl.y, wl.z, wl.w}, hw[4] = {wh.x, wh.y, wh.z, wh.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            u32 mask = M2 << (2 * j);
+#pragma unroll
+            for (int w = 0; w < 4; w += 2)
+                mma_u8s8(acc[j], lw[w] & mask, hw[w] & mask, lw[w + 1] & mask, hw[w + 1] & mask, act[4 * w + j],
+                         act[4 * (w + 1) + j]);
+        }
+    }
+    // Column 0 is c0 (row g) and c2 (row g + 8) of the lanes with tig = 0;
+    // plane j's sums are multiples of 4^j, so the shifts are exact.
+    int lo = acc[0][0] + (acc[1][0] >> 2) + (acc[2][0] >> 4) + (acc[3][0] >> 6);
+    int hi = acc[0][2] + (acc[1][2] >> 2) + (acc[2][2] >> 4) + (acc[3][2] >> 6);
+    return make_int2(lo, hi);
+}
+
+// A block's rows of a ternary GEMV with its weights in the ring (`wsm`,
+// complete once mbarrier `m` passes `parity`). The rows go in tiles of 16
+// (pairs: the gate tiles, then the up tiles); with fewer tiles than warps a
+// tile's chunks split over several warps, whose integer sums add exactly.
+// Thread i then finishes row i: it loaded the row's ends (scales, residual,
+// next norm's weight) at the phase's start, so no row waits on a load.
+__device__ __forceinline__ void gemv_phase(const GemvArgs& g, int blk, int nblk, const u8* wsm, u64* m, u32 parity,
+                                           float* xs, i8* qs, int* ls, float2* stats, u64* tr) {
+    __shared__ int part[MMA_ITEMS][16];
+    __shared__ int tsum;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     bool pair = g.pair_act >= 0;
     bool stamp = tr && threadIdx.x == 0;
     int r0, r1;
     block_rows(g, blk, nblk, &r0, &r1);
+    int nrows = r1 - r0;
     u32 rb = (u32)(g.k_pad >> 2);
     // The segment: the input's norm weight when it came along, then the rows.
     const float* wn = nullptr;
@@ -506,10 +476,9 @@ __device__ __forceinline__ void gemv_rows(const GemvArgs& g, int blk, int nblk, 
     }
     RowEnds mine = {1.0f, 1.0f, 0.0f};
     float msw = 1.0f;
-    int mvr = r0 + warp + lane * warps;
-    if (mvr < r1) {
-        int mi, row;
-        locate(g, mvr, &mi, &row);
+    int mi = 0, row = 0;
+    if ((int)threadIdx.x < nrows) {
+        locate(g, r0 + threadIdx.x, &mi, &row);
         mine = row_ends(g, mi, row, pair);
         if (g.stat_w) msw = __ldg(g.stat_w + row);
     }
@@ -528,77 +497,56 @@ __device__ __forceinline__ void gemv_rows(const GemvArgs& g, int blk, int nblk, 
         d = nq_row(n.x, n.w, blk == 0 ? n.y : nullptr, qs, ls, n.ne0, g.k_pad, n.norm, n.eps, xs, wpre, vec,
                    tr ? tr + TR_STAGED : nullptr);
     } else {
+        // The levels another phase wrote: into shared memory, from L2.
         d = __ldcg(g.nq.d);
+        for (int i = threadIdx.x; i < g.k_pad / 16; i += blockDim.x) ((uint4*)qs)[i] = __ldcg((const uint4*)q + i);
+        for (int i = threadIdx.x; i < g.k_pad / 64; i += blockDim.x) ls[i] = __ldcg(lsum + i);
     }
-    if (g.fused) {
-        __syncthreads();
-        if (stamp) tr[TR_QUANT] = now_ns();
-        q = qs;
-        lsum = ls;
+    __syncthreads();
+    if (stamp) tr[TR_QUANT] = now_ns();
+    if (warp == 0) {
+        int t = 0;
+        for (int i = lane; i < g.k_pad / 64; i += 32) t += ls[i];
+        t = warp_sum_i(t);
+        if (lane == 0) tsum = t;
     }
     mbar_wait(m, parity);
     if (stamp) tr[TR_READY] = now_ns();
-    float ss = 0.0f, am = 0.0f;
-    if (r0 + warp < r1) {
-        LaneActs<U> la;
-        lane_acts<U>(q, lsum, g.k_pad, &la);
-        // Two of the warp's rows an iteration (iterations it and it + 1 of
-        // the lane-indexed ends), their dots and sums side by side.
-        int it = 0;
-        for (int vr = r0 + warp; vr < r1; vr += 2 * warps, it += 2) {
-            int vrs[2] = {vr, vr + warps};
-            int mis[2], rows[2];
-            RowEnds e[2];
-            float sw[2], part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-            for (int k = 0; k < 2; ++k) {
-                bool live = vrs[k] < r1;
-                locate(g, live ? vrs[k] : vr, &mis[k], &rows[k]);
-                int src = it + k;
-                if (src < 32) {
-                    e[k].sg = __shfl_sync(0xffffffffu, mine.sg, src);
-                    e[k].su = __shfl_sync(0xffffffffu, mine.su, src);
-                    e[k].res = __shfl_sync(0xffffffffu, mine.res, src);
-                    sw[k] = __shfl_sync(0xffffffffu, msw, src);
-                } else {
-                    e[k] = row_ends(g, mis[k], rows[k], pair);
-                    sw[k] = g.stat_w ? __ldg(g.stat_w + rows[k]) : 1.0f;
-                }
-                if (!live) continue;
-                uint4 wv[U];
-                smem_row<U>(wsm + (u64)(vrs[k] - r0) * rb, g.k_pad, wv);
-                part[2 * k] = lane_dot<U>(g.b.m[mis[k]], rows[k], g.k_pad, wv, la);
-                if (pair) {
-                    smem_row<U>(wsm + (u64)(r1 - r0 + vrs[k] - r0) * rb, g.k_pad, wv);
-                    part[2 * k + 1] = lane_dot<U>(g.b.m[1], rows[k], g.k_pad, wv, la);
-                }
-            }
-            warp_sum4(part);
-#pragma unroll
-            for (int k = 0; k < 2; ++k) {
-                if (vrs[k] >= r1) break;
-                const TernaryMat& mt = g.b.m[mis[k]];
-                float y = part[2 * k] * e[k].sg * d;
-                if (pair) y = gated(y, part[2 * k + 1] * e[k].su * d, g.pair_act);
-                float o = mt.res ? y + e[k].res : y;
-                if (lane == 0) mt.out[rows[k]] = o;
-                ss += o * o;
-                am = fmaxf(am, fabsf(o * sw[k]));
-            }
+    int nt = (nrows + 15) >> 4, tiles = pair ? 2 * nt : nt;
+    int kparts = tiles == 0 || tiles >= warps ? 1 : warps / tiles, items = tiles * kparts;
+    int n_chunks = g.k_pad >> 8;
+    for (int it = warp; it < items; it += warps) {
+        int tile = it / kparts, kp = it % kparts, t16 = tile % max(nt, 1);
+        const u8* rows = wsm + (u64)(tile >= nt ? nrows : 0) * rb + (u64)t16 * 16 * rb;
+        int2 v = tile_dot(rows, rb, nrows - t16 * 16, qs, kp * n_chunks / kparts, (kp + 1) * n_chunks / kparts);
+        if ((lane & 3) == 0) {
+            part[it][lane >> 2] = v.x;
+            part[it][(lane >> 2) + 8] = v.y;
         }
     }
+    __syncthreads();
     if (stamp) tr[TR_ROWS] = now_ns();
-    if (g.stat_out >= 0) put_stats(stats + g.stat_out * STAT_BLOCKS, blk, ss, am);
-}
-
-// Rows of up to 16 chunks (k_pad ≤ 4096) take two fetch slots, longer ones
-// four (k_pad ≤ 8192; decode.rs fuses no longer rows).
-__device__ __forceinline__ void gemv_phase(const GemvArgs& g, int blk, int nblk, const u8* wsm, u64* m, u32 parity,
-                                           float* xs, i8* qs, int* ls, float2* stats, u64* tr) {
-    if (g.k_pad <= 4096)
-        gemv_rows<2>(g, blk, nblk, wsm, m, parity, xs, qs, ls, stats, tr);
-    else
-        gemv_rows<GEMV_UNROLL>(g, blk, nblk, wsm, m, parity, xs, qs, ls, stats, tr);
+    float ss = 0.0f, am = 0.0f;
+    int i = threadIdx.x;
+    if (i < nrows) {
+        int t16 = i >> 4, r = i & 15, sg = 0, su = 0;
+        for (int kp = 0; kp < kparts; ++kp) {
+            sg += part[t16 * kparts + kp][r];
+            if (pair) su += part[(nt + t16) * kparts + kp][r];
+        }
+        const TernaryMat& mt = g.b.m[mi];
+        float y = (float)(sg - tsum) * mine.sg * d;
+        if (pair) y = gated(y, (float)(su - tsum) * mine.su * d, g.pair_act);
+        float o = mt.res ? y + mine.res : y;
+        mt.out[row] = o;
+        ss = o * o;
+        am = fabsf(o * msw);
+    }
+    if (g.stat_out >= 0) {
+        ss = warp_sum(ss);
+        am = warp_max(am);
+        put_stats(stats + g.stat_out * STAT_BLOCKS, blk, ss, am);
+    }
 }
 
 // The rotation an attention's rope applies at this token's position, kept

@@ -182,8 +182,12 @@ pub const STAT_BLOCKS: usize = 1024;
 /// In front of each table: the barrier words (64 u32), then two statistics
 /// slots of STAT_BLOCKS (f32, f32).
 pub const HEADER_BYTES: usize = 256 + 2 * STAT_BLOCKS * 8;
-/// The longest rows a fused GEMV takes (GEMV_UNROLL · 8 chunks of 256).
+/// The longest rows a fused GEMV takes (what a thread quantizes in
+/// registers, NQS_WORDS · 4 · THREADS).
 const MAX_K_PAD: i32 = 8192;
+/// The most rows of a GEMV one block takes (a thread finishes each; 16
+/// tiles of 16, MMA_ITEMS / 2 for pairs).
+const MAX_BLOCK_ROWS: usize = 256;
 /// Slack for aligning the weight ring to 128 bytes.
 const RING_ALIGN: usize = 128;
 /// Shorter runs stay as launches: a run of two gains little over PDL.
@@ -364,7 +368,10 @@ fn gemv(l: &Launch) -> Option<GemvArgs> {
     let n = (b.n as usize).min(3);
     let rows = if pair_act >= 0 { b.m[0].rows } else { b.m[..n].iter().map(|m| m.rows).sum() };
     let k_pad = int(l, 1)?;
-    if k_pad > MAX_K_PAD {
+    // decode_run's tiles take rows with one scale (per-chunk scales stay
+    // launches), at most MAX_BLOCK_ROWS a block.
+    let n = (b.n as usize).min(3);
+    if k_pad > MAX_K_PAD || b.m[..n].iter().any(|m| m.groups != 1) {
         return None;
     }
     let nq = NqArgs { q: ptr(l, 2)?, d: ptr(l, 3)?, lsum: ptr(l, 4)?, k_pad, ..Default::default() };
@@ -491,12 +498,12 @@ fn smem_fixed(phases: &[Phase]) -> usize {
 
 /// decode_run's `ne0_max` and `k_pad_max`: the longest row a block stages as
 /// floats (norms with block reductions, lone norm phases) and the longest
-/// it quantizes into shared memory.
+/// input of levels it holds in shared memory.
 fn staged_sizes(phases: &[Phase]) -> (usize, usize) {
     let (mut ne0, mut k_pad) = (0usize, 0usize);
     for p in phases {
         match p.kind {
-            PhaseKind::Gemv if p.g.fused != 0 => {
+            PhaseKind::Gemv => {
                 if p.g.fused == 1 {
                     ne0 = ne0.max(p.g.nq.ne0 as usize);
                 }
@@ -575,8 +582,11 @@ fn fused_launch(phases: &[Phase], cfg: &Config) -> Option<Launch> {
     if cfg.ring_max > 0 {
         ring = ring.min(cfg.ring_max / 16 * 16);
     }
-    if phases.len() < MIN_PHASES || ring < max_segment(phases, cfg.blocks as usize) || cfg.blocks as usize > STAT_BLOCKS
-    {
+    let blocks = cfg.blocks as usize;
+    let rows_fit = phases
+        .iter()
+        .all(|p| p.kind != PhaseKind::Gemv || (p.g.rows.max(0) as usize).div_ceil(blocks) <= MAX_BLOCK_ROWS);
+    if phases.len() < MIN_PHASES || ring < max_segment(phases, blocks) || blocks > STAT_BLOCKS || !rows_fit {
         return None;
     }
     let (ne0, k_pad) = staged_sizes(phases);
