@@ -161,7 +161,8 @@ __device__ __forceinline__ void unit_sync(const AttUnit& u) {
 // computed once for every layer. `known_pos` ≥ 0 is pos[0] already read
 // (one token), saving the unit that load. `st` (optional): the warp's running
 // (Σ o², max |o · sw|) of the outputs o it writes (sw null: |o|), for a
-// norm that follows (decode.cu).
+// norm that follows (decode.cu), which also reads o · sw from `xw` (the
+// output row's layout).
 __device__ __forceinline__ void att_stats(float2* st, float ss, float am) {
     ss = warp_sum(ss);
     am = warp_max(am);
@@ -171,7 +172,7 @@ __device__ __forceinline__ void att_stats(float2* st, float ss, float am) {
 template <int D>
 __device__ __forceinline__ void attention_unit(const AttArgs& A, int kvh, int t, int s, const AttUnit& U,
                                                float* qs_all, int* last, bool pdl, const float2* angles, int known_pos,
-                                               const float* sw, float2* st) {
+                                               const float* sw, float2* st, float* xw) {
     // References, not copies: in the persistent kernel A sits in shared
     // memory, and fields reloaded from there cost less than the registers
     // copies would hold across the whole unit.
@@ -380,6 +381,7 @@ __device__ __forceinline__ void attention_unit(const AttArgs& A, int kvh, int t,
             oh[dd] = o;
             ss += o * o;
             am = fmaxf(am, fabsf(o * swr[i]));
+            if (xw) xw[(u64)h * head_dim + dd] = o * swr[i];
         }
         if (st) att_stats(st, ss, am);
         return;
@@ -444,7 +446,9 @@ __device__ __forceinline__ void attention_unit(const AttArgs& A, int kvh, int t,
         float o = a[i] / sum;
         oh[dd] = o;
         ss += o * o;
-        if (st) am = fmaxf(am, fabsf(sw ? o * sw[(u64)h * head_dim + dd] : o));
+        float ow = sw && st ? o * sw[(u64)h * head_dim + dd] : o;
+        am = fmaxf(am, fabsf(ow));
+        if (xw) xw[(u64)h * head_dim + dd] = ow;
     }
     if (st) att_stats(st, ss, am);
 }
@@ -458,7 +462,7 @@ extern "C" __global__ void attention(const float* q, u8* kc, u8* vc, const int* 
     AttArgs a = {q, kc, vc, pos, out, part, counters, n_head, n_head_kv, head_dim, scale, split, n_split, k_type, v_type, r};
     AttUnit u = {(int)threadIdx.x >> 5, (int)threadIdx.x, (int)blockDim.x, 1};
     attention_unit<ATT_MAXD>(a, blockIdx.x, blockIdx.y, blockIdx.z, u, qs_all, &last, true, nullptr, -1, nullptr,
-                             nullptr);
+                             nullptr, nullptr);
 }
 
 // Prompt attention on tensor cores (FlashAttention-2 style) for f16 caches:

@@ -89,21 +89,16 @@ static_assert(sizeof(Phase) == 384, "Phase layout (tern_cuda::decode::Phase)");
 // (tern_cuda::decode::Copy): the table holds them after the phases, and each
 // block keeps them in shared memory, so that refilling the ring reads no
 // global memory while the block waits at a barrier.
-// `nw` (nw_bytes, a multiple of 16; 0: none) is the norm weight of the
-// phase's input, copied in front of its rows: constant like the weights, it
-// leaves the critical path and the L2 traffic every block makes after a
-// barrier.
 struct Copy {
     const u8* w[3];
-    const u8* nw;
     int rows[3];
     int n;
     int vrows;
     int k_pad;
     int pair;
-    int nw_bytes;
+    int pad;
 };
-static_assert(sizeof(Copy) == 64, "Copy layout (tern_cuda::decode::Copy)");
+static_assert(sizeof(Copy) == 56, "Copy layout (tern_cuda::decode::Copy)");
 #define COPY_WORDS ((int)(sizeof(Copy) / 4))
 
 // The words in front of a table (tern_cuda::decode::HEADER_BYTES): the
@@ -127,6 +122,10 @@ static_assert(sizeof(Copy) == 64, "Copy layout (tern_cuda::decode::Copy)");
 #define BAR_EPOCH 32
 #define BAR_DONE 48
 #define STATS_AT 64
+// Then, from word ROWS_AT, two slots of ROW_MAX floats: the rows those
+// writers also leave multiplied by the next norm's weight.
+#define ROWS_AT (STATS_AT + 2 * STAT_BLOCKS * 2)
+#define ROW_MAX 8192
 
 __device__ __forceinline__ u32 ld_acquire(const u32* p) {
     u32 v;
@@ -239,8 +238,8 @@ __device__ void issue_ahead(const Copy* copies, int n_copies, Producer* pr, WRin
         const Copy& c = copies[pr->issued];
         int per = (c.vrows + nblk - 1) / nblk;
         int r0 = min(c.vrows, blk * per), r1 = min(c.vrows, r0 + per);
-        u32 rb = (u32)(c.k_pad >> 2), nwb = (u32)c.nw_bytes;
-        u32 bytes = nwb + (u32)(r1 - r0) * rb * (c.pair ? 2u : 1u);
+        u32 rb = (u32)(c.k_pad >> 2);
+        u32 bytes = (u32)(r1 - r0) * rb * (c.pair ? 2u : 1u);
         u32 start = pr->head, off = start % cap;
         if (off + bytes > cap) {
             start += cap - off;
@@ -253,13 +252,11 @@ __device__ void issue_ahead(const Copy* copies, int n_copies, Producer* pr, WRin
         wr->end[slot] = start + bytes;
         if (bytes == 0) {
             SM90(asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(m)) : "memory"));
-            (void)nwb;
         } else {
             SM90(asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(m)),
                               "r"(bytes)
                               : "memory"));
-            if (nwb) bulk_copy(ring + off, c.nw, nwb, m);
-            u8* dst = ring + off + nwb;
+            u8* dst = ring + off;
             if (c.pair) {
                 u32 half = (u32)(r1 - r0) * rb;
                 bulk_copy(dst, c.w[0] + (u64)r0 * rb, half, m);
@@ -334,29 +331,20 @@ __device__ __forceinline__ void reduce_stats(const float2* st, int nblk, double*
     }
 }
 
-// nq_row for a row whose statistics are known: each thread loads its words
-// of the permuted layout and the norm weight's, and norms, weights and
-// quantizes them with no reduction. The scale comes from the weighted
-// absmax before the norm, max |x·w| · inv, so a level can round to 128
-// where the CPU's max |(x·inv)·w| gives 127 (clamped). Returns d = 1/s_a.
-// `wn` is the norm weight's copy in the ring (null: unweighted).
-__device__ __forceinline__ float nq_from_stats(const NqArgs& n, const float* wn, const float2* st, int nblk, float* yr,
-                                               i8* qr, int* ls, u64* m, u32 parity) {
+// nq_row for a row whose statistics are known and whose writers also left
+// it multiplied by the norm weight (`xw`): each thread loads its words of
+// the permuted layout and norms and quantizes them with no reduction and no
+// norm weight to fetch. The order is (x·w)·inv where the CPU has (x·inv)·w,
+// and the scale comes from max |x·w| · inv, so a level can round to 128
+// where the CPU gives 127 (clamped). Returns d = 1/s_a.
+__device__ __forceinline__ float nq_from_stats(const NqArgs& n, const float* xw, const float2* st, int nblk,
+                                               float* yr, i8* qr, int* ls) {
     int nw = n.k_pad >> 2, stride = blockDim.x;
-    bool has_w = wn != nullptr;
-    float4 v[NQS_WORDS], w[NQS_WORDS];
+    float4 v[NQS_WORDS];
 #pragma unroll
     for (int u = 0; u < NQS_WORDS; ++u) {
         int i = threadIdx.x + u * stride, base = i < nw ? permuted_base(i) : n.ne0;
-        bool in = base < n.ne0;
-        v[u] = in ? __ldcg((const float4*)(n.x + base)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
-    // The norm weight came with the phase's weights.
-    if (has_w) mbar_wait(m, parity);
-#pragma unroll
-    for (int u = 0; u < NQS_WORDS; ++u) {
-        int i = threadIdx.x + u * stride, base = i < nw ? permuted_base(i) : n.ne0;
-        w[u] = base < n.ne0 && has_w ? *(const float4*)(wn + base) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        v[u] = base < n.ne0 ? __ldcg((const float4*)(xw + base)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
     __shared__ double red_ss;
     __shared__ float red_am;
@@ -373,7 +361,7 @@ __device__ __forceinline__ float nq_from_stats(const NqArgs& n, const float* wn,
         // 16-word lane block is one half-warp for the sums.
         if (i >= nw) break;
         int base = permuted_base(i), sum = 0;
-        float4 y = weigh4(v[u], n.norm, inv, has_w, w[u], &unused);
+        float4 y = weigh4(v[u], n.norm, inv, false, v[u], &unused);
         if (yr && base < n.ne0) *(float4*)(yr + base) = y;
         ((u32*)qr)[i] = quant4(y, sa, &sum);
 #pragma unroll
@@ -456,9 +444,11 @@ __device__ __forceinline__ int2 tile_dot(const u8* rows, u32 rb, int valid, cons
 // (pairs: the gate tiles, then the up tiles); with fewer tiles than warps a
 // tile's chunks split over several warps, whose integer sums add exactly.
 // Thread i then finishes row i: it loaded the row's ends (scales, residual,
-// next norm's weight) at the phase's start, so no row waits on a load.
+// next norm's weight) at the phase's start, so no row waits on a load. A
+// phase that leaves statistics also leaves its rows times the next norm's
+// weight in `xw_rows`.
 __device__ __forceinline__ void gemv_phase(const GemvArgs& g, int blk, int nblk, const u8* wsm, u64* m, u32 parity,
-                                           float* xs, i8* qs, int* ls, float2* stats, u64* tr) {
+                                           float* xs, i8* qs, int* ls, float2* stats, float* xw_rows, u64* tr) {
     __shared__ int part[MMA_ITEMS][16];
     __shared__ int tsum;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
@@ -468,12 +458,6 @@ __device__ __forceinline__ void gemv_phase(const GemvArgs& g, int blk, int nblk,
     block_rows(g, blk, nblk, &r0, &r1);
     int nrows = r1 - r0;
     u32 rb = (u32)(g.k_pad >> 2);
-    // The segment: the input's norm weight when it came along, then the rows.
-    const float* wn = nullptr;
-    if (g.fused == 2 && g.nq.w) {
-        wn = (const float*)wsm;
-        wsm += (g.nq.ne0 * 4 + 15) & ~15;
-    }
     RowEnds mine = {1.0f, 1.0f, 0.0f};
     float msw = 1.0f;
     int mi = 0, row = 0;
@@ -486,8 +470,8 @@ __device__ __forceinline__ void gemv_phase(const GemvArgs& g, int blk, int nblk,
     const int* lsum = g.nq.lsum;
     float d;
     if (g.fused == 2) {
-        d = nq_from_stats(g.nq, wn, stats + g.stat_in * STAT_BLOCKS, nblk, blk == 0 ? g.nq.y : nullptr, qs, ls, m,
-                          parity);
+        d = nq_from_stats(g.nq, xw_rows + g.stat_in * ROW_MAX, stats + g.stat_in * STAT_BLOCKS, nblk,
+                          blk == 0 ? g.nq.y : nullptr, qs, ls);
         if (stamp) tr[TR_STAGED] = now_ns();
     } else if (g.fused == 1) {
         const NqArgs& n = g.nq;
@@ -541,6 +525,7 @@ __device__ __forceinline__ void gemv_phase(const GemvArgs& g, int blk, int nblk,
         mt.out[row] = o;
         ss = o * o;
         am = fabsf(o * msw);
+        if (g.stat_out >= 0) xw_rows[g.stat_out * ROW_MAX + row] = o * msw;
     }
     if (g.stat_out >= 0) {
         ss = warp_sum(ss);
@@ -589,7 +574,7 @@ __device__ __forceinline__ void angles_for(const AttArgs& a, int p, Angles* an) 
 // on its own named barrier (1..15). With ph.g.stat_out ≥ 0 each warp sums
 // the statistics of the outputs it writes, for the norm after.
 __device__ __forceinline__ void att_phase(const Phase& ph, int blk, int nblk, float* att, int* lasts, Angles* an,
-                                          const int* pos, int pos0, float2* stats) {
+                                          const int* pos, int pos0, float2* stats, float* xw_rows) {
     __shared__ float2 ast[DEC_WARPS_MAX];
     const AttArgs& a = ph.a;
     // The kernel read the token's position at its start; another positions
@@ -609,7 +594,7 @@ __device__ __forceinline__ void att_phase(const Phase& ph, int blk, int nblk, fl
         for (int un = blk * per + slot; un < units; un += nblk * per)
             attention_unit<DEC_ATT_D>(a, un % a.n_head_kv, 0, un / a.n_head_kv, u, att + slot * group * a.head_dim,
                                       lasts + slot, false, a.r.on ? an->cs : nullptr, p, ph.g.stat_w,
-                                      want ? &ast[warp] : nullptr);
+                                      want ? &ast[warp] : nullptr, want ? xw_rows + ph.g.stat_out * ROW_MAX : nullptr);
     }
     if (want) {
         __syncwarp();
@@ -647,6 +632,7 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, 1)
     Copy* copies = (Copy*)(att + DEC_WARPS_MAX * DEC_MAX_HEAD_DIM);
     u8* wring = (u8*)(((u64)(copies + n_copies) + 127) & ~(u64)127);
     float2* stats = (float2*)(bar + STATS_AT);
+    float* xw_rows = (float*)(bar + ROWS_AT);
     int blk = blockIdx.x, nblk = gridDim.x;
     look = max(0, min(look, DEC_RING - 2));
     const u32* src = (const u32*)phases;
@@ -694,10 +680,10 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, 1)
         if (gemv) {
             u32 slot = gi % WR_SLOTS;
             gemv_phase(ph.g, blk, nblk, wring + wr.seg[slot], &wr.mbar[slot], (gi / WR_SLOTS) & 1, xs, qs, ls, stats,
-                       stamp);
+                       xw_rows, stamp);
             ++gi;
         } else if (ph.kind == PH_ATT) {
-            att_phase(ph, blk, nblk, att, lasts, &angles, pos, pos0, stats);
+            att_phase(ph, blk, nblk, att, lasts, &angles, pos, pos0, stats, xw_rows);
         } else if (blk == 0) {
             nq_phase(ph.g.nq, xs);
         }

@@ -123,9 +123,6 @@ const _: () = assert!(std::mem::size_of::<Phase>() == 384);
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Copy {
     pub w: [u64; 3],
-    /// The input's norm weight, copied in front of the rows (nw_bytes, 0
-    /// for none): phases that quantize from statistics read it there.
-    pub nw: u64,
     pub rows: [i32; 3],
     pub n: i32,
     /// Virtual rows (pairs, or the matrices' rows end to end).
@@ -133,31 +130,15 @@ pub struct Copy {
     pub k_pad: i32,
     /// 1: (gate, up) pairs, read from w[0] and w[1].
     pub pair: i32,
-    pub nw_bytes: i32,
+    pub pad: i32,
 }
-const _: () = assert!(std::mem::size_of::<Copy>() == 64);
-
-/// Bytes of the norm weight a GEMV phase's segment starts with.
-fn norm_bytes(g: &GemvArgs) -> usize {
-    if g.fused == 2 && g.nq.w != 0 {
-        (4 * g.nq.ne0 as usize).next_multiple_of(16)
-    } else {
-        0
-    }
-}
+const _: () = assert!(std::mem::size_of::<Copy>() == 56);
 
 impl Copy {
     fn of(g: &GemvArgs) -> Copy {
         let n = (g.b.n as usize).min(3);
-        let mut c = Copy {
-            n: n as i32,
-            vrows: g.rows,
-            k_pad: g.k_pad,
-            pair: (g.pair_act >= 0) as i32,
-            nw_bytes: norm_bytes(g) as i32,
-            nw: if norm_bytes(g) > 0 { g.nq.w } else { 0 },
-            ..Default::default()
-        };
+        let mut c =
+            Copy { n: n as i32, vrows: g.rows, k_pad: g.k_pad, pair: (g.pair_act >= 0) as i32, ..Default::default() };
         for (i, m) in g.b.m[..n].iter().enumerate() {
             c.w[i] = m.w;
             c.rows[i] = m.rows;
@@ -179,9 +160,11 @@ const RING: usize = 6;
 const MAX_HEAD_DIM: usize = 128;
 /// Blocks the statistics slots have room for (STAT_BLOCKS).
 pub const STAT_BLOCKS: usize = 1024;
-/// In front of each table: the barrier words (64 u32), then two statistics
-/// slots of STAT_BLOCKS (f32, f32).
-pub const HEADER_BYTES: usize = 256 + 2 * STAT_BLOCKS * 8;
+/// The longest row a writer leaves weighted by the next norm (ROW_MAX).
+const ROW_MAX: usize = 8192;
+/// In front of each table: the barrier words (64 u32), two statistics slots
+/// of STAT_BLOCKS (f32, f32), and two weighted rows of ROW_MAX f32.
+pub const HEADER_BYTES: usize = 256 + 2 * STAT_BLOCKS * 8 + 2 * ROW_MAX * 4;
 /// The longest rows a fused GEMV takes (what a thread quantizes in
 /// registers, NQS_WORDS · 4 · THREADS).
 const MAX_K_PAD: i32 = 8192;
@@ -523,7 +506,7 @@ fn segment_bytes(g: &GemvArgs, blk: usize, blocks: usize) -> usize {
     let per = rows.div_ceil(blocks);
     let r0 = (blk * per).min(rows);
     let r1 = (r0 + per).min(rows);
-    norm_bytes(g) + (r1 - r0) * (g.k_pad as usize / 4) * if g.pair_act >= 0 { 2 } else { 1 }
+    (r1 - r0) * (g.k_pad as usize / 4) * if g.pair_act >= 0 { 2 } else { 1 }
 }
 
 /// The largest segment any block copies for `phases`.
@@ -532,16 +515,17 @@ fn max_segment(phases: &[Phase], blocks: usize) -> usize {
 }
 
 /// Gives each fused GEMV whose input row the phase before it writes whole
-/// (a GEMV with one output, or an attention) the statistics of that row:
-/// the writer leaves them in slot `i % 2`, and the GEMV quantizes from them
-/// with no block reductions. Two slots, so that a phase's writers never
+/// (a GEMV with one output, or an attention) the statistics of that row and
+/// the row times its norm weight: the writer leaves them in slot `i % 2`,
+/// and the GEMV quantizes from them with no block reductions and no norm
+/// weight to read. Two slots, so that a phase's writers never
 /// overwrite what its own readers still read.
 fn link_stats(phases: &mut [Phase]) {
     for i in 1..phases.len() {
         let (before, after) = phases.split_at_mut(i);
         let (prev, cur) = (&mut before[i - 1], &mut after[0]);
         let nq = cur.g.nq;
-        let aligned = nq.ne0 % 4 == 0 && nq.x % 16 == 0 && nq.w % 16 == 0;
+        let aligned = nq.ne0 % 4 == 0 && nq.ne0 as usize <= ROW_MAX;
         if cur.kind != PhaseKind::Gemv || cur.g.fused != 1 || !aligned {
             continue;
         }
@@ -740,12 +724,11 @@ mod tests {
         assert_eq!(f.launches[0].args[1], Arg::I32(5));
         assert_eq!(f.launches[0].args[4], Arg::I32(2560), "ne0_max: only the first norm stages floats");
         assert_eq!(f.launches[0].args[5], Arg::I32(6912), "k_pad_max");
-        assert_eq!(table_bytes(phases).len(), 5 * 384 + 4 * 64, "the phases, then a Copy per GEMV");
-        // Block 0's gate/up rows, 53 pairs of 640-byte rows, after the norm weight.
-        assert_eq!(max_segment(phases, 132), 2560 * 4 + 53 * 2 * 640);
+        assert_eq!(table_bytes(phases).len(), 5 * 384 + 4 * 56, "the phases, then a Copy per GEMV");
+        // Block 0's gate/up rows: 53 pairs of 640-byte rows.
+        assert_eq!(max_segment(phases, 132), 53 * 2 * 640);
         let c = copies(phases);
-        assert_eq!((c[0].nw, c[0].nw_bytes), (0, 0), "the first norm reads its weight itself");
-        assert_eq!((c[3].nw, c[3].nw_bytes, c[3].pair), (0x9000, 6912 * 4, 0));
+        assert_eq!((c[2].pair, c[2].vrows, c[2].w[1]), (1, 6912, 0x200_0000));
     }
 
     #[test]
