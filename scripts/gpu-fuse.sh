@@ -6,7 +6,9 @@
 # runs (CHECK=0 skips it), then greedy text with and without fusing, the
 # per-phase trace, ROUNDS alternating tg128 rounds, and tg128 fused with
 # each setting in VARIANTS (e.g. "TERN_CUDA_SPIN_NS=100 TERN_CUDA_ATT_SPLIT=64").
-# CHECK=fuse runs only the golden models through decode_run. Logs go to $OUT.
+# CHECK=fuse runs only the golden models through decode_run, CHECK=ops the
+# ops and golden models both ways; FORMATS (default IQ2_BN) adds tg128 of
+# other ternary formats, STATS=1 launches per token and pp512. Logs go to $OUT.
 set -u
 cd "$(dirname "$0")/.."
 export M=${MODELS:-/tmp/models}
@@ -14,12 +16,23 @@ OUT=${OUT:-/tmp}
 T=.gpu/tern
 mkdir -p "$M"
 export PYTHONPATH=/tmp/site
+FORMATS=${FORMATS:-IQ2_BN}
 if [ ! -e "$M/IQ2_BN.gguf" ]; then
     pip install --no-deps --target /tmp/site .gpu/gguf-*.whl -q > "$M/pip.log" 2>&1
     (python3 .gpu/make_bitnet_gguf.py --tokenizer-model .gpu/llama3-tiktoken-tokenizer.model --arch bitnet-b1.58 \
-        -o "$M/f16.gguf" && $T quantize "$M/f16.gguf" "$M/IQ2_BN.gguf" IQ2_BN) > "$M/gen.log" 2>&1 &
+        -o "$M/f16.gguf" && for f in $FORMATS; do $T quantize "$M/f16.gguf" "$M/$f.gguf" "$f"; done) > "$M/gen.log" 2>&1 &
 fi
-if [ "${CHECK:-1}" = fuse ]; then
+if [ "${CHECK:-1}" = ops ]; then
+    # The ops and golden models, launched and fused (no NVRTC pass: CI has it).
+    built_at=$(cat .gpu/built-at); [ -e "$built_at" ] || { mkdir -p "$(dirname "$built_at")"; ln -s "$PWD" "$built_at"; }
+    for t in "gpu_ops" "gpu_golden" "gpu_golden FUSE"; do
+        set -- $t
+        TERN_REQUIRE_GPU=1 TERN_CUDA_FUSE=$([ "${2:-}" = FUSE ] && echo 1 || echo 0) timeout 120 .gpu/$1 --nocapture \
+            --test-threads=1 > "$OUT/check-$1${2:-}.log" 2>&1
+        echo "$t rc=$?: $(grep -E 'test result' "$OUT/check-$1${2:-}.log")"
+    done
+    grep -E 'GEMV|head' "$OUT/check-gpu_ops.log" | head -12
+elif [ "${CHECK:-1}" = fuse ]; then
     # decode_run alone: the golden models fused against the CPU.
     built_at=$(cat .gpu/built-at); [ -e "$built_at" ] || { mkdir -p "$(dirname "$built_at")"; ln -s "$PWD" "$built_at"; }
     TERN_REQUIRE_GPU=1 TERN_CUDA_FUSE=1 timeout 120 .gpu/gpu_golden --nocapture --test-threads=1 > "$OUT/check.log" 2>&1
@@ -59,6 +72,21 @@ for _ in $(seq "${ROUNDS:-3}"); do
         echo "FUSE=$f tg128 $(TERN_CUDA_FUSE=$f tg $T)"
     done
 done
+# The other formats, once each way.
+for fmt in $FORMATS; do
+    [ "$fmt" = IQ2_BN ] && continue
+    for f in 0 1; do
+        echo "$fmt FUSE=$f tg128 $(TERN_CUDA_FUSE=$f timeout 60 $T bench -m "$M/$fmt.gguf" -ngl 99 -p 0 -n 128 -r "${REPS:-5}" 2>&1 |
+            grep tg128 | awk -F'|' '{print $(NF-1)}')"
+    done
+done
+if [ "${STATS:-0}" = 1 ]; then
+    for f in 0 1; do
+        echo "FUSE=$f:"
+        TERN_CUDA_FUSE=$f TERN_CUDA_STATS=1 timeout 60 $T bench -m "$M/IQ2_BN.gguf" -ngl 99 -p 512 -n 32 -r 3 2>&1 |
+            grep -E 'pp512|tg32|launches'
+    done
+fi
 for v in ${VARIANTS:-}; do
     echo "FUSE=1 $v tg128 $(env TERN_CUDA_FUSE=1 "$v" bash -c "$(declare -f tg); tg $T")"
 done

@@ -240,6 +240,9 @@ __device__ void issue_ahead(const Copy* copies, int n_copies, Producer* pr, WRin
         int r0 = min(c.vrows, blk * per), r1 = min(c.vrows, r0 + per);
         u32 rb = (u32)(c.k_pad >> 2);
         u32 bytes = (u32)(r1 - r0) * rb * (c.pair ? 2u : 1u);
+        // An empty ring starts again at offset 0: a segment that does not fit
+        // before the end would otherwise wait for the space behind it forever.
+        if (pr->tail == pr->head) pr->head = pr->tail = (pr->head + cap - 1) / cap * cap;
         u32 start = pr->head, off = start % cap;
         if (off + bytes > cap) {
             start += cap - off;
