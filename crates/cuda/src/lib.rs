@@ -140,10 +140,11 @@ pub struct CudaBackend {
 const FUSE_PRIVATE_BYTES: usize = 256 << 10;
 
 /// How `decode_run` runs on this device, or `None` to keep launches. Off
-/// unless `TERN_CUDA_FUSE=1`: on an H100 it decodes the 2B-4T at 435–440 t/s
-/// against 515–518 with launches (BENCHMARKS.md), its norm chains and
-/// attention being slower than the launches they replace. One block per SM;
-/// `TERN_CUDA_LOOK` phases of weights prefetched ahead (default 3).
+/// unless `TERN_CUDA_FUSE=1` and sm_90: on an H100 it decodes the 2B-4T at
+/// 557–595 t/s against 617–653 with launches (BENCHMARKS.md). One block per
+/// SM; `TERN_CUDA_LOOK` descriptors ahead (default 3), `TERN_CUDA_RING_KB`
+/// caps the weight ring, `TERN_CUDA_SPIN_NS` backs off the barrier's polls,
+/// `TERN_CUDA_ATT_SPLIT` sets the keys per attention unit.
 fn fuse_config(gpu: &Gpu, kernels: &Kernels) -> std::result::Result<Option<decode::Config>, String> {
     // The weight ring needs the bulk copy engine (sm_90).
     if !env_flag("TERN_CUDA_FUSE", false) || gpu.info.arch.0 < 9 {

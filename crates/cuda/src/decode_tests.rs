@@ -1,0 +1,202 @@
+//! `decode.rs` on the host: a BitNet layer's launches become the phases
+//! `decode_run` expects, with statistics linked between writers and
+//! readers, and what cannot be fused stays launches. No GPU is needed (the
+//! pointers are never dereferenced).
+
+use super::*;
+use crate::launch::TernaryMat;
+
+const CFG: Config = Config {
+    blocks: 132,
+    look: 3,
+    smem_max: 200 << 10,
+    private: 0xf00_0000,
+    private_cap: 1 << 16,
+    att_split: 0,
+    ring_max: 0,
+    spin_ns: 0,
+};
+
+fn nq(x: u64, q: u64, ne0: i32) -> Launch {
+    Launch::new(Kernel::NormQuant, (1, 1, 1), 1024)
+        .ptr(x)
+        .ptr(0x9000)
+        .ptr(0)
+        .ptr(q)
+        .ptr(q + 0x10000)
+        .ptr(q + 0x20000)
+        .i32(ne0)
+        .i32((ne0 + 255) / 256 * 256)
+        .i32(1)
+        .f32(1e-5)
+}
+
+fn gemv(q: u64, mats: &[(u64, u64, i32)], k_pad: i32, pair: i32) -> Launch {
+    let mut b = TernaryBatch { n: mats.len() as i32, ..Default::default() };
+    for (i, &(out, res, rows)) in mats.iter().enumerate() {
+        b.m[i] = TernaryMat { w: 0x100_0000 * (i as u64 + 1), scales: 1, out, res, rows, groups: 1 };
+    }
+    let kernel = if pair >= 0 { Kernel::TernaryGemv1Pair } else { Kernel::TernaryGemv1 };
+    Launch::new(kernel, (1, 1, 1), 256)
+        .arg(Arg::Batch(b))
+        .i32(k_pad)
+        .ptr(q)
+        .ptr(q + 0x10000)
+        .ptr(q + 0x20000)
+        .i32(1)
+        .i32(pair)
+}
+
+fn att(q: u64, out: u64) -> Launch {
+    let mut l = Launch::new(Kernel::Attention, (5, 1, 128), 128).smem(2048);
+    for p in [q, 0xa000, 0xb000, 0xc000, out, 0xd000, 0xe000] {
+        l = l.ptr(p);
+    }
+    for v in [20, 5, 128] {
+        l = l.i32(v);
+    }
+    l = l.f32(0.088);
+    for v in [32, 128, 1, 1] {
+        l = l.i32(v);
+    }
+    l.arg(Arg::Rope(AttRope::default()))
+}
+
+/// One BitNet layer as lowering emits it: x at 0x1_0000, then q/k/v,
+/// attention out, h; each quantization in its own workspace.
+fn layer() -> Vec<Launch> {
+    layer_ws(0)
+}
+
+/// `layer()` with its quantization workspaces moved by `ws`.
+fn layer_ws(ws: u64) -> Vec<Launch> {
+    let (q1, q2, q3, q4) = (0x100_0000 + ws, 0x200_0000 + ws, 0x300_0000 + ws, 0x400_0000 + ws);
+    vec![
+        nq(0x1_0000, q1, 2560),
+        gemv(q1, &[(0x2_0000, 0, 2560), (0x3_0000, 0, 640), (0x4_0000, 0, 640)], 2560, -1),
+        att(0x2_0000, 0x5_0000),
+        nq(0x5_0000, q2, 2560),
+        gemv(q2, &[(0x6_0000, 0x1_0000, 2560)], 2560, -1),
+        nq(0x6_0000, q3, 2560),
+        gemv(q3, &[(0x7_0000, 0, 6912), (0x8_0000, 0, 6912)], 2560, 1),
+        nq(0x7_0000, q4, 6912),
+        gemv(q4, &[(0x1_0000, 0x6_0000, 2560)], 6912, -1),
+    ]
+}
+
+#[test]
+fn a_layer_becomes_five_phases_of_one_launch() {
+    let head = Launch::new(Kernel::Q8Gemv1, (1, 1, 1), 256).ptr(0x1_0000);
+    let mut launches = layer();
+    launches.push(head.clone());
+    let f = fuse(launches, &CFG);
+    assert_eq!(f.launches.len(), 2);
+    assert_eq!(f.launches[0].kernel, Kernel::DecodeRun);
+    assert_eq!(f.launches[1], head);
+    let (at, phases) = &f.tables[0];
+    assert_eq!(*at, 0);
+    let kinds: Vec<_> = phases.iter().map(|p| p.kind).collect();
+    use PhaseKind::*;
+    assert_eq!(kinds, [Gemv, Attention, Gemv, Gemv, Gemv]);
+    // The first norm reduces in each block (the embedding wrote its
+    // row); the others read what the phase before left.
+    let fused: Vec<_> = phases.iter().map(|p| p.g.fused).collect();
+    assert_eq!(fused, [1, 0, 2, 2, 2]);
+    let outs: Vec<_> = phases.iter().map(|p| (p.g.stat_out, p.g.stat_in)).collect();
+    assert_eq!(outs, [(-1, -1), (1, -1), (0, 1), (1, 0), (-1, 1)], "a writer at phase i uses slot i % 2");
+    assert_eq!(phases[1].g.stat_w, 0x9000, "the attention's stats weigh by the next norm");
+    assert_eq!(phases[0].g.rows, 2560 + 640 + 640);
+    assert_eq!(phases[3].g.rows, 6912, "a pair phase counts pairs");
+    assert_eq!(phases[4].g.nq.ne0, 6912);
+    assert_eq!(f.launches[0].args[1], Arg::I32(5));
+    assert_eq!(f.launches[0].args[4], Arg::I32(2560), "ne0_max: only the first norm stages floats");
+    assert_eq!(f.launches[0].args[5], Arg::I32(6912), "k_pad_max");
+    assert_eq!(table_bytes(phases).len(), 5 * 384 + 4 * 56, "the phases, then a Copy per GEMV");
+    // Block 0's gate/up rows: 53 pairs of 640-byte rows.
+    assert_eq!(max_segment(phases, 132), 53 * 2 * 640);
+    let c = copies(phases);
+    assert_eq!((c[2].pair, c[2].vrows, c[2].w[1]), (1, 6912, 0x200_0000));
+}
+
+#[test]
+fn an_output_over_the_input_keeps_the_quantization_apart() {
+    // The O projection's sum lands on the attention output it reads.
+    let mut launches = layer();
+    launches[4] = gemv(0x200_0000, &[(0x5_0000, 0x1_0000, 2560)], 2560, -1);
+    let f = fuse(launches.clone(), &Config { private: 0, ..CFG });
+    let kinds: Vec<_> = f.tables[0].1.iter().map(|p| (p.kind, p.g.fused)).collect();
+    use PhaseKind::*;
+    assert_eq!(kinds[2..4], [(NormQuant, 0), (Gemv, 0)]);
+    // With a private row the attention writes there and the norm folds.
+    let f = fuse(launches, &CFG);
+    let phases = &f.tables[0].1;
+    assert_eq!(phases.len(), 5);
+    assert_eq!(phases[1].a.out, CFG.private);
+    assert_eq!((phases[2].g.fused, phases[2].g.nq.x), (2, CFG.private));
+    assert_eq!(phases[2].g.b.m[0].out, 0x5_0000);
+}
+
+#[test]
+fn a_ring_too_small_for_a_segment_keeps_the_launches() {
+    let launches = layer();
+    let tight = Config { smem_max: 40 << 10, ..CFG };
+    let f = fuse(launches.clone(), &tight);
+    assert!(f.tables.is_empty());
+    assert_eq!(f.launches, launches);
+}
+
+#[test]
+fn rows_written_by_several_matrices_or_elsewhere_carry_no_statistics() {
+    let mut launches = layer();
+    // The O projection writes somewhere else than gate/up's norm reads.
+    launches[4] = gemv(0x200_0000, &[(0x6_4000, 0x1_0000, 2560)], 2560, -1);
+    let f = fuse(launches, &CFG);
+    let p = &f.tables[0].1;
+    assert_eq!((p[2].g.stat_out, p[3].g.fused), (-1, 1));
+    // Q/K/V write three rows: the attention after reads no norm anyway.
+    assert_eq!(p[0].g.stat_out, -1);
+}
+
+#[test]
+fn levels_read_again_later_are_not_folded() {
+    let mut launches = layer();
+    launches.push(gemv(0x100_0000, &[(0x9_0000, 0, 100)], 2560, -1));
+    let f = fuse(launches, &CFG);
+    assert_eq!(f.tables[0].1[0].kind, PhaseKind::NormQuant);
+}
+
+#[test]
+fn short_runs_and_other_kernels_stay_launches() {
+    let other = Launch::new(Kernel::GetRows, (1, 1, 1), 256).ptr(1);
+    let launches = vec![other.clone(), nq(0x1_0000, 0x100_0000, 2560), layer()[1].clone(), other.clone()];
+    let f = fuse(launches.clone(), &CFG);
+    assert!(f.tables.is_empty());
+    assert_eq!(f.launches, launches);
+    // An attention over several tokens is not fused, and splits the
+    // layer into runs of one and three phases, both too short.
+    let mut wide = layer();
+    wide[2].grid.1 = 4;
+    let f = fuse(wide.clone(), &CFG);
+    assert_eq!(f.launches, wide);
+}
+
+#[test]
+fn rows_with_a_scale_per_chunk_stay_launches() {
+    // Two layers whose gate/up has a scale per 256-chunk: the tiles take
+    // one scale a row, so both gate/up stay launches, with their norms as
+    // phases of the runs before them.
+    let mut launches = layer();
+    launches.extend(layer_ws(0x80_0000));
+    for i in [6, 15] {
+        let Arg::Batch(b) = &mut launches[i].args[0] else { panic!("a batch") };
+        b.m[1].groups = 10;
+    }
+    let f = fuse(launches, &CFG);
+    assert_eq!(f.launches.iter().filter(|l| l.kernel == Kernel::TernaryGemv1Pair).count(), 2);
+    let kinds: Vec<Vec<_>> = f.tables.iter().map(|(_, p)| p.iter().map(|p| p.kind).collect()).collect();
+    use PhaseKind::*;
+    assert_eq!(kinds, [vec![Gemv, Attention, Gemv, NormQuant], vec![Gemv, Gemv, Attention, Gemv, NormQuant]]);
+    // The down projection's statistics feed the next layer's q/k/v.
+    let second = &f.tables[1].1;
+    assert_eq!((second[0].g.stat_out, second[1].g.fused), (0, 2));
+}
