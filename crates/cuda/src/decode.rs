@@ -10,6 +10,8 @@
 //! The pass reads launches by their argument positions, which mirror the
 //! kernels' signatures as `lower.rs` builds them.
 
+use tern_quant::GgmlType;
+
 use crate::kernels::Kernel;
 use crate::launch::{Arg, AttRope, Launch, TernaryBatch};
 
@@ -199,6 +201,9 @@ pub struct Config {
     pub ring_max: usize,
     /// Nanoseconds a block sleeps between polls of the barrier (0: none).
     pub spin_ns: i32,
+    /// One-token attention with f16 caches as a block per KV head
+    /// (`att_block`) where it fits, instead of (KV head, split) units.
+    pub att_block: bool,
 }
 
 /// The launches with each fused run as one `decode_run` launch, and the
@@ -548,6 +553,37 @@ fn link_stats(phases: &mut [Phase]) {
     }
 }
 
+/// Floats of scratch `att_block` needs for a group of `g` q heads of `d`
+/// dims: the q heads, and each of 8 warps' (max, sum) and sums per head.
+fn att_block_floats(g: usize, d: usize) -> usize {
+    g * d + 2 * 8 * g + 8 * g * d
+}
+
+/// Marks the one-token attentions that `att_block` can take (`g.fused` = 1):
+/// rope applied in the kernel, f16 caches, head_dim a multiple of 8 up to
+/// 128, groups of up to 4 q heads, and its scratch within what the phases'
+/// staged rows and levels leave in shared memory.
+fn block_attention(phases: &mut [Phase]) {
+    let (ne0, k_pad) = staged_sizes(phases);
+    let scratch = ne0.next_multiple_of(4) + (k_pad + k_pad / 16) / 4 + WARPS * MAX_HEAD_DIM;
+    let f16 = GgmlType::F16.id() as i32;
+    for p in phases.iter_mut().filter(|p| p.kind == PhaseKind::Attention) {
+        let a = &p.a;
+        let (g, d) = ((a.n_head / a.n_head_kv.max(1)) as usize, a.head_dim as usize);
+        let fits = a.r.on != 0
+            && a.k_type == f16
+            && a.v_type == f16
+            && d % 8 == 0
+            && d <= MAX_HEAD_DIM
+            && (1..=4).contains(&g)
+            && g * a.n_head_kv as usize == a.n_head as usize
+            && att_block_floats(g, d) <= scratch;
+        if fits {
+            p.g.fused = 1;
+        }
+    }
+}
+
 /// The positions tensor every attention of a run reads (0 if none or
 /// several): `decode_run` reads it once.
 fn shared_pos(phases: &[Phase]) -> u64 {
@@ -604,6 +640,9 @@ pub fn fuse(launches: Vec<Launch>, cfg: &Config) -> Fused {
             i += n;
         }
         link_stats(&mut phases);
+        if cfg.att_block {
+            block_attention(&mut phases);
+        }
         match fused_launch(&phases, cfg) {
             Some(l) => {
                 out.tables.push((out.launches.len(), phases));

@@ -15,6 +15,7 @@ const CFG: Config = Config {
     att_split: 0,
     ring_max: 0,
     spin_ns: 0,
+    att_block: false,
 };
 
 fn nq(x: u64, q: u64, ne0: i32) -> Launch {
@@ -199,4 +200,21 @@ fn rows_with_a_scale_per_chunk_stay_launches() {
     // The down projection's statistics feed the next layer's q/k/v.
     let second = &f.tables[1].1;
     assert_eq!((second[0].g.stat_out, second[1].g.fused), (0, 2));
+}
+
+#[test]
+fn block_attention_takes_f16_caches_with_rope_in_the_kernel() {
+    let cfg = Config { att_block: true, ..CFG };
+    let mut launches = layer();
+    let rope = AttRope { on: 1, n_rot: 128, ..Default::default() };
+    launches[2].args[15] = Arg::Rope(rope);
+    let f = fuse(launches.clone(), &cfg);
+    assert_eq!(f.tables[0].1[1].g.fused, 1, "rope on, f16 caches, 4 q heads a KV head");
+    // Rope done before the attention, an f32 cache, or the switch off: units.
+    let f = fuse(layer(), &cfg);
+    assert_eq!(f.tables[0].1[1].g.fused, 0);
+    launches[2].args[13] = Arg::I32(0);
+    assert_eq!(fuse(launches.clone(), &cfg).tables[0].1[1].g.fused, 0);
+    launches[2].args[13] = Arg::I32(1);
+    assert_eq!(fuse(launches, &CFG).tables[0].1[1].g.fused, 0);
 }

@@ -166,6 +166,7 @@ fn fuse_config(gpu: &Gpu, kernels: &Kernels) -> std::result::Result<Option<decod
         att_split: var("TERN_CUDA_ATT_SPLIT").unwrap_or(0),
         ring_max: var("TERN_CUDA_RING_KB").unwrap_or(0).max(0) as usize * 1024,
         spin_ns: var("TERN_CUDA_SPIN_NS").unwrap_or(0).clamp(0, 1000),
+        att_block: env_flag("TERN_CUDA_ATT_BLOCK", false),
     }))
 }
 
