@@ -735,7 +735,8 @@ __device__ __forceinline__ void att_block(const Phase& ph, int blk, int nblk, fl
 // round the blocks; a block runs (its warps) / group units side by side, each
 // on its own named barrier (1..15). With ph.g.stat_out ≥ 0 each warp sums
 // the statistics of the outputs it writes, for the norm after. With
-// ph.g.fused = 1 a block takes a KV head instead (att_block), in `scratch`.
+// ph.g.fused = 1 a block takes a KV head instead (att_block), in `scratch`
+// (the attention region, sized for it).
 __device__ __forceinline__ void att_phase(const Phase& ph, int blk, int nblk, float* att, int* lasts, Angles* an,
                                           const int* pos, int pos0, float2* stats, float* xw_rows, float* scratch) {
     __shared__ float2 ast[DEC_WARPS_MAX];
@@ -776,8 +777,9 @@ __device__ __forceinline__ void att_phase(const Phase& ph, int blk, int nblk, fl
 // block: DEC_THREADS. bar: the table's header (HEADER_BYTES, zero at first
 // use). phases: n phases, then n_copies Copy records. Dynamic shared memory:
 // DEC_RING descriptors, the staged input row (ne0_max floats), its int8
-// levels (k_pad_max) and lane sums (k_pad_max / 64 ints), DEC_WARPS_MAX ·
-// DEC_MAX_HEAD_DIM floats of attention q heads, the Copy records, and from
+// levels (k_pad_max) and lane sums (k_pad_max / 64 ints), att_floats
+// (≥ DEC_WARPS_MAX · DEC_MAX_HEAD_DIM, rounded up to 4) floats for
+// attention, the Copy records, and from
 // the next 128-byte boundary the weight ring (ring_cap bytes, a multiple of
 // 16). trace (optional, TERN_CUDA_FUSE_TRACE): [phase][block] (start,
 // quantized, done, staged) times in ns.
@@ -787,7 +789,7 @@ __device__ __forceinline__ void att_phase(const Phase& ph, int blk, int nblk, fl
 // weights and refills the ring, so neither waits for the other.
 extern "C" __global__ void __launch_bounds__(DEC_THREADS, 1)
     decode_run(const Phase* phases, int n, u32* bar, int look, int ne0_max, int k_pad_max, u64* trace, const int* pos,
-               u32 ring_cap, int n_copies, int spin_ns) {
+               u32 ring_cap, int n_copies, int spin_ns, int att_floats) {
     extern __shared__ __align__(128) u8 dsm[];
     __shared__ int lasts[16];
     __shared__ Angles angles;
@@ -798,7 +800,7 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, 1)
     i8* qs = (i8*)(xs + ((ne0_max + 3) & ~3));
     int* ls = (int*)(qs + k_pad_max);
     float* att = (float*)(ls + k_pad_max / 64);
-    Copy* copies = (Copy*)(att + DEC_WARPS_MAX * DEC_MAX_HEAD_DIM);
+    Copy* copies = (Copy*)(att + ((att_floats + 3) & ~3));
     u8* wring = (u8*)(((u64)(copies + n_copies) + 127) & ~(u64)127);
     float2* stats = (float2*)(bar + STATS_AT);
     float* xw_rows = (float*)(bar + ROWS_AT);
@@ -852,7 +854,7 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, 1)
                        xw_rows, stamp);
             ++gi;
         } else if (ph.kind == PH_ATT) {
-            att_phase(ph, blk, nblk, att, lasts, &angles, pos, pos0, stats, xw_rows, xs);
+            att_phase(ph, blk, nblk, att, lasts, &angles, pos, pos0, stats, xw_rows, att);
         } else if (blk == 0) {
             nq_phase(ph.g.nq, xs);
         }

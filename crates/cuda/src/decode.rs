@@ -479,7 +479,7 @@ fn smem_fixed(phases: &[Phase]) -> usize {
         + 4 * ne0.next_multiple_of(4)
         + k_pad
         + k_pad / 16
-        + 4 * WARPS * MAX_HEAD_DIM
+        + 4 * att_floats(phases)
         + n_copies * std::mem::size_of::<Copy>();
     fixed + RING_ALIGN
 }
@@ -561,11 +561,8 @@ fn att_block_floats(g: usize, d: usize) -> usize {
 
 /// Marks the one-token attentions that `att_block` can take (`g.fused` = 1):
 /// rope applied in the kernel, f16 caches, head_dim a multiple of 8 up to
-/// 128, groups of up to 4 q heads, and its scratch within what the phases'
-/// staged rows and levels leave in shared memory.
+/// 128, groups of up to 4 q heads.
 fn block_attention(phases: &mut [Phase]) {
-    let (ne0, k_pad) = staged_sizes(phases);
-    let scratch = ne0.next_multiple_of(4) + (k_pad + k_pad / 16) / 4 + WARPS * MAX_HEAD_DIM;
     let f16 = GgmlType::F16.id() as i32;
     for p in phases.iter_mut().filter(|p| p.kind == PhaseKind::Attention) {
         let a = &p.a;
@@ -576,12 +573,21 @@ fn block_attention(phases: &mut [Phase]) {
             && d % 8 == 0
             && d <= MAX_HEAD_DIM
             && (1..=4).contains(&g)
-            && g * a.n_head_kv as usize == a.n_head as usize
-            && att_block_floats(g, d) <= scratch;
+            && g * a.n_head_kv as usize == a.n_head as usize;
         if fits {
             p.g.fused = 1;
         }
     }
+}
+
+/// decode_run's `att_floats`: the attention region, the units' q heads or
+/// the largest `att_block` scratch.
+fn att_floats(phases: &[Phase]) -> usize {
+    let block = phases.iter().filter(|p| p.kind == PhaseKind::Attention && p.g.fused == 1).map(|p| {
+        let g = (p.a.n_head / p.a.n_head_kv.max(1)) as usize;
+        att_block_floats(g, p.a.head_dim as usize)
+    });
+    block.fold(WARPS * MAX_HEAD_DIM, usize::max).next_multiple_of(4)
 }
 
 /// The positions tensor every attention of a run reads (0 if none or
@@ -623,7 +629,8 @@ fn fused_launch(phases: &[Phase], cfg: &Config) -> Option<Launch> {
             .ptr(shared_pos(phases))
             .i32(ring as i32)
             .i32(copies(phases).len() as i32)
-            .i32(cfg.spin_ns),
+            .i32(cfg.spin_ns)
+            .i32(att_floats(phases) as i32),
     )
 }
 
