@@ -1,5 +1,6 @@
 //! The compact golden models fully offloaded (`-ngl 99`) against the CPU
-//! backend: teacher-forced logits on the manifest ids, then 16 greedy tokens.
+//! backend: teacher-forced logits on the manifest ids, then 16 one-token
+//! decoding steps (their logits, fed the CPU's tokens) and greedy tokens.
 //! Also the demo model, partly offloaded, and against the float64 reference
 //! for the float fixtures.
 //!
@@ -74,16 +75,21 @@ fn assert_close_to_cpu(what: &str, want: &[f32], got: &[f32]) {
     assert!(kl <= 1e-3 && top1 >= 0.95, "{what}: KL {kl} top1 {top1}");
 }
 
-fn greedy(model: &Path, prompt: &[u32], n: usize, ngl: usize) -> Vec<u32> {
+/// `n` greedy tokens after `prompt`, and the logits of each one-token
+/// decoding step. With `forced`, those tokens are fed instead of the
+/// model's own picks (teacher forcing), so two runs' steps can be compared
+/// row by row.
+fn greedy(model: &Path, prompt: &[u32], n: usize, ngl: usize, forced: Option<&[u32]>) -> (Vec<u32>, Vec<f32>) {
     let mut s = Session::load(model, &opts(ngl)).unwrap();
     let mut logits = s.eval(prompt, Logits::Last).unwrap();
-    let mut out = Vec::new();
-    for _ in 0..n {
-        let t = argmax(&logits) as u32;
-        out.push(t);
+    let (mut out, mut steps) = (Vec::new(), Vec::new());
+    for i in 0..n {
+        out.push(argmax(&logits) as u32);
+        let t = forced.map_or(out[i], |f| f[i]);
         logits = s.eval(&[t], Logits::Last).unwrap();
+        steps.extend_from_slice(&logits);
     }
-    out
+    (out, steps)
 }
 
 #[test]
@@ -109,17 +115,22 @@ fn golden_models_on_the_gpu_match_the_cpu() {
         let (kl, max_abs, top1) = distance(&want, &got, n_vocab);
         let (_, ref64) = npy::read_f32(&dir.join(format!("ref64/{golden}.npy"))).unwrap();
         let (_, f64_abs, _) = distance(&ref64, &got, n_vocab);
+        // The one-token decoding steps (what TERN_CUDA_FUSE=1 fuses), fed
+        // the CPU's greedy tokens, against the CPU's own steps.
         let prompt = &ids[..11];
-        let (g_cpu, g_gpu) = (greedy(&model, prompt, 16, 0), greedy(&model, prompt, 16, 99));
+        let (g_cpu, s_cpu) = greedy(&model, prompt, 16, 0, None);
+        let (g_gpu, s_gpu) = greedy(&model, prompt, 16, 99, Some(&g_cpu));
+        let (s_kl, s_abs, s_top1) = distance(&s_cpu, &s_gpu, n_vocab);
         eprintln!(
-            "{:<26} class {class}: cpu→gpu KL {kl:.2e} max|Δ| {max_abs:.5} top1 {:.1}% | float64 max|Δ| {f64_abs:.5} | greedy {}",
+            "{:<26} class {class}: cpu→gpu KL {kl:.2e} max|Δ| {max_abs:.5} top1 {:.1}% | float64 max|Δ| {f64_abs:.5} | \
+             decode steps KL {s_kl:.2e} max|Δ| {s_abs:.5} | greedy {}",
             f[0],
             top1 * 100.0,
             if g_cpu == g_gpu { "same" } else { "DIFFERENT" }
         );
         let ok = match class {
-            "f" => max_abs <= 1e-3 && f64_abs <= 1e-3 && g_cpu == g_gpu,
-            _ => (kl <= 1e-3 && top1 >= 0.95 && g_cpu == g_gpu) || f64_abs <= 1e-3,
+            "f" => max_abs <= 1e-3 && f64_abs <= 1e-3 && s_abs <= 1e-3 && g_cpu == g_gpu,
+            _ => (kl <= 1e-3 && top1 >= 0.95 && s_kl <= 1e-3 && s_top1 >= 0.95 && g_cpu == g_gpu) || f64_abs <= 1e-3,
         };
         if !ok {
             failures.push(format!("{}: KL {kl:.2e} max {max_abs} top1 {top1} greedy {g_cpu:?} vs {g_gpu:?}", f[0]));
