@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # decode_run (TERN_CUDA_FUSE=1) against the separate launches, on a GPU
-# machine through `device` (carrying .gpu from scripts/gpu-build.sh plus
-# make_bitnet_gguf.py, llama3-tiktoken-tokenizer.model and the gguf wheel):
+# machine through `device` (carrying .gpu, which scripts/gpu-build.sh fills
+# with the binaries, the model generator, its tokenizer and the gguf wheel):
 # makes the 2B-4T-shaped IQ2_BN model in the lease while scripts/gpu-check.sh
 # runs (CHECK=0 skips it), then greedy text with and without fusing, the
 # per-phase trace, ROUNDS alternating tg128 rounds, and tg128 fused with
