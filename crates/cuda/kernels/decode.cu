@@ -19,17 +19,16 @@
 #define PH_GEMV 1
 #define PH_ATT 2
 
-// One block an SM of 256 threads: up to 255 registers a thread hold a GEMV
-// row's activations and two rows of weights (512 threads, at 128
-// registers, spilled and ran 25–30% slower on an H100). Every GEMV row is a
-// warp's, as in ternary_gemv1.
+// One block an SM of 256 threads, with up to 255 registers a thread (an
+// earlier 512-thread version, at 128 registers, spilled and ran 25–30%
+// slower on an H100). A GEMV's rows go to the warps in tiles of 16.
 #define DEC_THREADS 256
 #define DEC_WARPS_MAX 8
 // Phase descriptors kept in shared memory: the current phase, the `look`
 // phases ahead, and one arriving (look ≤ 4).
 #define DEC_RING 6
 // head_dim ≤ this: attention units run with 4 accumulators a lane (the
-// standalone kernel's 8 would not fit the 128 registers a thread has here).
+// standalone kernel's 8 would crowd the registers the rest needs).
 #define DEC_ATT_D 4
 #define DEC_MAX_HEAD_DIM (32 * DEC_ATT_D)
 // GEMV phases whose weights may be in the shared-memory ring at once (one
