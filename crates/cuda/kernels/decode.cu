@@ -152,8 +152,10 @@ struct WRing {
 
 // The producer thread's state: GEMV phases issued and freed, and bytes
 // issued and freed (monotonic; ring offsets are these mod cap).
+// `done` of `size` bytes of the last segment started (index issued − 1)
+// are copied; done == size once it is all under way.
 struct Producer {
-    u32 issued, freed, head, tail;
+    u32 issued, freed, head, tail, done, size;
 };
 
 // The ring needs the bulk copy engine and transaction-counting mbarriers
@@ -228,17 +230,50 @@ __device__ __forceinline__ void locate(const GemvArgs& g, int vr, int* mi, int* 
     *row = vr;
 }
 
+// Bytes [from, to) (multiples of 16) of copy c's segment for block rows
+// [r0, r1) to `dst`. A segment's rows lie as the virtual rows go: pairs
+// have rows r0..r1 of gate, then of up; in a batch, matrix i holds virtual
+// rows [base, base + rows).
+__device__ void copy_span(const Copy& c, int r0, int r1, u8* dst, u32 from, u32 to, u64* m) {
+    u32 rb = (u32)(c.k_pad >> 2), at = 0;
+    int base = 0;
+    for (int i = 0; i < (c.pair ? 2 : c.n); ++i) {
+        int l0 = c.pair ? r0 : max(r0 - base, 0), l1 = c.pair ? r1 : min(r1 - base, c.rows[i]);
+        base += c.rows[i];
+        if (l0 >= l1) continue;
+        u32 len = (u32)(l1 - l0) * rb, x = max(from, at), y = min(to, at + len);
+        if (x < y) bulk_copy(dst + x, c.w[i] + (u64)l0 * rb + (x - at), y - x, m);
+        at += len;
+    }
+}
+
 // The producer (one thread): the weight rows of the next GEMV phases into
-// the ring while they fit (space and mbarriers). A segment's rows lie as the
-// virtual rows go (pairs: the gate rows, then the up rows); it never wraps.
+// the ring while they fit (space and mbarriers), a segment never wrapping.
+// At most `budget` bytes a call (~0u: no limit), so that 132 blocks do not
+// ask DRAM for a whole large segment at the same barrier; segments up to
+// index `must` (the next GEMV phase's) are finished regardless.
 __device__ void issue_ahead(const Copy* copies, int n_copies, Producer* pr, WRing* wr, u8* ring, u32 cap, int blk,
-                            int nblk) {
-    while ((int)pr->issued < n_copies && pr->issued - pr->freed < WR_SLOTS) {
+                            int nblk, u32 budget, u32 must) {
+    for (;;) {
+        if (pr->done < pr->size) {
+            u32 idx = pr->issued - 1, slot = idx % WR_SLOTS;
+            const Copy& c = copies[idx];
+            int per = (c.vrows + nblk - 1) / nblk;
+            int r0 = min(c.vrows, blk * per), r1 = min(c.vrows, r0 + per);
+            u32 lim = idx <= must ? pr->size : pr->done + min(budget, pr->size - pr->done);
+            if (lim == pr->done) return;
+            copy_span(c, r0, r1, ring + wr->seg[slot], pr->done, lim, &wr->mbar[slot]);
+            budget -= min(budget, lim - pr->done);
+            pr->done = lim;
+            if (pr->done < pr->size) return;
+            continue;
+        }
+        if ((int)pr->issued >= n_copies || pr->issued - pr->freed >= WR_SLOTS) return;
+        if (pr->issued > must && budget == 0) return;
         const Copy& c = copies[pr->issued];
         int per = (c.vrows + nblk - 1) / nblk;
         int r0 = min(c.vrows, blk * per), r1 = min(c.vrows, r0 + per);
-        u32 rb = (u32)(c.k_pad >> 2);
-        u32 bytes = (u32)(r1 - r0) * rb * (c.pair ? 2u : 1u);
+        u32 bytes = (u32)(r1 - r0) * (u32)(c.k_pad >> 2) * (c.pair ? 2u : 1u);
         // An empty ring starts again at offset 0: a segment that does not fit
         // before the end would otherwise wait for the space behind it forever.
         if (pr->tail == pr->head) pr->head = pr->tail = (pr->head + cap - 1) / cap * cap;
@@ -258,21 +293,10 @@ __device__ void issue_ahead(const Copy* copies, int n_copies, Producer* pr, WRin
             SM90(asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(m)),
                               "r"(bytes)
                               : "memory"));
-            u8* dst = ring + off;
-            if (c.pair) {
-                u32 half = (u32)(r1 - r0) * rb;
-                bulk_copy(dst, c.w[0] + (u64)r0 * rb, half, m);
-                bulk_copy(dst + half, c.w[1] + (u64)r0 * rb, half, m);
-            } else {
-                int base = 0;
-                for (int mi = 0; mi < c.n; ++mi) {
-                    int lo = max(r0 - base, 0), hi = min(r1 - base, c.rows[mi]);
-                    if (lo < hi) bulk_copy(dst + (u64)(base + lo - r0) * rb, c.w[mi] + (u64)lo * rb, (u32)(hi - lo) * rb, m);
-                    base += c.rows[mi];
-                }
-            }
         }
         pr->head = start + bytes;
+        pr->done = 0;
+        pr->size = bytes;
         ++pr->issued;
     }
 }
@@ -788,7 +812,7 @@ __device__ __forceinline__ void att_phase(const Phase& ph, int blk, int nblk, fl
 // weights and refills the ring, so neither waits for the other.
 extern "C" __global__ void __launch_bounds__(DEC_THREADS, 1)
     decode_run(const Phase* phases, int n, u32* bar, int look, int ne0_max, int k_pad_max, u64* trace, const int* pos,
-               u32 ring_cap, int n_copies, int spin_ns, int att_floats) {
+               u32 ring_cap, int n_copies, int spin_ns, int att_floats, u32 refill) {
     extern __shared__ __align__(128) u8 dsm[];
     __shared__ int lasts[16];
     __shared__ Angles angles;
@@ -806,7 +830,8 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, 1)
     int blk = blockIdx.x, nblk = gridDim.x;
     look = max(0, min(look, DEC_RING - 2));
     const u32* src = (const u32*)phases;
-    Producer pr = {0, 0, 0, 0};
+    Producer pr = {0, 0, 0, 0, 0, 0};
+    u32 budget = refill ? refill : ~0u;
     u32 target = 0, epoch = 0;
     // The table and the weights never depend on the previous kernel:
     // descriptors 0..look, the copy records and the first phases' weights
@@ -832,7 +857,7 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, 1)
     // Positions are inputs, written before the graph's first kernel.
     int pos0 = pos ? pos[0] : 0;
     __syncthreads();
-    if (threadIdx.x == PRODUCER) issue_ahead(copies, n_copies, &pr, &wr, wring, ring_cap, blk, nblk);
+    if (threadIdx.x == PRODUCER) issue_ahead(copies, n_copies, &pr, &wr, wring, ring_cap, blk, nblk, ~0u, 0);
     __syncthreads();
     pdl_wait();
     u32 gi = 0;
@@ -888,7 +913,9 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, 1)
                 pr.tail = wr.end[pr.freed % WR_SLOTS];
                 ++pr.freed;
             }
-            issue_ahead(copies, n_copies, &pr, &wr, wring, ring_cap, blk, nblk);
+            // The next GEMV phase is number gi: its weights must all be on
+            // their way before the barrier opens.
+            issue_ahead(copies, n_copies, &pr, &wr, wring, ring_cap, blk, nblk, budget, gi);
             if (stamp) stamp[TR_ISSUED] = now_ns();
         }
         if (p + 1 < n) __syncthreads();

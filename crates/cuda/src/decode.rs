@@ -204,6 +204,9 @@ pub struct Config {
     /// One-token attention with f16 caches as a block per KV head
     /// (`att_block`) where it fits, instead of (KV head, split) units.
     pub att_block: bool,
+    /// Bytes of weights a block's producer may copy at one barrier (a
+    /// multiple of 16; 0: no limit), beyond the next GEMV phase's own.
+    pub refill_bytes: u32,
 }
 
 /// The launches with each fused run as one `decode_run` launch, and the
@@ -630,7 +633,8 @@ fn fused_launch(phases: &[Phase], cfg: &Config) -> Option<Launch> {
             .i32(ring as i32)
             .i32(copies(phases).len() as i32)
             .i32(cfg.spin_ns)
-            .i32(att_floats(phases) as i32),
+            .i32(att_floats(phases) as i32)
+            .i32(cfg.refill_bytes as i32),
     )
 }
 

@@ -16,6 +16,7 @@ const CFG: Config = Config {
     ring_max: 0,
     spin_ns: 0,
     att_block: false,
+    refill_bytes: 0,
 };
 
 fn nq(x: u64, q: u64, ne0: i32) -> Launch {
@@ -213,6 +214,8 @@ fn block_attention_takes_f16_caches_with_rope_in_the_kernel() {
     // Its scratch: 4 q heads of 128, and 8 warps' (max, sum) and sums.
     assert_eq!(att_floats(&f.tables[0].1), 512 + 64 + 8 * 512);
     assert_eq!(f.launches[0].args[11], Arg::I32(512 + 64 + 8 * 512));
+    let f = fuse(layer(), &Config { refill_bytes: 32 << 10, ..cfg });
+    assert_eq!(f.launches[0].args[12], Arg::I32(32 << 10), "the producer's budget a barrier");
     assert_eq!(att_floats(&fuse(layer(), &cfg).tables[0].1), 8 * 128, "the units' q heads");
     // Rope done before the attention, an f32 cache, or the switch off: units.
     let f = fuse(layer(), &cfg);

@@ -144,7 +144,9 @@ const FUSE_PRIVATE_BYTES: usize = 256 << 10;
 /// 557–595 t/s against 617–653 with launches (BENCHMARKS.md). One block per
 /// SM; `TERN_CUDA_LOOK` descriptors ahead (default 3), `TERN_CUDA_RING_KB`
 /// caps the weight ring, `TERN_CUDA_SPIN_NS` backs off the barrier's polls,
-/// `TERN_CUDA_ATT_SPLIT` sets the keys per attention unit.
+/// `TERN_CUDA_ATT_SPLIT` sets the keys per attention unit,
+/// `TERN_CUDA_ATT_BLOCK=1` takes a block per KV head instead, and
+/// `TERN_CUDA_REFILL_KB` caps what a block's producer copies at a barrier.
 fn fuse_config(gpu: &Gpu, kernels: &Kernels) -> std::result::Result<Option<decode::Config>, String> {
     // The weight ring needs the bulk copy engine (sm_90).
     if !env_flag("TERN_CUDA_FUSE", false) || gpu.info.arch.0 < 9 {
@@ -167,6 +169,7 @@ fn fuse_config(gpu: &Gpu, kernels: &Kernels) -> std::result::Result<Option<decod
         ring_max: var("TERN_CUDA_RING_KB").unwrap_or(0).max(0) as usize * 1024,
         spin_ns: var("TERN_CUDA_SPIN_NS").unwrap_or(0).clamp(0, 1000),
         att_block: env_flag("TERN_CUDA_ATT_BLOCK", false),
+        refill_bytes: var("TERN_CUDA_REFILL_KB").unwrap_or(0).clamp(0, 1 << 20) as u32 * 1024,
     }))
 }
 
