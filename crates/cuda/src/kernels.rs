@@ -24,6 +24,10 @@ pub const SOURCES: &[(&str, &str)] = &[
             include_str!("../kernels/quantize.cu"),
             include_str!("../kernels/ternary.cu"),
             include_str!("../kernels/attention.cu"),
+            include_str!("../kernels/decode_table.cu"),
+            include_str!("../kernels/decode_ring.cu"),
+            include_str!("../kernels/decode_gemv.cu"),
+            include_str!("../kernels/decode_attention.cu"),
             include_str!("../kernels/decode.cu")
         ),
     ),
