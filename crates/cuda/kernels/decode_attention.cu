@@ -37,7 +37,7 @@ __device__ __forceinline__ void angles_for(const AttArgs& a, int p, Angles* an) 
 }
 
 // One token's attention with f16 caches, a block per KV head, for
-// `decode_run` (the phase's g.fused = 1; decode.rs checks the shape fits).
+// `decode_run` (the phase's att_block = 1; decode.rs checks the shape fits).
 // Every load that can go out at once does: q, the new k and v (rotated and
 // stored here), then each warp's 32 keys' K rows (one a lane), then their V
 // rows; the warps' softmax partials merge in shared memory, so there is no
@@ -199,7 +199,7 @@ __device__ __forceinline__ void att_block(const Phase& ph, int blk, int nblk, fl
 // round the blocks; a block runs (its warps) / group units side by side, each
 // on its own named barrier (1..15). With ph.g.stat_out ≥ 0 each warp sums
 // the statistics of the outputs it writes, for the norm after. With
-// ph.g.fused = 1 a block takes a KV head instead (att_block), in `scratch`
+// ph.att_block = 1 a block takes a KV head instead, in `scratch`
 // (the attention region, sized for it).
 __device__ __forceinline__ void att_phase(const Phase& ph, int blk, int nblk, float* att, int* lasts, Angles* an,
                                           const int* pos, int pos0, float2* stats, float* xw_rows, float* scratch) {
@@ -211,7 +211,7 @@ __device__ __forceinline__ void att_phase(const Phase& ph, int blk, int nblk, fl
     if (a.r.on) angles_for(a, p, an);
     int warp = threadIdx.x >> 5;
     bool want = ph.g.stat_out >= 0;
-    if (ph.g.fused == 1) {
+    if (ph.att_block) {
         float ss = 0.0f, am = 0.0f;
         att_block(ph, blk, nblk, scratch, an, p, stats, xw_rows, &ss, &am);
         if (want) put_stats(stats + ph.g.stat_out * STAT_BLOCKS, blk, warp_sum(ss), warp_max(am));

@@ -82,19 +82,8 @@ __device__ __forceinline__ float nq_from_stats(const NqArgs& n, const float* xw,
     float inv = n.norm ? (float)(1.0 / sqrt(ss / n.ne0 + (double)n.eps)) : 1.0f;
     float sa = 127.0f / fmaxf(am * inv, 1e-5f), unused = 0.0f;
 #pragma unroll
-    for (int u = 0; u < NQS_WORDS; ++u) {
-        int i = threadIdx.x + u * stride;
-        // nw is a multiple of 64: whole warps leave together, and each
-        // 16-word lane block is one half-warp for the sums.
-        if (i >= nw) break;
-        int base = permuted_base(i), sum = 0;
-        float4 y = weigh4(v[u], n.norm, inv, false, v[u], &unused);
-        if (yr && base < n.ne0) *(float4*)(yr + base) = y;
-        ((u32*)qr)[i] = quant4(y, sa, &sum);
-#pragma unroll
-        for (int o = 8; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-        if ((i & 15) == 0) ls[i >> 4] = sum;
-    }
+    for (int u = 0; u < NQS_WORDS; ++u) v[u] = weigh4(v[u], n.norm, inv, false, v[u], &unused);
+    put_words<NQS_WORDS>(v, nw, n.ne0, sa, yr, qr, ls);
     return 1.0f / sa;
 }
 
@@ -182,7 +171,7 @@ __device__ __forceinline__ void gemv_phase(const GemvArgs& g, int blk, int nblk,
     bool pair = g.pair_act >= 0;
     bool stamp = tr && threadIdx.x == 0;
     int r0, r1;
-    block_rows(g, blk, nblk, &r0, &r1);
+    block_rows(g.rows, blk, nblk, &r0, &r1);
     int nrows = r1 - r0;
     u32 rb = (u32)(g.k_pad >> 2);
     RowEnds mine = {1.0f, 1.0f, 0.0f};

@@ -90,10 +90,10 @@ __device__ __forceinline__ void bulk_copy(u8* dst, const u8* src, u32 bytes, u64
 }
 
 // This block's rows of a GEMV phase: [r0, r1) of the virtual rows.
-__device__ __forceinline__ void block_rows(const GemvArgs& g, int blk, int nblk, int* r0, int* r1) {
-    int per = (g.rows + nblk - 1) / nblk;
-    *r0 = min(g.rows, blk * per);
-    *r1 = min(g.rows, *r0 + per);
+__device__ __forceinline__ void block_rows(int rows, int blk, int nblk, int* r0, int* r1) {
+    int per = (rows + nblk - 1) / nblk;
+    *r0 = min(rows, blk * per);
+    *r1 = min(rows, *r0 + per);
 }
 
 // Virtual row `vr` as (matrix, row).
@@ -133,8 +133,8 @@ __device__ void issue_ahead(const Copy* copies, int n_copies, Producer* pr, WRin
         if (pr->done < pr->size) {
             u32 idx = pr->issued - 1, slot = idx % WR_SLOTS;
             const Copy& c = copies[idx];
-            int per = (c.vrows + nblk - 1) / nblk;
-            int r0 = min(c.vrows, blk * per), r1 = min(c.vrows, r0 + per);
+            int r0, r1;
+            block_rows(c.vrows, blk, nblk, &r0, &r1);
             u32 lim = idx <= must ? pr->size : pr->done + min(budget, pr->size - pr->done);
             if (lim == pr->done) return;
             copy_span(c, r0, r1, ring + wr->seg[slot], pr->done, lim, &wr->mbar[slot]);
@@ -146,8 +146,8 @@ __device__ void issue_ahead(const Copy* copies, int n_copies, Producer* pr, WRin
         if ((int)pr->issued >= n_copies || pr->issued - pr->freed >= WR_SLOTS) return;
         if (pr->issued > must && budget == 0) return;
         const Copy& c = copies[pr->issued];
-        int per = (c.vrows + nblk - 1) / nblk;
-        int r0 = min(c.vrows, blk * per), r1 = min(c.vrows, r0 + per);
+        int r0, r1;
+        block_rows(c.vrows, blk, nblk, &r0, &r1);
         u32 bytes = (u32)(r1 - r0) * (u32)(c.k_pad >> 2) * (c.pair ? 2u : 1u);
         // An empty ring starts again at offset 0: a segment that does not fit
         // before the end would otherwise wait for the space behind it forever.

@@ -62,9 +62,11 @@ struct GemvArgs {
 };
 static_assert(sizeof(GemvArgs) == 240, "GemvArgs layout (tern_cuda::decode::GemvArgs)");
 
+// `att_block` (attention phases): 1 takes a KV head a block (att_block),
+// 0 the (KV head, split) units.
 struct Phase {
     int kind;
-    int pad;
+    int att_block;
     GemvArgs g;
     AttArgs a;
 };

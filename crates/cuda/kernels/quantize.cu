@@ -121,6 +121,26 @@ __device__ __forceinline__ float4 weigh4(float4 v, int norm, float inv, bool has
     return v;
 }
 
+// A thread's weighted words (word threadIdx.x + u·blockDim of the permuted
+// layout in v[u], of nw) as int8 levels at scale sa into qr, their lane
+// block sums into ls, and the floats into yr when given. nw / 4 is a
+// multiple of 64 and blockDim a multiple of 32, so whole warps take each
+// step and every 16-word lane block is one half-warp for the sums.
+template <int U>
+__device__ __forceinline__ void put_words(const float4* v, int nw, int ne0, float sa, float* yr, i8* qr, int* ls) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        int i = threadIdx.x + u * blockDim.x;
+        if (i >= nw) break;
+        int base = permuted_base(i), sum = 0;
+        if (yr && base < ne0) *(float4*)(yr + base) = v[u];
+        ((u32*)qr)[i] = quant4(v[u], sa, &sum);
+#pragma unroll
+        for (int o = 8; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        if ((i & 15) == 0) ls[i >> 4] = sum;
+    }
+}
+
 // nq_row's path for rows staged in shared memory before they are normed
 // (rows too long for registers, unaligned rows, no norm weight): sets the
 // norm's `inv` and the weighted row's partial absmax of this thread.
@@ -209,20 +229,7 @@ __device__ __forceinline__ float nq_row(const float* xr, const float* w, float* 
         for (int u = 0; u < ROW_UNROLL; ++u) v[u] = weigh4(v[u], norm, inv, w != nullptr, wpre[u], &amax);
         amax = block_max(amax, scratch);
         float sa = 127.0f / fmaxf(amax, 1e-5f);
-        // k_pad / 4 is a multiple of 64 and blockDim a multiple of 32, so
-        // whole warps take each step and every 16-word lane block is one
-        // half-warp for the sums.
-#pragma unroll
-        for (int u = 0; u < ROW_UNROLL; ++u) {
-            int i = threadIdx.x + u * stride;
-            if (i >= nw) break;
-            int base = permuted_base(i), sum = 0;
-            if (yr && base < ne0) *(float4*)(yr + base) = v[u];
-            ((u32*)qr_)[i] = quant4(v[u], sa, &sum);
-#pragma unroll
-            for (int o = 8; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-            if ((i & 15) == 0) ls[i >> 4] = sum;
-        }
+        put_words<ROW_UNROLL>(v, nw, ne0, sa, yr, qr_, ls);
         return 1.0f / sa;
     }
     nq_staged(xr, w, xs, ne0, norm, eps, wpre, vec, staged, dscratch, &inv, &amax);

@@ -112,7 +112,8 @@ pub enum PhaseKind {
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Phase {
     pub kind: PhaseKind,
-    pub pad: i32,
+    /// Attention phases: 1 runs it as a block per KV head (`att_block`).
+    pub att_block: i32,
     pub g: GemvArgs,
     pub a: AttArgs,
 }
@@ -562,7 +563,7 @@ fn att_block_floats(g: usize, d: usize) -> usize {
     g * d + 2 * 8 * g + 8 * g * d
 }
 
-/// Marks the one-token attentions that `att_block` can take (`g.fused` = 1):
+/// Marks the one-token attentions that `att_block` can take:
 /// rope applied in the kernel, f16 caches, head_dim a multiple of 8 up to
 /// 128, groups of up to 4 q heads.
 fn block_attention(phases: &mut [Phase]) {
@@ -578,7 +579,7 @@ fn block_attention(phases: &mut [Phase]) {
             && (1..=4).contains(&g)
             && g * a.n_head_kv as usize == a.n_head as usize;
         if fits {
-            p.g.fused = 1;
+            p.att_block = 1;
         }
     }
 }
@@ -586,7 +587,7 @@ fn block_attention(phases: &mut [Phase]) {
 /// decode_run's `att_floats`: the attention region, the units' q heads or
 /// the largest `att_block` scratch.
 fn att_floats(phases: &[Phase]) -> usize {
-    let block = phases.iter().filter(|p| p.kind == PhaseKind::Attention && p.g.fused == 1).map(|p| {
+    let block = phases.iter().filter(|p| p.kind == PhaseKind::Attention && p.att_block == 1).map(|p| {
         let g = (p.a.n_head / p.a.n_head_kv.max(1)) as usize;
         att_block_floats(g, p.a.head_dim as usize)
     });

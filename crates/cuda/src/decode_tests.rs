@@ -210,7 +210,7 @@ fn block_attention_takes_f16_caches_with_rope_in_the_kernel() {
     let rope = AttRope { on: 1, n_rot: 128, ..Default::default() };
     launches[2].args[15] = Arg::Rope(rope);
     let f = fuse(launches.clone(), &cfg);
-    assert_eq!(f.tables[0].1[1].g.fused, 1, "rope on, f16 caches, 4 q heads a KV head");
+    assert_eq!(f.tables[0].1[1].att_block, 1, "rope on, f16 caches, 4 q heads a KV head");
     // Its scratch: 4 q heads of 128, and 8 warps' (max, sum) and sums.
     assert_eq!(att_floats(&f.tables[0].1), 512 + 64 + 8 * 512);
     assert_eq!(f.launches[0].args[11], Arg::I32(512 + 64 + 8 * 512));
@@ -219,9 +219,9 @@ fn block_attention_takes_f16_caches_with_rope_in_the_kernel() {
     assert_eq!(att_floats(&fuse(layer(), &cfg).tables[0].1), 8 * 128, "the units' q heads");
     // Rope done before the attention, an f32 cache, or the switch off: units.
     let f = fuse(layer(), &cfg);
-    assert_eq!(f.tables[0].1[1].g.fused, 0);
+    assert_eq!(f.tables[0].1[1].att_block, 0);
     launches[2].args[13] = Arg::I32(0);
-    assert_eq!(fuse(launches.clone(), &cfg).tables[0].1[1].g.fused, 0);
+    assert_eq!(fuse(launches.clone(), &cfg).tables[0].1[1].att_block, 0);
     launches[2].args[13] = Arg::I32(1);
-    assert_eq!(fuse(launches, &CFG).tables[0].1[1].g.fused, 0);
+    assert_eq!(fuse(launches, &CFG).tables[0].1[1].att_block, 0);
 }
