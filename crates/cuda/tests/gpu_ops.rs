@@ -519,6 +519,135 @@ fn attention_matches_cpu_across_splits_and_cache_types() {
     }
 }
 
+/// A backend that decodes through `decode_run` (`TERN_CUDA_FUSE=1`, and
+/// `TERN_CUDA_ATT_BLOCK` as given): the switches are read when a backend
+/// opens, so they are set around the opening alone and restored after
+/// (scripts/gpu-check.sh runs these tests one at a time). `None` without a
+/// GPU, or on one before sm_90, which has no fused kernel (said so).
+fn fused_gpu(att_block: bool) -> Option<CudaBackend> {
+    let arch = tern_cuda::devices().ok()?.first()?.arch;
+    if arch.0 < 9 {
+        eprintln!("skipped: decode_run needs sm_90, device is sm_{}{}", arch.0, arch.1);
+        return None;
+    }
+    let keys = ["TERN_CUDA_FUSE", "TERN_CUDA_ATT_BLOCK"];
+    let saved: Vec<_> = keys.iter().map(|k| std::env::var_os(k)).collect();
+    std::env::set_var(keys[0], "1");
+    std::env::set_var(keys[1], if att_block { "1" } else { "0" });
+    let gpu = gpu();
+    for (k, v) in keys.iter().zip(saved) {
+        match v {
+            Some(v) => std::env::set_var(k, v),
+            None => std::env::remove_var(k),
+        }
+    }
+    gpu
+}
+
+/// A graph with random leaf data, built a weight at a time.
+struct Built {
+    g: Graph,
+    data: HashMap<NodeId, Vec<u8>>,
+    rng: Rng,
+    ids: usize,
+}
+
+impl Built {
+    fn weight(&mut self, ty: GgmlType, ne: [usize; 4], bytes: Vec<u8>) -> NodeId {
+        self.ids += 1;
+        let w = self.g.weight(self.ids, "w", ty, ne);
+        self.data.insert(w, bytes);
+        w
+    }
+
+    /// RMS norm of x (n wide) times a random weight near 1.
+    fn norm(&mut self, x: NodeId, n: usize) -> NodeId {
+        let v: Vec<f32> = self.rng.vec(n).iter().map(|v| 1.0 + 0.5 * v).collect();
+        let w = self.weight(GgmlType::F32, [n, 1, 1, 1], bytes_f32(&v));
+        let h = self.g.rms_norm(x, 1e-5);
+        self.g.mul(h, w)
+    }
+
+    /// A random ternary [k, rows] matrix of `ty` times h.
+    fn mat(&mut self, ty: GgmlType, k: usize, rows: usize, h: NodeId) -> NodeId {
+        let bytes = ternary_weight(ty, k, rows, false, &mut self.rng);
+        let w = self.weight(ty, [k, rows, 1, 1], bytes);
+        self.g.mul_mat(w, h, Precision::Paired)
+    }
+}
+
+/// Two BitNet layers for one token, on random weights, inputs and caches,
+/// through the persistent decoding kernel (both attention paths) against the
+/// CPU: the residual stream, the new cache rows, and fewer launches than
+/// without fusing (so the fused kernel did run). Its norms quantize from
+/// the writers' statistics in another order, which can move an int8
+/// activation by one at a rounding tie, and attention merges in another
+/// order: bound 5e-3 of the largest output.
+#[test]
+fn fused_decoding_layers_match_cpu() {
+    let Some(mut plain) = gpu() else { return };
+    let (k, ff, hd, nh, nkv, n_ctx) = (512usize, 768usize, 64usize, 8usize, 2usize, 256usize);
+    let row = hd * nkv;
+    for kv_pos in [0usize, 45, 200] {
+        let mut b = Built { g: Graph::new(), data: HashMap::new(), rng: Rng(31 + kv_pos as u64), ids: 0 };
+        let x0 = b.rng.vec(k);
+        let mut x = b.weight(GgmlType::F32, [k, 1, 1, 1], bytes_f32(&x0));
+        let pos = b.g.input(InputKind::Positions, 1);
+        b.data.insert(pos, bytes_i32(&[kv_pos as i32]));
+        let rope = RopeParams { mode: RopeMode::Neox, n_rot: hd, head_dim: hd, freq_base: 500000.0, freq_scale: 1.0 };
+        let mut outs = Vec::new();
+        for layer in 0..2 {
+            let h = b.norm(x, k);
+            let q = b.mat(GgmlType::IQ2_BN, k, hd * nh, h);
+            let kk = b.mat(GgmlType::I2_S, k, row, h);
+            let v = b.mat(GgmlType::IQ2_BN, k, row, h);
+            let kc = b.g.kv_cache(layer, KvKind::K, GgmlType::F16, [row, n_ctx, 1, 1]);
+            let vc = b.g.kv_cache(layer, KvKind::V, GgmlType::F16, [row, n_ctx, 1, 1]);
+            let (kv, vv) = (f16_bytes(&b.rng.vec(row * n_ctx)), f16_bytes(&b.rng.vec(row * n_ctx)));
+            b.data.insert(kc, kv);
+            b.data.insert(vc, vv);
+            let (qr, kr) = (b.g.rope(q, pos, None, rope), b.g.rope(kk, pos, None, rope));
+            let p = AttentionParams {
+                layer,
+                n_head: nh,
+                n_head_kv: nkv,
+                head_dim: hd,
+                scale: 1.0 / (hd as f32).sqrt(),
+                kv_pos,
+            };
+            let a = b.g.attention(qr, kr, v, kc, vc, pos, p);
+            let s = b.norm(a, k);
+            let o = b.mat(GgmlType::IQ2_BN, k, k, s);
+            let x2 = b.g.add(x, o);
+            let h2 = b.norm(x2, k);
+            let gate = b.mat(GgmlType::IQ2_BN, k, ff, h2);
+            let up = b.mat(GgmlType::I2_S, k, ff, h2);
+            let act = b.g.gated_act(gate, up, Activation::Relu2);
+            let s2 = b.norm(act, ff);
+            let d = b.mat(GgmlType::IQ2_BN, ff, k, s2);
+            x = b.g.add(x2, d);
+            outs.extend([kc, vc]);
+        }
+        outs.push(x);
+        for &o in &outs {
+            b.g.mark_output(o);
+        }
+        run(&mut plain, &b.g, &b.data, &outs);
+        let unfused = plain.stats.last_launches;
+        for att_block in [false, true] {
+            let Some(mut fused) = fused_gpu(att_block) else { return };
+            let what = format!("fused decoding kv_pos {kv_pos} att_block {att_block}");
+            let e = compare(&mut fused, &b.g, &b.data, &outs, 5e-3, &what);
+            let launches = fused.stats.last_launches;
+            eprintln!("{what}: {e:.1e}, {launches} launches against {unfused}");
+            assert!(
+                launches < unfused,
+                "{what}: {launches} launches, {unfused} without fusing: decode_run did not run"
+            );
+        }
+    }
+}
+
 /// Kernel times at the 2B-4T shapes, against the bytes each one must read.
 #[test]
 fn timing_table_for_2b4t_shapes() {
