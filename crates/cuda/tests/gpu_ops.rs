@@ -531,7 +531,7 @@ fn fused_gpu(att_block: bool) -> Option<CudaBackend> {
         return None;
     }
     let keys = ["TERN_CUDA_FUSE", "TERN_CUDA_ATT_BLOCK"];
-    let saved: Vec<_> = keys.iter().map(|k| std::env::var_os(k)).collect();
+    let saved: Vec<_> = keys.iter().map(std::env::var_os).collect();
     std::env::set_var(keys[0], "1");
     std::env::set_var(keys[1], if att_block { "1" } else { "0" });
     let gpu = gpu();
