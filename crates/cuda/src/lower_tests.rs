@@ -264,3 +264,28 @@ fn staged_weights_are_streamed_in_before_their_matmul() {
     assert_eq!(ls[7].args[1], Arg::Ptr(1 << 44));
     assert!(b.m[0].scales > b.m[0].w && b.m[0].scales < b.m[1].w);
 }
+
+/// A plan is replayed by its key: moving any one tensor, or any one node
+/// to another shape, must give another key, and the same call the same key.
+#[test]
+fn plan_keys_change_with_every_location_and_shape() {
+    let l = layer(1);
+    let (_bufs, locs) = bind(&l.g, None, &[]);
+    let nodes: Vec<NodeId> = l.g.ids().filter(|id| !l.g.node(*id).op.is_leaf()).collect();
+    let key = crate::fingerprint(&l.g, &nodes, &locs);
+    assert_eq!(key, crate::fingerprint(&l.g, &nodes, &locs.clone()));
+    let mut moved = 0;
+    for i in 0..locs.len() {
+        let Some(loc) = locs[i] else { continue };
+        let mut other = locs.clone();
+        other[i] = Some(TensorLoc { offset: loc.offset + 256, ..loc });
+        assert_ne!(crate::fingerprint(&l.g, &nodes, &other), key, "node {i} moved");
+        moved += 1;
+    }
+    assert!(moved > 20);
+    for &id in &nodes {
+        let mut g = l.g.clone();
+        g.nodes[id.index()].ne[1] += 1;
+        assert_ne!(crate::fingerprint(&g, &nodes, &locs), key, "node {} reshaped", id.0);
+    }
+}
