@@ -223,6 +223,76 @@ _Pragma("unroll") \
 Q6K_KERNEL(q6k_gemv, FMAT_MAXT, 1)
 Q6K_KERNEL(q6k_gemv1, 1, 3)
 
+// Four activations as Q8_K levels: round half away from zero, saturated
+// like the CPU's `as i8` (tern_quant::act, Q8_K).
+__device__ __forceinline__ u32 q8k_pack4(float4 v, float id) {
+    const float f[4] = {v.x, v.y, v.z, v.w};
+    u32 w = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) w |= (u32)(max(-128, min(127, (int)roundf(f[i] * id))) & 255) << (8 * i);
+    return w;
+}
+
+// One token's Q6_K product in the CPU's integers (Precision::Paired): x as
+// Q8_K (d = amax/127 per 256 elements), each lane's level words against
+// the matching activation words by dp4a (levels − 32 as signed bytes),
+// scaled by the group scales, then by d_w · d_x per Q6_K block. Each block
+// first quantizes x into shared memory (k + k/64 bytes; k/256 warp passes,
+// 10 KB from L2 at 2560, no launch of its own), then its warps walk rows
+// gridDim.x · 8 apart (lower.rs: three blocks an SM). The float kernel's
+// activation loads, 2 × 4 cache lines a warp per Q6_K block, bounded it at
+// 1.7 TB/s; here they are two 128-byte shared-memory reads. Lane mapping and
+// weight fetches as q6k_gemv1.
+extern "C" __global__ void __launch_bounds__(256, 3) q6k_gemv1_q8(const u8* base, int rows, int k, const float* x,
+                                                                   int n_tok, float* out, u64 out_stride,
+                                                                   const float* res) {
+    extern __shared__ __align__(16) u8 qsm[];
+    i8* xq = (i8*)qsm;
+    float* dx = (float*)(qsm + k);
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nb = k >> 8;
+    int row = blockIdx.x * 8 + warp, stride = gridDim.x * 8;
+    Q6Lane p = q6_lane(base, rows, k, row < rows ? row : 0, lane);
+    int e = 128 * (lane >> 4) + 32 * ((lane >> 3) & 1) + 4 * (lane & 7);
+    Q6Share w[Q6_UNROLL];
+    if (row < rows) q6_fetch(p, 0, nb, w);
+    pdl_wait();
+    pdl_launch();
+    for (int b = warp; b < nb; b += 8) {
+        const float4* xb = (const float4*)(x + 256 * b) + 2 * lane;
+        float4 v0 = __ldg(xb), v1 = __ldg(xb + 1);
+        float am = fmaxf(fmaxf(fmaxf(fabsf(v0.x), fabsf(v0.y)), fmaxf(fabsf(v0.z), fabsf(v0.w))),
+                         fmaxf(fmaxf(fabsf(v1.x), fabsf(v1.y)), fmaxf(fabsf(v1.z), fabsf(v1.w))));
+        am = warp_max(am);
+        float d = am / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        ((uint2*)(xq + 256 * b))[lane] = make_uint2(q8k_pack4(v0, id), q8k_pack4(v1, id));
+        if (lane == 0) dx[b] = d;
+    }
+    __syncthreads();
+    for (; row < rows; row += stride) {
+        if (row != (int)blockIdx.x * 8 + warp) {
+            p = q6_lane(base, rows, k, row, lane);
+            q6_fetch(p, 0, nb, w);
+        }
+        float acc = 0.0f;
+        for (int b0 = 0; b0 < nb; b0 += Q6_UNROLL) {
+            if (b0 != 0) q6_fetch(p, b0, nb, w);
+#pragma unroll
+            for (int u = 0; u < Q6_UNROLL; ++u) {
+                int b = b0 + u;
+                if (b >= nb) break;
+                u32 lo = __vsub4(q6_levels(w[u].ql, w[u].qh, p.shift), 0x20202020u);
+                u32 hi = __vsub4(q6_levels(w[u].ql >> 4, w[u].qh, p.shift + 4), 0x20202020u);
+                const i8* xa = xq + 256 * b + e;
+                int s = (int)(i8)(w[u].sc & 255) * __dp4a((int)lo, *(const int*)xa, 0) +
+                        (int)(i8)(w[u].sc >> 8) * __dp4a((int)hi, *(const int*)(xa + 64), 0);
+                acc += h2f((u16)w[u].d) * dx[b] * (float)s;
+            }
+        }
+        float y = warp_sum(acc);
+        if (lane == 0) out[row] = res ? y + res[row] : y;
+    }
+}
+
 // F16 weights times f32 activations, 8 halves per 16-byte load (k % 8 == 0).
 extern "C" __global__ void __launch_bounds__(256) f16_gemv(const u16* w, int rows, int k, const float* x, int n_tok,
                                                           float* out, u64 out_stride, const float* res) {

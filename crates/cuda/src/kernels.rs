@@ -61,6 +61,9 @@ pub enum Kernel {
     Q6KGemv,
     /// `Q6KGemv` for one token (the decoding head), with fewer registers.
     Q6KGemv1,
+    /// One token's Q6_K product with Q8_K activations, the CPU's integers
+    /// (`Precision::Paired`); its blocks walk the rows.
+    Q6KGemv1Q8,
     F16Gemv,
     GetRowsQ8,
     GetRowsQ6K,
@@ -77,7 +80,7 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 26] = [
+    pub const ALL: [Kernel; 27] = [
         Kernel::GetRows,
         Kernel::RmsNorm,
         Kernel::Binary,
@@ -94,6 +97,7 @@ impl Kernel {
         Kernel::Q8Gemv1,
         Kernel::Q6KGemv,
         Kernel::Q6KGemv1,
+        Kernel::Q6KGemv1Q8,
         Kernel::F16Gemv,
         Kernel::GetRowsQ8,
         Kernel::GetRowsQ6K,
@@ -127,6 +131,7 @@ impl Kernel {
             Kernel::GetRowsQ8 => ("fmat", "get_rows_q8"),
             Kernel::Q6KGemv => ("fmat", "q6k_gemv"),
             Kernel::Q6KGemv1 => ("fmat", "q6k_gemv1"),
+            Kernel::Q6KGemv1Q8 => ("fmat", "q6k_gemv1_q8"),
             Kernel::GetRowsQ6K => ("fmat", "get_rows_q6k"),
             Kernel::KvStore => ("attention", "kv_store"),
             Kernel::RopeStore => ("attention", "rope_store"),

@@ -125,7 +125,9 @@ pub(crate) fn fingerprint(graph: &Graph, nodes: &[NodeId], locs: &[Option<Tensor
     };
     for &id in nodes {
         let n = graph.node(id);
-        (id.0, std::mem::discriminant(&n.op), n.ne).hash(&mut h);
+        // A product's precision picks its kernel.
+        let paired = matches!(n.op, Op::MulMat { precision: tern_graph::Precision::Paired });
+        (id.0, std::mem::discriminant(&n.op), paired, n.ne).hash(&mut h);
         loc(&mut h, id);
         for &s in &n.srcs {
             s.0.hash(&mut h);
@@ -726,7 +728,7 @@ impl Backend for CudaBackend {
         let Some(plan) = self.plans.get(&key) else {
             // First sight: lower, run directly, and keep the launches.
             let lowered = loop {
-                match lower(graph, nodes, locs, &self.buffers, self.scratch) {
+                match lower(graph, nodes, locs, &self.buffers, self.scratch, self.gpu.info.sm_count as usize) {
                     Ok(l) => break l,
                     Err(Need::Workspace(n)) => self.grow_scratch(n)?,
                     Err(Need::Counters(n)) => self.grow_counters(n)?,

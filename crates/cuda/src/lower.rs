@@ -14,7 +14,7 @@
 use std::collections::HashMap;
 
 use tern_backend::TensorLoc;
-use tern_graph::{Activation, DType, Graph, NodeId, Op, RopeMode};
+use tern_graph::{Activation, DType, Graph, NodeId, Op, Precision, RopeMode};
 use tern_quant::GgmlType;
 
 use crate::buffers::Buffers;
@@ -94,6 +94,8 @@ struct Lower<'a> {
     /// Rope nodes left for the attention that reads them (fused with its cache store).
     deferred_rope: Vec<NodeId>,
     in_split: Vec<bool>,
+    /// Multiprocessors of the device, for kernels whose blocks walk rows.
+    sms: usize,
     out: Vec<Launch>,
 }
 
@@ -107,6 +109,7 @@ pub fn lower(
     locs: &[Option<TensorLoc>],
     bufs: &Buffers,
     scratch: Scratch,
+    sms: usize,
 ) -> Result<Lowered, Need> {
     let mut uses = vec![0u32; graph.nodes.len()];
     let mut readers = vec![Vec::new(); graph.nodes.len()];
@@ -137,6 +140,7 @@ pub fn lower(
         quant: HashMap::new(),
         deferred_rope: Vec::new(),
         in_split,
+        sms,
         out: Vec::with_capacity(nodes.len()),
     };
     let mut i = 0;
@@ -586,6 +590,9 @@ impl Lower<'_> {
         };
         let x = self.ptr(node.srcs[1])?;
         let row_bytes = w.ty.row_bytes(k as u64).unwrap_or(0);
+        // A quantized model's products pair int8 activations where a kernel
+        // does (the CPU's integers); float kernels otherwise.
+        let paired = matches!(node.op, Op::MulMat { precision: Precision::Paired });
         for t0 in (0..n_tok).step_by(FMAT_TOKENS) {
             let nt = (n_tok - t0).min(FMAT_TOKENS);
             let off = (t0 * rows * 4) as u64;
@@ -593,6 +600,10 @@ impl Lower<'_> {
             let l = if w.quant == Some(QLayout::Levels) {
                 let kernel = if nt == 1 { Kernel::Q8Gemv1 } else { Kernel::Q8Gemv };
                 Launch::new(kernel, grid1(rows, 8), 256).ptr(w.ptr_codes).ptr(w.ptr_scales)
+            } else if w.quant == Some(QLayout::Q6K) && nt == 1 && paired {
+                // Three blocks an SM walk the rows, each quantizing x first.
+                let blocks = rows.div_ceil(8).min(3 * self.sms.max(1));
+                Launch::new(Kernel::Q6KGemv1Q8, (blocks as u32, 1, 1), 256).smem(k + k / 64).ptr(w.ptr_codes)
             } else if w.quant == Some(QLayout::Q6K) {
                 let kernel = if nt == 1 { Kernel::Q6KGemv1 } else { Kernel::Q6KGemv };
                 Launch::new(kernel, grid1(rows, 8), 256).ptr(w.ptr_codes)

@@ -128,7 +128,7 @@ fn lowered(
 ) -> Result<Vec<crate::launch::Launch>, crate::lower::Need> {
     let (bufs, locs) = bind(&l.g, alias, staged);
     let nodes: Vec<NodeId> = l.g.ids().filter(|id| !l.g.node(*id).op.is_leaf()).collect();
-    lower(&l.g, &nodes, &locs, &bufs, scratch).map(|l| l.launches)
+    lower(&l.g, &nodes, &locs, &bufs, scratch, 132).map(|l| l.launches)
 }
 
 fn kernels(ls: &[crate::launch::Launch]) -> Vec<Kernel> {
@@ -288,4 +288,8 @@ fn plan_keys_change_with_every_location_and_shape() {
         g.nodes[id.index()].ne[1] += 1;
         assert_ne!(crate::fingerprint(&g, &nodes, &locs), key, "node {} reshaped", id.0);
     }
+    let mm = nodes.iter().find(|&&id| matches!(l.g.node(id).op, Op::MulMat { .. })).unwrap();
+    let mut g = l.g.clone();
+    g.nodes[mm.index()].op = Op::MulMat { precision: tern_graph::Precision::Float };
+    assert_ne!(crate::fingerprint(&g, &nodes, &locs), key, "a product's precision picks its kernel");
 }

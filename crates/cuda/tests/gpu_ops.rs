@@ -395,6 +395,26 @@ fn float_and_block_matmuls_and_get_rows_match_cpu() {
     }
 }
 
+/// A quantized model's Q6_K head for one token runs the CPU's integers (x
+/// as Q8_K, exact dp4a sums per block), so only the float sums of the blocks
+/// differ: bound 1e-5 of the largest output. 5000 rows take the kernel's
+/// walk over rows past its first grid of blocks (three an SM).
+#[test]
+fn paired_q6k_one_token_matches_cpu() {
+    let Some(mut gpu) = gpu() else { return };
+    let mut rng = Rng(41);
+    for &(k, rows) in &[(256usize, 33usize), (2560, 1000), (768, 5000)] {
+        let mut g = Graph::new();
+        let w = g.weight(0, "w", GgmlType::Q6_K, [k, rows, 1, 1]);
+        let x = g.weight(1, "x", GgmlType::F32, [k, 1, 1, 1]);
+        let y = g.mul_mat(w, x, Precision::Paired);
+        let data =
+            HashMap::from([(w, float_weight(GgmlType::Q6_K, k, rows, &mut rng)), (x, bytes_f32(&rng.vec(k)))]);
+        let e = compare(&mut gpu, &g, &data, &[y], 1e-5, &format!("paired Q6_K k={k} rows={rows}"));
+        eprintln!("paired Q6_K {k}x{rows}: {e:.1e}");
+    }
+}
+
 #[test]
 fn pointwise_norm_and_rope_match_cpu() {
     let Some(mut gpu) = gpu() else { return };
@@ -685,17 +705,25 @@ fn timing_table_for_2b4t_shapes() {
             ));
         }
     }
-    for (ty, n) in [(GgmlType::Q6_K, 1usize), (GgmlType::Q8_0, 1), (GgmlType::F16, 1)] {
-        let (k, rows) = (2560, 128256);
+    // A quantized model's head pairs int8 activations (Q6_K); a float
+    // model's keeps f32.
+    let heads = [
+        (GgmlType::Q6_K, Precision::Paired),
+        (GgmlType::Q6_K, Precision::Float),
+        (GgmlType::Q8_0, Precision::Float),
+        (GgmlType::F16, Precision::Float),
+    ];
+    for (ty, precision) in heads {
+        let (k, rows, n) = (2560, 128256, 1);
         let mut g = Graph::new();
         let w = g.weight(0, "w", ty, [k, rows, 1, 1]);
         let x = g.weight(1, "x", GgmlType::F32, [k, n, 1, 1]);
-        g.mul_mat(w, x, Precision::Float);
+        g.mul_mat(w, x, precision);
         let data = HashMap::from([(w, timing_bytes(ty, k, rows, &mut rng)), (x, bytes_f32(&rng.vec(k * n)))]);
         let ms = time(&mut gpu, &g, &data);
         let bytes = ty.tensor_bytes(&[k as u64, rows as u64]).unwrap() as f64;
         lines.push(format!(
-            "| head {ty} GEMV | {k}×{rows} | {n} | {:.1} | {:.0} |",
+            "| head {ty} GEMV ({precision:?}) | {k}×{rows} | {n} | {:.1} | {:.0} |",
             ms * 1e3,
             bytes / (ms * 1e-3) / 1e9
         ));
