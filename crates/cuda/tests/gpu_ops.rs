@@ -408,8 +408,7 @@ fn paired_q6k_one_token_matches_cpu() {
         let w = g.weight(0, "w", GgmlType::Q6_K, [k, rows, 1, 1]);
         let x = g.weight(1, "x", GgmlType::F32, [k, 1, 1, 1]);
         let y = g.mul_mat(w, x, Precision::Paired);
-        let data =
-            HashMap::from([(w, float_weight(GgmlType::Q6_K, k, rows, &mut rng)), (x, bytes_f32(&rng.vec(k)))]);
+        let data = HashMap::from([(w, float_weight(GgmlType::Q6_K, k, rows, &mut rng)), (x, bytes_f32(&rng.vec(k)))]);
         let e = compare(&mut gpu, &g, &data, &[y], 1e-5, &format!("paired Q6_K k={k} rows={rows}"));
         eprintln!("paired Q6_K {k}x{rows}: {e:.1e}");
     }
