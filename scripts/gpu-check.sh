@@ -30,7 +30,7 @@ done
 # (decode_run, opt-in): the same logits and greedy tokens as the CPU.
 echo "=== gpu_golden, TERN_CUDA_FUSE=1"
 TERN_CUDA_FUSE=1 "$bin/gpu_golden" --nocapture --test-threads=1 || status=1
-# And with its attention as a block per KV head (TERN_CUDA_ATT_BLOCK=1).
-echo "=== gpu_golden, TERN_CUDA_FUSE=1 TERN_CUDA_ATT_BLOCK=1"
-TERN_CUDA_FUSE=1 TERN_CUDA_ATT_BLOCK=1 "$bin/gpu_golden" --nocapture --test-threads=1 || status=1
+# And with its attention over (KV head, split) units (TERN_CUDA_ATT_BLOCK=0).
+echo "=== gpu_golden, TERN_CUDA_FUSE=1 TERN_CUDA_ATT_BLOCK=0"
+TERN_CUDA_FUSE=1 TERN_CUDA_ATT_BLOCK=0 "$bin/gpu_golden" --nocapture --test-threads=1 || status=1
 exit $status

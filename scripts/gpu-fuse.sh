@@ -36,7 +36,7 @@ elif [ "${CHECK:-1}" = fuse ]; then
     # decode_run alone: the golden models fused against the CPU.
     built_at=$(cat .gpu/built-at); [ -e "$built_at" ] || { mkdir -p "$(dirname "$built_at")"; ln -s "$PWD" "$built_at"; }
     TERN_REQUIRE_GPU=1 TERN_CUDA_FUSE=1 timeout 120 .gpu/gpu_golden --nocapture --test-threads=1 > "$OUT/check.log" 2>&1
-    echo "gpu_golden TERN_CUDA_FUSE=1 (TERN_CUDA_ATT_BLOCK=${TERN_CUDA_ATT_BLOCK:-0}) rc=$?"
+    echo "gpu_golden TERN_CUDA_FUSE=1 (TERN_CUDA_ATT_BLOCK=${TERN_CUDA_ATT_BLOCK:-1}) rc=$?"
     grep -E 'test result|FAILED|panicked' "$OUT/check.log" | head -20
 elif [ "${CHECK:-1}" = 1 ]; then
     timeout 300 scripts/gpu-check.sh > "$OUT/check.log" 2>&1

@@ -176,12 +176,13 @@ const FUSE_PRIVATE_BYTES: usize = 256 << 10;
 
 /// How `decode_run` runs on this device, or `None` to keep launches. Off
 /// unless `TERN_CUDA_FUSE=1` and sm_90: on an H100 it decodes the 2B-4T at
-/// 557–595 t/s against 617–653 with launches (BENCHMARKS.md). One block per
+/// 610–659 t/s against 636–681 with launches (BENCHMARKS.md). One block per
 /// SM; `TERN_CUDA_LOOK` descriptors ahead (default 3), `TERN_CUDA_RING_KB`
 /// caps the weight ring, `TERN_CUDA_SPIN_NS` backs off the barrier's polls,
-/// `TERN_CUDA_ATT_SPLIT` sets the keys per attention unit,
-/// `TERN_CUDA_ATT_BLOCK=1` takes a block per KV head instead, and
-/// `TERN_CUDA_REFILL_KB` caps what a block's producer copies at a barrier.
+/// attention takes a block per KV head (`TERN_CUDA_ATT_BLOCK=0`: (KV head,
+/// split) units of `TERN_CUDA_ATT_SPLIT` keys instead; 3–5% slower on an
+/// H100), and `TERN_CUDA_REFILL_KB` caps what a block's producer copies at
+/// a barrier.
 fn fuse_config(gpu: &Gpu, kernels: &Kernels) -> std::result::Result<Option<decode::Config>, String> {
     // The weight ring needs the bulk copy engine (sm_90).
     if !env_flag("TERN_CUDA_FUSE", false) || gpu.info.arch.0 < 9 {
@@ -203,7 +204,7 @@ fn fuse_config(gpu: &Gpu, kernels: &Kernels) -> std::result::Result<Option<decod
         att_split: var("TERN_CUDA_ATT_SPLIT").unwrap_or(0),
         ring_max: var("TERN_CUDA_RING_KB").unwrap_or(0).max(0) as usize * 1024,
         spin_ns: var("TERN_CUDA_SPIN_NS").unwrap_or(0).clamp(0, 1000),
-        att_block: env_flag("TERN_CUDA_ATT_BLOCK", false),
+        att_block: env_flag("TERN_CUDA_ATT_BLOCK", true),
         refill_bytes: var("TERN_CUDA_REFILL_KB").unwrap_or(0).clamp(0, 1 << 20) as u32 * 1024,
     }))
 }
