@@ -10,7 +10,9 @@
 # then `bench`, each call issued right after the last one returns.
 #   scripts/gpu-peer.sh start   # ik build + the f16 model, in the background
 #   scripts/gpu-peer.sh wait    # up to 9.5 minutes
-#   scripts/gpu-peer.sh bench   # ik's IQ2_BN file; ik and tern alternating (ROUNDS=3)
+#   scripts/gpu-peer.sh bench   # ik's IQ2_BN file; ik and tern alternating: full
+#                               # offload (medians of 10, per-run samples under
+#                               # $OUT/peer), then ROUNDS (default 3) hybrid rounds
 # Needs MAKE_MODEL and TOKENIZER as scripts/gpu-bench.sh does (defaults: .gpu/).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -44,14 +46,38 @@ bench)
         "$models/f16.gguf" "$m" IQ2_BN 16 > /tmp/ikq.log 2>&1
     row() { grep -E "^\| [a-z]" | grep -vE "model +\|"; }
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-    # Full offload: two rounds, the engines alternating, 10 runs a figure.
+    # Full offload: two rounds, the engines alternating, 10 runs a figure
+    # after each tool's warm-up run, every run's t/s kept (-o json) so that
+    # the summary below compares medians, as issue 5's acceptance asks (ik's
+    # prompt speeds spread ±25-30%).
+    out=${OUT:-/tmp}/peer
+    mkdir -p "$out"
     for round in 1 2; do
+        i=0
         for args in "-p 512 -n 0 -r 10" "-p 2048 -n 0 -b 2048 -ub 2048 -r 10" "-p 0 -n 128 -r 10"; do
+            i=$((i + 1))
             echo "## round $round: -ngl 99 $args"
-            $ik/build/bin/llama-bench -m "$m" -ngl 99 -fa 1 $args 2>&1 | row
-            "$tern" bench -m "$m" -ngl 99 $args 2>&1 | row
+            $ik/build/bin/llama-bench -m "$m" -ngl 99 -fa 1 $args -o json > "$out/ik-$round-$i.json" 2> /dev/null
+            "$tern" bench -m "$m" -ngl 99 $args -o json > "$out/tern-$round-$i.json" 2> /dev/null
         done
     done
+    python3 - "$out" <<'PY'
+import glob, json, os, statistics, sys
+runs = {}
+for f in sorted(glob.glob(os.path.join(sys.argv[1], "*.json"))):
+    engine, rnd, _ = os.path.basename(f)[:-5].split("-")
+    for r in json.load(open(f)):
+        test = f"pp{r['n_prompt']}" if r["n_prompt"] else f"tg{r['n_gen']}"
+        runs.setdefault((test, rnd), {})[engine] = [float(v) for v in r["samples_ts"]]
+print("| test | round | ik median (mean ± sd, n) | tern median (mean ± sd, n) | tern / ik (medians) |")
+print("|---|---:|---:|---:|---:|")
+def cell(v):
+    return f"{statistics.median(v):,.1f} ({statistics.mean(v):,.1f} ± {statistics.pstdev(v):,.1f}, {len(v)})"
+for (test, rnd), e in sorted(runs.items()):
+    if "ik" in e and "tern" in e:
+        ratio = statistics.median(e["tern"]) / statistics.median(e["ik"])
+        print(f"| {test} | {rnd} | {cell(e['ik'])} | {cell(e['tern'])} | {ratio:.2f}× |")
+PY
     # Hybrid placements: ROUNDS rounds (default 3), ik and tern alternating.
     for round in $(seq "${ROUNDS:-3}"); do
         for placement in "-ngl 99 -ot ffn_.*=CPU" "-ngl 15"; do
