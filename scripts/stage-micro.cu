@@ -1,0 +1,241 @@
+// What decode_run's "stage" costs, alone: after a grid barrier, every block
+// of a persistent grid (one per SM) reads the whole input row that all the
+// blocks wrote just before the barrier, from L2, and reduces it (the trace
+// says 2.2-2.6 us at 2560 floats and 4.2 at 6912). Per row width, this times
+// the barrier and the stage for
+//   f32:   every block reads the row (decode_run today);
+//   f16:   the same at half the bytes (is the stage bound by bytes?);
+//   c2/c4: clusters of 2 or 4 blocks, each reading 1/C of the row and
+//          writing it into every block of its cluster through distributed
+//          shared memory, then a cluster barrier (exact, C times fewer L2 reads).
+// Build and run on the device machine (prints a markdown table):
+//   nvcc -O2 -arch=sm_90a -o /tmp/sm scripts/stage-micro.cu && /tmp/sm
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cuda_runtime.h>
+
+#define CK(x) do { cudaError_t err_ = (x); if (err_ != cudaSuccess) { printf("%s: %s\n", #x, cudaGetErrorString(err_)); exit(1); } } while (0)
+
+constexpr int THREADS = 256;
+constexpr int ITERS = 2000;
+// Dynamic shared memory a block asks for: the row, and enough beyond it
+// that one block fills an SM, as decode_run's weight ring does.
+constexpr int SMEM = 200 << 10;
+
+__device__ __forceinline__ unsigned long long now_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ float block_sum(float v, float* red) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float s = 0.0f;
+    for (int w = 0; w < THREADS / 32; ++w) s += red[w];
+    return s;
+}
+
+__device__ __forceinline__ unsigned short f2h(float v) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+    return h;
+}
+
+__device__ __forceinline__ float h2f(unsigned h) {
+    float v;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(v) : "h"((unsigned short)h));
+    return v;
+}
+
+// This block's rank in its cluster, and a cluster barrier (release/acquire:
+// peers' stores into this block's shared memory are visible after it).
+__device__ __forceinline__ int cluster_rank() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return (int)r;
+}
+
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+// Four floats into shared memory at `p` of cluster block `rank`.
+__device__ __forceinline__ void st_cluster4(float* p, int rank, float4 v) {
+    unsigned local = (unsigned)__cvta_generic_to_shared(p), remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+    asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(remote), "f"(v.x), "f"(v.y), "f"(v.z),
+                 "f"(v.w)
+                 : "memory");
+}
+
+// One 16-byte word of the row as floats: an f32 word is 4 values (`lo`),
+// an f16 word 8 (then `hi` too).
+template <bool HALF>
+__device__ __forceinline__ void load_word(const void* row, int i, float4* lo, float4* hi) {
+    uint4 w = __ldcg((const uint4*)row + i);
+    if (HALF) {
+        const unsigned u[4] = {w.x, w.y, w.z, w.w};
+        *lo = make_float4(h2f(u[0] & 0xffff), h2f(u[0] >> 16), h2f(u[1] & 0xffff), h2f(u[1] >> 16));
+        *hi = make_float4(h2f(u[2] & 0xffff), h2f(u[2] >> 16), h2f(u[3] & 0xffff), h2f(u[3] >> 16));
+    } else {
+        *lo = make_float4(__uint_as_float(w.x), __uint_as_float(w.y), __uint_as_float(w.z), __uint_as_float(w.w));
+    }
+}
+
+// C = 1: plain blocks; C > 1: clusters of C (the kernel is launched with
+// that cluster shape). `out`: per block, mean barrier and stage ns.
+template <int C, bool HALF>
+__global__ void __launch_bounds__(THREADS, 1)
+    stage(void* row, int k, unsigned* bar, int iters, unsigned long long* out, float* sink) {
+    extern __shared__ __align__(16) float xs[];
+    __shared__ float red[THREADS / 32];
+    int nb = gridDim.x, b = blockIdx.x;
+    int per = HALF ? 8 : 4, nw = k / per;
+    unsigned target = 0;
+    unsigned long long t_bar = 0, t_stage = 0;
+    int rank = C > 1 ? cluster_rank() : 0;
+    for (int it = 0; it < iters; ++it) {
+        // The writers: each block its slice of the row.
+        for (int i = b * THREADS + threadIdx.x; i < k; i += nb * THREADS) {
+            float v = (float)((it * 7 + i) % 97) * 0.01f;
+            if (HALF) ((unsigned short*)row)[i] = f2h(v);
+            else ((float*)row)[i] = v;
+        }
+        __syncthreads();
+        unsigned long long t0 = now_ns();
+        if (threadIdx.x == 0) {
+            asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(bar) : "memory");
+            target += (unsigned)nb;
+            while ((int)(ld_acquire(bar) - target) < 0) {
+            }
+        }
+        __syncthreads();
+        unsigned long long t1 = now_ns();
+        // The stage: the row into shared memory (every block's own copy),
+        // then a reduction over it, as the norm's sum of squares is.
+        for (int i = rank + C * (int)threadIdx.x; i < nw; i += C * THREADS) {
+            float4 lo, hi = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            load_word<HALF>(row, i, &lo, &hi);
+            float* dst = xs + i * per;
+            if (C > 1) {
+                for (int r = 0; r < C; ++r) {
+                    st_cluster4(dst, r, lo);
+                    if (HALF) st_cluster4(dst + 4, r, hi);
+                }
+            } else {
+                *(float4*)dst = lo;
+                if (HALF) *(float4*)(dst + 4) = hi;
+            }
+        }
+        if (C > 1) cluster_sync();
+        else __syncthreads();
+        float ss = 0.0f;
+        for (int i = threadIdx.x; i < k; i += THREADS) ss += xs[i] * xs[i];
+        ss = block_sum(ss, red);
+        unsigned long long t2 = now_ns();
+        if (threadIdx.x == 0) {
+            t_bar += t1 - t0;
+            t_stage += t2 - t1;
+            sink[b] = ss;
+        }
+        // Nobody rewrites the row (next iteration) before all have read it,
+        // and no block's shared row is written by a peer still reading it.
+        if (C > 1) cluster_sync();
+        if (threadIdx.x == 0) {
+            asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(bar) : "memory");
+            target += (unsigned)nb;
+            while ((int)(ld_acquire(bar) - target) < 0) {
+            }
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        out[2 * b] = t_bar / iters;
+        out[2 * b + 1] = t_stage / iters;
+    }
+}
+
+template <int C, bool HALF>
+void run(const char* name, int k, int sms) {
+    auto kernel = stage<C, HALF>;
+    CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
+    int grid = sms;
+    if (C > 1) {
+        cudaLaunchConfig_t cfg = {};
+        cudaLaunchAttribute attr[1];
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = C;
+        attr[0].val.clusterDim.y = 1;
+        attr[0].val.clusterDim.z = 1;
+        cfg.gridDim = dim3(sms);
+        cfg.blockDim = dim3(THREADS);
+        cfg.dynamicSmemBytes = SMEM;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+        int clusters = 0;
+        CK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg));
+        // Every block must be resident at once for the grid barrier.
+        grid = std::min(sms, clusters * C) / C * C;
+    }
+    void* row;
+    unsigned* bar;
+    unsigned long long* out;
+    float* sink;
+    CK(cudaMalloc(&row, k * 4));
+    CK(cudaMalloc(&bar, 4));
+    CK(cudaMemset(bar, 0, 4));
+    CK(cudaMalloc(&out, grid * 16));
+    CK(cudaMalloc(&sink, grid * 4));
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = C;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(THREADS);
+    cfg.dynamicSmemBytes = SMEM;
+    cfg.attrs = attr;
+    cfg.numAttrs = C > 1 ? 1 : 0;
+    int iters = ITERS;
+    CK(cudaLaunchKernelEx(&cfg, kernel, row, k, bar, iters, out, sink));
+    CK(cudaDeviceSynchronize());
+    unsigned long long* h = (unsigned long long*)malloc(grid * 16);
+    CK(cudaMemcpy(h, out, grid * 16, cudaMemcpyDeviceToHost));
+    double bar_ns = 0, st_ns = 0, st_max = 0;
+    for (int i = 0; i < grid; ++i) {
+        bar_ns += h[2 * i];
+        st_ns += h[2 * i + 1];
+        st_max = std::max(st_max, (double)h[2 * i + 1]);
+    }
+    printf("| %d | %s | %d | %.2f | %.2f | %.2f |\n", k, name, grid, bar_ns / grid / 1e3, st_ns / grid / 1e3,
+           st_max / 1e3);
+    free(h);
+    CK(cudaFree(row));
+    CK(cudaFree(bar));
+    CK(cudaFree(out));
+    CK(cudaFree(sink));
+}
+
+int main() {
+    int sms = 0;
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    printf("| k floats | layout | blocks | barrier us | stage us (mean) | stage us (slowest block) |\n");
+    printf("|---:|---|---:|---:|---:|---:|\n");
+    for (int k : {2560, 6912}) {
+        run<1, false>("f32", k, sms);
+        run<1, true>("f16", k, sms);
+        run<2, false>("f32, clusters of 2", k, sms);
+        run<4, false>("f32, clusters of 4", k, sms);
+    }
+    return 0;
+}
