@@ -143,23 +143,42 @@ impl Kernel {
     }
 }
 
-/// Loaded modules and the function handle of every [`Kernel`].
+/// Loaded modules and the function handle of every [`Kernel`] whose module
+/// was loaded.
 pub struct Kernels {
-    funcs: Vec<sys::CUfunction>,
+    funcs: Vec<Option<sys::CUfunction>>,
     /// Modules compiled now rather than read from the cache.
     pub compiled: usize,
 }
 
 unsafe impl Send for Kernels {}
 
+/// The persistent decoding kernel's module (opt-in, and the slowest to
+/// compile: ~5× the others together).
+const DECODE_MODULE: &str = "decode";
+
 impl Kernels {
-    pub fn load(gpu: &Gpu, cache: Option<&Path>) -> Result<Kernels, String> {
+    /// Compiles (or reads from the cache) and loads every module, the
+    /// decoding kernel's only when `decode_run` will run: NVRTC compiles the
+    /// modules side by side, so a first run waits for the slowest.
+    pub fn load(gpu: &Gpu, cache: Option<&Path>, with_decode_run: bool) -> Result<Kernels, String> {
         let (major, minor) = gpu.info.arch;
         let arch = format!("sm_{major}{minor}");
+        let wanted: Vec<_> = SOURCES.iter().filter(|(name, _)| with_decode_run || *name != DECODE_MODULE).collect();
+        let images: Vec<Result<nvrtc::Compiled, String>> = std::thread::scope(|s| {
+            let jobs: Vec<_> = wanted
+                .iter()
+                .map(|(name, body)| {
+                    let arch = &arch;
+                    s.spawn(move || nvrtc::compile(name, &full_source(body), arch, cache))
+                })
+                .collect();
+            jobs.into_iter().map(|j| j.join().unwrap_or_else(|_| Err("an NVRTC compile panicked".into()))).collect()
+        });
         let mut modules = Vec::new();
         let mut compiled = 0;
-        for (name, body) in SOURCES {
-            let c = nvrtc::compile(name, &full_source(body), &arch, cache)?;
+        for ((name, _), image) in wanted.iter().zip(images) {
+            let c = image?;
             compiled += !c.cached as usize;
             modules.push((*name, gpu.load_module(&c.image)?));
         }
@@ -167,16 +186,21 @@ impl Kernels {
             .iter()
             .map(|k| {
                 let (module, entry) = k.symbol();
-                let m = modules.iter().find(|(n, _)| *n == module).expect("every kernel's module is in SOURCES").1;
-                gpu.function(m, entry)
+                match modules.iter().find(|(n, _)| *n == module) {
+                    Some((_, m)) => gpu.function(*m, entry).map(Some),
+                    None => Ok(None),
+                }
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Kernels { funcs, compiled })
     }
 
+    /// The kernel's function. Kernels of the decoding module exist only
+    /// when it was loaded (`load`'s `with_decode_run`), and only decode_run
+    /// launches them.
     pub fn get(&self, k: Kernel) -> sys::CUfunction {
         // ALL lists the variants in declaration order.
-        self.funcs[k as usize]
+        self.funcs[k as usize].unwrap_or_else(|| panic!("{k:?}: its module was not loaded"))
     }
 }
 

@@ -174,8 +174,8 @@ pub struct CudaBackend {
 /// attention output of up to 64 Ki floats.
 const FUSE_PRIVATE_BYTES: usize = 256 << 10;
 
-/// How `decode_run` runs on this device, or `None` to keep launches. Off
-/// unless `TERN_CUDA_FUSE=1` and sm_90: on an H100 it decodes the 2B-4T at
+/// How `decode_run` runs on this device (when `fuse_wanted`), or `None` to
+/// keep launches. Off unless `TERN_CUDA_FUSE=1` and sm_90: on an H100 it decodes the 2B-4T at
 /// 610–659 t/s against 636–681 with launches (BENCHMARKS.md). One block per
 /// SM; `TERN_CUDA_LOOK` descriptors ahead (default 3), `TERN_CUDA_RING_KB`
 /// caps the weight ring, `TERN_CUDA_SPIN_NS` backs off the barrier's polls,
@@ -184,10 +184,6 @@ const FUSE_PRIVATE_BYTES: usize = 256 << 10;
 /// H100), and `TERN_CUDA_REFILL_KB` caps what a block's producer copies at
 /// a barrier.
 fn fuse_config(gpu: &Gpu, kernels: &Kernels) -> std::result::Result<Option<decode::Config>, String> {
-    // The weight ring needs the bulk copy engine (sm_90).
-    if !env_flag("TERN_CUDA_FUSE", false) || gpu.info.arch.0 < 9 {
-        return Ok(None);
-    }
     let var = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<i32>().ok());
     // Static shared memory (descriptor scratch, reductions) is well under 4 KiB.
     let smem_max = (gpu.info.smem_optin as usize).saturating_sub(4096);
@@ -209,6 +205,12 @@ fn fuse_config(gpu: &Gpu, kernels: &Kernels) -> std::result::Result<Option<decod
     }))
 }
 
+/// Whether this device decodes through `decode_run`: asked for, and sm_90
+/// (the weight ring needs the bulk copy engine).
+fn fuse_wanted(gpu: &Gpu) -> bool {
+    env_flag("TERN_CUDA_FUSE", false) && gpu.info.arch.0 >= 9
+}
+
 fn env_flag(name: &str, default: bool) -> bool {
     std::env::var(name).map_or(default, |v| !matches!(v.as_str(), "0" | "off" | "false"))
 }
@@ -218,9 +220,10 @@ impl CudaBackend {
     pub fn new(index: u8) -> std::result::Result<CudaBackend, String> {
         let gpu = Gpu::open(index as usize).map_err(|e| e.to_string())?;
         let cache = nvrtc::cache_dir();
-        let kernels = Kernels::load(&gpu, cache.as_deref())?;
+        let want_fuse = fuse_wanted(&gpu);
+        let kernels = Kernels::load(&gpu, cache.as_deref(), want_fuse)?;
         let pdl = gpu.info.arch.0 >= 9 && env_flag("TERN_CUDA_PDL", true);
-        let fuse = fuse_config(&gpu, &kernels)?;
+        let fuse = if want_fuse { fuse_config(&gpu, &kernels)? } else { None };
         Ok(CudaBackend {
             id: BackendId::cuda(index),
             gpu,

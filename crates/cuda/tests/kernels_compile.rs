@@ -37,6 +37,29 @@ fn every_kernel_compiles() {
     }
 }
 
+/// `Kernels::load` compiles the modules on threads side by side: NVRTC
+/// must give each the image it gives alone.
+#[test]
+fn modules_compiled_side_by_side_match_one_at_a_time() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    let alone: Vec<Vec<u8>> = SOURCES
+        .iter()
+        .map(|(name, body)| nvrtc::compile(name, &full_source(body), "sm_90", None).unwrap().image)
+        .collect();
+    let together: Vec<Vec<u8>> = std::thread::scope(|s| {
+        let jobs: Vec<_> = SOURCES
+            .iter()
+            .map(|(name, body)| s.spawn(move || nvrtc::compile(name, &full_source(body), "sm_90", None).unwrap().image))
+            .collect();
+        jobs.into_iter().map(|j| j.join().unwrap()).collect()
+    });
+    for (((name, _), a), t) in SOURCES.iter().zip(&alone).zip(&together) {
+        assert!(a == t, "{name}: compiled on a thread, the image differs");
+    }
+}
+
 #[test]
 fn cache_round_trips_and_survives_garbage() {
     if !nvrtc_or_skip() {
