@@ -231,7 +231,7 @@ int main() {
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     printf("| k floats | layout | blocks | barrier us | stage us (mean) | stage us (slowest block) |\n");
     printf("|---:|---|---:|---:|---:|---:|\n");
-    // 256 floats: the latency floor (two cache lines).
+    // 256 floats (1 KB): near the latency floor.
     for (int k : {256, 2560, 6912}) {
         run<1, false>("f32", k, sms);
         run<1, true>("f16", k, sms);
