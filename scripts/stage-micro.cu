@@ -164,25 +164,33 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
 }
 
+// A launch of `grid` blocks, in clusters of C when C > 1 (`attr` holds the
+// cluster attribute and must outlive the config).
+template <int C>
+cudaLaunchConfig_t launch_config(int grid, cudaLaunchAttribute* attr) {
+    attr->id = cudaLaunchAttributeClusterDimension;
+    attr->val.clusterDim.x = C;
+    attr->val.clusterDim.y = 1;
+    attr->val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(THREADS);
+    cfg.dynamicSmemBytes = SMEM;
+    cfg.attrs = attr;
+    cfg.numAttrs = C > 1 ? 1 : 0;
+    return cfg;
+}
+
 template <int C, bool HALF>
 void run(const char* name, int k, int sms) {
     auto kernel = stage<C, HALF>;
     CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
+    cudaLaunchAttribute attr;
     int grid = sms;
     if (C > 1) {
-        cudaLaunchConfig_t cfg = {};
-        cudaLaunchAttribute attr[1];
-        attr[0].id = cudaLaunchAttributeClusterDimension;
-        attr[0].val.clusterDim.x = C;
-        attr[0].val.clusterDim.y = 1;
-        attr[0].val.clusterDim.z = 1;
-        cfg.gridDim = dim3(sms);
-        cfg.blockDim = dim3(THREADS);
-        cfg.dynamicSmemBytes = SMEM;
-        cfg.attrs = attr;
-        cfg.numAttrs = 1;
+        cudaLaunchConfig_t probe = launch_config<C>(sms, &attr);
         int clusters = 0;
-        CK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg));
+        CK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &probe));
         // Every block must be resident at once for the grid barrier.
         grid = std::min(sms, clusters * C) / C * C;
     }
@@ -195,17 +203,7 @@ void run(const char* name, int k, int sms) {
     CK(cudaMemset(bar, 0, 4));
     CK(cudaMalloc(&out, grid * 16));
     CK(cudaMalloc(&sink, grid * 4));
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = C;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.gridDim = dim3(grid);
-    cfg.blockDim = dim3(THREADS);
-    cfg.dynamicSmemBytes = SMEM;
-    cfg.attrs = attr;
-    cfg.numAttrs = C > 1 ? 1 : 0;
+    cudaLaunchConfig_t cfg = launch_config<C>(grid, &attr);
     int iters = ITERS;
     CK(cudaLaunchKernelEx(&cfg, kernel, row, k, bar, iters, out, sink));
     CK(cudaDeviceSynchronize());
