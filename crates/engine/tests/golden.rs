@@ -157,3 +157,23 @@ fn batched_attention_matches_token_by_token() {
     eprintln!("batched vs token-by-token: max |Δ| {d:.2e}");
     assert!(d <= 1e-3, "max |Δ| {d}");
 }
+
+/// A prompt longer than `n_batch` is evaluated in chunks: `Logits::All`
+/// returns every chunk's rows in order, `Logits::Last` the last chunk's last
+/// row, both as one batch gives them (the same arithmetic, so to 1e-4).
+#[test]
+fn chunked_prompts_return_the_rows_of_one_batch() {
+    let model = compact().join("models/llama-e256-f16.gguf");
+    let ids: Vec<u32> = (0..20u32).map(|i| (i * 53 + 7) % 510).collect();
+    let whole = eval(&model, &ids, &opts());
+    let chunked = LoadOptions { n_batch: 6, ..opts() };
+    let all = eval(&model, &ids, &chunked);
+    let mut s = Session::load(&model, &chunked).unwrap();
+    let last = s.eval(&ids, Logits::Last).unwrap();
+    let n_vocab = s.n_vocab();
+    assert_eq!((all.len(), last.len()), (whole.len(), n_vocab));
+    let max_d = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+    assert!(max_d(&all, &whole) <= 1e-4, "All over chunks: max |Δ| {}", max_d(&all, &whole));
+    let tail = &whole[whole.len() - n_vocab..];
+    assert!(max_d(&last, tail) <= 1e-4, "Last over chunks: max |Δ| {}", max_d(&last, tail));
+}
