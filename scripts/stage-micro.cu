@@ -9,10 +9,12 @@
 //          writing it into every block of its cluster through distributed
 //          shared memory, then a cluster barrier (exact, C times fewer L2 reads).
 // Build and run on the device machine (prints a markdown table):
-//   nvcc -O2 -arch=sm_90a -o /tmp/sm scripts/stage-micro.cu && /tmp/sm
+//   nvcc -O2 -arch=sm_90a -o /tmp/sm scripts/stage-micro.cu && /tmp/sm &&
+//   for k in 256 2560 6912; do for m in f32 f16 c2 c4 ll; do timeout 20 /tmp/sm $m $k; done; done
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <cuda_runtime.h>
 
 #define CK(x) do { cudaError_t err_ = (x); if (err_ != cudaSuccess) { printf("%s: %s\n", #x, cudaGetErrorString(err_)); exit(1); } } while (0)
@@ -164,6 +166,72 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
 }
 
+
+// LL: no barrier. Each value travels with its iteration's flag in one 8-byte
+// word (value bits low, flag high; an aligned 8-byte store is seen whole or
+// not at all), and readers poll the words until every flag is theirs. Rows
+// alternate between two buffers: a block writes buffer it % 2 only after it
+// read the row of it − 1, which every block wrote after reading the row of
+// it − 2, so no reader can still be in the buffer it overwrites. `out`:
+// per block, mean ns from its own slice written to the whole row reduced.
+template <int WORDS>
+__global__ void __launch_bounds__(THREADS, 1)
+    stage_ll(unsigned long long* rows, int k, int iters, unsigned long long* out, float* sink) {
+    extern __shared__ __align__(16) float xs[];
+    __shared__ float red[THREADS / 32];
+    int nb = gridDim.x, b = blockIdx.x, pairs = k / 2;
+    unsigned long long t_h = 0;
+    for (int it = 0; it < iters; ++it) {
+        unsigned long long* row = rows + (size_t)(it & 1) * k;
+        unsigned flag = (unsigned)it + 1;
+        for (int i = b * THREADS + threadIdx.x; i < k; i += nb * THREADS) {
+            float v = (float)((it * 7 + i) % 97) * 0.01f;
+            unsigned long long w = ((unsigned long long)flag << 32) | __float_as_uint(v);
+            asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(row + i), "l"(w) : "memory");
+        }
+        unsigned long long t0 = now_ns();
+        unsigned long long a[WORDS], c[WORDS];
+        bool ready[WORDS];
+#pragma unroll
+        for (int u = 0; u < WORDS; ++u) ready[u] = threadIdx.x + u * THREADS >= pairs;
+        for (;;) {
+#pragma unroll
+            for (int u = 0; u < WORDS; ++u)
+                if (!ready[u])
+                    asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];"
+                                 : "=l"(a[u]), "=l"(c[u])
+                                 : "l"(row + 2 * (threadIdx.x + u * THREADS))
+                                 : "memory");
+            bool all = true;
+#pragma unroll
+            for (int u = 0; u < WORDS; ++u) {
+                if (!ready[u]) {
+                    ready[u] = (unsigned)(a[u] >> 32) == flag && (unsigned)(c[u] >> 32) == flag;
+                    if (ready[u]) {
+                        int i = threadIdx.x + u * THREADS;
+                        *(float2*)(xs + 2 * i) = make_float2(__uint_as_float((unsigned)a[u]), __uint_as_float((unsigned)c[u]));
+                    }
+                }
+                all = all && ready[u];
+            }
+            if (all) break;
+        }
+        __syncthreads();
+        float ss = 0.0f;
+        for (int i = threadIdx.x; i < k; i += THREADS) ss += xs[i] * xs[i];
+        ss = block_sum(ss, red);
+        unsigned long long t2 = now_ns();
+        if (threadIdx.x == 0) {
+            t_h += t2 - t0;
+            sink[b] = ss;
+        }
+    }
+    if (threadIdx.x == 0) {
+        out[2 * b] = 0;
+        out[2 * b + 1] = t_h / iters;
+    }
+}
+
 // A launch of `grid` blocks, in clusters of C when C > 1 (`attr` holds the
 // cluster attribute and must outlive the config).
 template <int C>
@@ -205,8 +273,15 @@ void run(const char* name, int k, int sms) {
     CK(cudaMalloc(&sink, grid * 4));
     cudaLaunchConfig_t cfg = launch_config<C>(grid, &attr);
     int iters = ITERS;
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    CK(cudaEventRecord(e0));
     CK(cudaLaunchKernelEx(&cfg, kernel, row, k, bar, iters, out, sink));
+    CK(cudaEventRecord(e1));
     CK(cudaDeviceSynchronize());
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
     unsigned long long* h = (unsigned long long*)malloc(grid * 16);
     CK(cudaMemcpy(h, out, grid * 16, cudaMemcpyDeviceToHost));
     double bar_ns = 0, st_ns = 0, st_max = 0;
@@ -215,8 +290,8 @@ void run(const char* name, int k, int sms) {
         st_ns += h[2 * i + 1];
         st_max = std::max(st_max, (double)h[2 * i + 1]);
     }
-    printf("| %d | %s | %d | %.2f | %.2f | %.2f |\n", k, name, grid, bar_ns / grid / 1e3, st_ns / grid / 1e3,
-           st_max / 1e3);
+    printf("| %d | %s | %d | %.2f | %.2f | %.2f | %.2f |\n", k, name, grid, bar_ns / grid / 1e3, st_ns / grid / 1e3,
+           st_max / 1e3, ms * 1e3 / iters);
     free(h);
     CK(cudaFree(row));
     CK(cudaFree(bar));
@@ -224,17 +299,61 @@ void run(const char* name, int k, int sms) {
     CK(cudaFree(sink));
 }
 
-int main() {
+template <int WORDS>
+void run_ll(int k, int sms) {
+    auto kernel = stage_ll<WORDS>;
+    CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
+    unsigned long long* rows;
+    unsigned long long* out;
+    float* sink;
+    CK(cudaMalloc(&rows, (size_t)k * 16));
+    CK(cudaMemset(rows, 0, (size_t)k * 16));
+    CK(cudaMalloc(&out, sms * 16));
+    CK(cudaMalloc(&sink, sms * 4));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    CK(cudaEventRecord(e0));
+    kernel<<<sms, THREADS, SMEM>>>(rows, k, ITERS, out, sink);
+    CK(cudaEventRecord(e1));
+    CK(cudaDeviceSynchronize());
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    unsigned long long* h = (unsigned long long*)malloc(sms * 16);
+    CK(cudaMemcpy(h, out, sms * 16, cudaMemcpyDeviceToHost));
+    double st_ns = 0, st_max = 0;
+    for (int i = 0; i < sms; ++i) {
+        st_ns += h[2 * i + 1];
+        st_max = std::max(st_max, (double)h[2 * i + 1]);
+    }
+    printf("| %d | LL u64 (no barrier) | %d | 0 | %.2f | %.2f | %.2f |\n", k, sms, st_ns / sms / 1e3, st_max / 1e3,
+           ms * 1e3 / ITERS);
+    free(h);
+    CK(cudaFree(rows));
+    CK(cudaFree(out));
+    CK(cudaFree(sink));
+}
+
+int main(int argc, char** argv) {
+    // One mode a process (the caller puts a timeout on each): MODE K, with
+    // MODE one of f32 f16 c2 c4 ll; no arguments prints the table's header.
+    setvbuf(stdout, nullptr, _IONBF, 0);
     int sms = 0;
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-    printf("| k floats | layout | blocks | barrier us | stage us (mean) | stage us (slowest block) |\n");
-    printf("|---:|---|---:|---:|---:|---:|\n");
-    // 256 floats (1 KB): near the latency floor.
-    for (int k : {256, 2560, 6912}) {
-        run<1, false>("f32", k, sms);
-        run<1, true>("f16", k, sms);
-        run<2, false>("f32, clusters of 2", k, sms);
-        run<4, false>("f32, clusters of 4", k, sms);
+    if (argc < 3) {
+        printf("| k floats | layout | blocks | barrier us | stage us (mean) | stage us (slowest block) | period us |\n");
+        printf("|---:|---|---:|---:|---:|---:|---:|\n");
+        return 0;
     }
+    std::string mode = argv[1];
+    int k = atoi(argv[2]);
+    if (mode == "f32") run<1, false>("f32", k, sms);
+    else if (mode == "f16") run<1, true>("f16", k, sms);
+    else if (mode == "c2") run<2, false>("f32, clusters of 2", k, sms);
+    else if (mode == "c4") run<4, false>("f32, clusters of 4", k, sms);
+    else if (mode == "ll" && k <= 2 * THREADS) run_ll<1>(k, sms);
+    else if (mode == "ll" && k <= 10 * THREADS) run_ll<5>(k, sms);
+    else if (mode == "ll" && k <= 32 * THREADS) run_ll<16>(k, sms);
+    else return 2;
     return 0;
 }

@@ -101,7 +101,7 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, 1)
                        xw_rows, stamp);
             ++gi;
         } else if (ph.kind == PH_ATT) {
-            att_phase(ph, blk, nblk, att, lasts, &angles, pos, pos0, stats, xw_rows, att);
+            att_phase(ph, blk, nblk, att, lasts, &angles, pos, pos0, stats, xw_rows, att, stamp);
         } else if (blk == 0) {
             nq_phase(ph.g.nq, xs);
         }

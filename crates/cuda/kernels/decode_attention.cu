@@ -36,155 +36,149 @@ __device__ __forceinline__ void angles_for(const AttArgs& a, int p, Angles* an) 
     __syncthreads();
 }
 
-// One token's attention with f16 caches, a block per KV head, for
-// `decode_run` (the phase's att_block = 1; decode.rs checks the shape fits).
-// Every load that can go out at once does: q, the new k and v (rotated and
-// stored here), then each warp's 32 keys' K rows (one a lane), then their V
-// rows; the warps' softmax partials merge in shared memory, so there is no
-// split merge through global atomics. `sm` is the phase's scratch: q heads
-// [G][D] (rotated, scaled), each warp's (max, sum) [8][G] and sums
-// [8][G][D] (tern_cuda::decode::att_block_floats). Lane l holds dims
-// 4l..4l+3 of each head's sums.
-// Groups of up to ATB_G q heads a KV head (more would spill).
-#define ATB_WARPS 8
-#define ATB_G 4
-__device__ __forceinline__ void att_block(const Phase& ph, int blk, int nblk, float* sm, const Angles* an, int p,
-                                          float2* stats, float* xw_rows, float* ss, float* am) {
+// One token's attention with f16 caches, a block per q head, for
+// `decode_run` (the phase's att_block = 1; decode.rs checks the shape fits:
+// head_dim a multiple of 32 up to 128, rope in the kernel, f16 caches).
+// A block per KV head with its group's heads in every lane (the version
+// before) made each lane's dot products four heads long and left 5 of 132
+// SMs working; here n_head blocks run short chains. The loads go out in few
+// rounds: q, the new k and v at once; then a pass's K and V rows together.
+// A pass takes ATH_KEYS keys: 8 a warp, a quad of lanes a key (lane quarter
+// ql holds dims [ql·D/4, (ql+1)·D/4) of the K row, in registers: q's matching
+// dims too), and lane l sums V dims [l·D/32, (l+1)·D/32). The token's own k
+// and v are read from shared memory as the caches hold them (f16), so no
+// block waits for the one that stores them (the group's first). `sm` is the
+// phase's scratch (tern_cuda::decode::att_head_floats): q [D], the new k and
+// v as f16 [2][D], each warp's max and sum [8] [8] and V sums [8][D].
+#define ATH_WARPS 8
+#define ATH_KEYS (ATH_WARPS * 8)
+__device__ __forceinline__ void att_head(const Phase& ph, int blk, int nblk, float* sm, const Angles* an, int p,
+                                         float* xw_rows, float* ss, float* am, u64* tr) {
     const AttArgs& a = ph.a;
     const AttRope& r = a.r;
     int G = a.n_head / a.n_head_kv, D = a.head_dim, row = D * a.n_head_kv, hp = D / 2;
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, quad = lane >> 2, ql = lane & 3;
+    int qd = D / 4, dpl = D / 32;
     float* qsh = sm;
-    float* pm = qsh + G * D;
-    float* pl = pm + ATB_WARPS * G;
-    float* pacc = pl + ATB_WARPS * G;
+    u16* cur = (u16*)(qsh + D);
+    float* pm = (float*)(cur + 2 * D);
+    float* pl = pm + ATH_WARPS;
+    float* pacc = pl + ATH_WARPS;
     const u16* kc = (const u16*)a.kc;
     const u16* vc = (const u16*)a.vc;
-    bool want = ph.g.stat_out >= 0;
-    float* xw = want ? xw_rows + ph.g.stat_out * ROW_MAX : nullptr;
-    for (int kvh = blk; kvh < a.n_head_kv; kvh += nblk) {
-        u64 dst = (u64)p * row + (u64)kvh * D;
-        // q heads and the new k by rotation pairs (q also scaled); the new k
-        // and v go to the caches at position p, where the warps read them
-        // after the barrier like every other key (f16, as the CPU reads them).
-        for (int idx = threadIdx.x; idx < (G + 1) * hp; idx += blockDim.x) {
-            int which = idx / hp, i = idx % hp, x, y;
-            bool rot = rope_pair(i, r.n_rot, r.mode, &x, &y);
-            float c = rot ? an->cs[i].x : 1.0f, sn = rot ? an->cs[i].y : 0.0f;
-            const float* src = which < G ? a.q + (u64)(kvh * G + which) * D : r.k + (u64)kvh * D;
-            float x0 = __ldcg(src + x), x1 = __ldcg(src + y);
-            float r0 = x0 * c - x1 * sn, r1 = x0 * sn + x1 * c;
-            if (which < G) {
-                qsh[which * D + x] = r0 * a.scale;
-                qsh[which * D + y] = r1 * a.scale;
+    float* xw = ph.g.stat_out >= 0 ? xw_rows + ph.g.stat_out * ROW_MAX : nullptr;
+    int n = p + 1;
+    for (int h = blk; h < a.n_head; h += nblk) {
+        int kvh = h / G;
+        for (int idx = threadIdx.x; idx < 2 * hp + D; idx += blockDim.x) {
+            if (idx < 2 * hp) {
+                int which = idx / hp, i = idx % hp, x, y;
+                bool rot = rope_pair(i, r.n_rot, r.mode, &x, &y);
+                float c = rot ? an->cs[i].x : 1.0f, sn = rot ? an->cs[i].y : 0.0f;
+                const float* src = which == 0 ? a.q + (u64)h * D : r.k + (u64)kvh * D;
+                float x0 = __ldcg(src + x), x1 = __ldcg(src + y);
+                float r0 = x0 * c - x1 * sn, r1 = x0 * sn + x1 * c;
+                if (which == 0) {
+                    qsh[x] = r0 * a.scale;
+                    qsh[y] = r1 * a.scale;
+                } else {
+                    cur[x] = f2h(r0);
+                    cur[y] = f2h(r1);
+                }
             } else {
-                ((u16*)a.kc)[dst + x] = f2h(r0);
-                ((u16*)a.kc)[dst + y] = f2h(r1);
+                cur[D + idx - 2 * hp] = f2h(__ldcg(r.v + (u64)kvh * D + idx - 2 * hp));
             }
         }
-        for (int d = threadIdx.x; d < D; d += blockDim.x) ((u16*)a.vc)[dst + d] = f2h(__ldcg(r.v + (u64)kvh * D + d));
         __syncthreads();
-        float m[ATB_G], l[ATB_G], acc[ATB_G][4];
-#pragma unroll
-        for (int g = 0; g < ATB_G; ++g) {
-            m[g] = -INFINITY;
-            l[g] = 0.0f;
-#pragma unroll
-            for (int i = 0; i < 4; ++i) acc[g][i] = 0.0f;
+        if (tr && threadIdx.x == 0 && h == blk) tr[TR_STAGED] = now_ns();
+        if (h % G == 0) {
+            u64 dst = (u64)p * row + (u64)kvh * D;
+            for (int d = threadIdx.x; d < 2 * D; d += blockDim.x) ((u16*)(d < D ? a.kc : a.vc))[dst + d % D] = cur[d];
         }
-        for (int jb = warp * 32; jb <= p; jb += ATB_WARPS * 32) {
-            int j = jb + lane, nk = min(32, p + 1 - jb);
-            // Scores: lane j against every q head of the group, its K row
-            // read once, in two batches of loads.
-            float sc[ATB_G];
+        float qr[32];
 #pragma unroll
-            for (int g = 0; g < ATB_G; ++g) sc[g] = 0.0f;
-            if (j <= p) {
-                const uint4* kr = (const uint4*)(kc + (u64)j * row + (u64)kvh * D);
-                for (int c0 = 0; c0 < D / 8; c0 += 8) {
-                    uint4 kv[8];
+        for (int e = 0; e < 32; ++e) qr[e] = e < qd ? qsh[ql * qd + e] : 0.0f;
+        float m = -INFINITY, l = 0.0f, acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int j0 = 0; j0 < n; j0 += ATH_KEYS) {
+            int wb = j0 + warp * 8;
+            if (wb >= n) break;
+            int j = wb + quad;
+            const u16* krow = j < p ? kc + (u64)j * row + (u64)kvh * D : cur;
+            uint4 kw[4];
 #pragma unroll
-                    for (int u = 0; u < 8; ++u)
-                        if (c0 + u < D / 8) kv[u] = kr[c0 + u];
+            for (int u = 0; u < 4; ++u)
+                if (8 * u < qd) kw[u] = *(const uint4*)(krow + ql * qd + 8 * u);
+            uint2 vr[8];
 #pragma unroll
-                    for (int u = 0; u < 8; ++u) {
-                        if (c0 + u >= D / 8) break;
-                        const u32 w4[4] = {kv[u].x, kv[u].y, kv[u].z, kv[u].w};
-#pragma unroll
-                        for (int h = 0; h < 4; ++h) {
-                            float k0 = h2f(w4[h] & 0xffff), k1 = h2f(w4[h] >> 16);
-                            int d = (c0 + u) * 8 + 2 * h;
-#pragma unroll
-                            for (int g = 0; g < ATB_G; ++g)
-                                if (g < G) sc[g] += qsh[g * D + d] * k0 + qsh[g * D + d + 1] * k1;
-                        }
+            for (int kk = 0; kk < 8; ++kk) {
+                int jk = wb + kk;
+                const u16* v = (jk < p ? vc + (u64)jk * row + (u64)kvh * D : cur + D) + lane * dpl;
+                vr[kk] = make_uint2(0, 0);
+                if (jk < n) {
+                    if (dpl == 4) {
+                        vr[kk] = *(const uint2*)v;
+                    } else if (dpl == 2) {
+                        vr[kk].x = *(const u32*)v;
+                    } else {
+                        vr[kk].x = v[0] | (dpl > 1 ? (u32)v[1] << 16 : 0u);
+                        vr[kk].y = dpl > 2 ? v[2] : 0u;
                     }
                 }
             }
-            float pj[ATB_G];
+            float s = 0.0f;
 #pragma unroll
-            for (int g = 0; g < ATB_G; ++g) {
-                pj[g] = 0.0f;
-                if (g >= G) break;
-                float mx = warp_max(j <= p ? sc[g] : -INFINITY);
-                float m_new = fmaxf(m[g], mx), corr = expf(m[g] - m_new);
-                pj[g] = j <= p ? expf(sc[g] - m_new) : 0.0f;
-                l[g] = l[g] * corr + warp_sum(pj[g]);
+            for (int u = 0; u < 4; ++u) {
+                if (8 * u >= qd) break;
+                const u32 w4[4] = {kw[u].x, kw[u].y, kw[u].z, kw[u].w};
 #pragma unroll
-                for (int i = 0; i < 4; ++i) acc[g][i] *= corr;
-                m[g] = m_new;
+                for (int e = 0; e < 4; ++e)
+                    s += qr[8 * u + 2 * e] * h2f(w4[e] & 0xffff) + qr[8 * u + 2 * e + 1] * h2f(w4[e] >> 16);
             }
-            // The keys' V rows (dims 4·lane..+3), sixteen in flight at a time.
-            int d0 = 4 * lane;
-            bool dl = d0 < D;
-            for (int u0 = 0; u0 < nk; u0 += 16) {
-                uint2 vv[16];
+            s += __shfl_xor_sync(0xffffffffu, s, 1);
+            s += __shfl_xor_sync(0xffffffffu, s, 2);
+            s = j < n ? s : -INFINITY;
+            float mx = s;
 #pragma unroll
-                for (int u = 0; u < 16; ++u) {
-                    int key = jb + u0 + u;
-                    vv[u] = dl && u0 + u < nk ? *(const uint2*)(vc + (u64)key * row + (u64)kvh * D + d0)
-                                              : make_uint2(0, 0);
-                }
+            for (int o = 4; o < 32; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+            float m_new = fmaxf(m, mx), corr = expf(m - m_new);
+            float pj = j < n ? expf(s - m_new) : 0.0f, ps = pj;
 #pragma unroll
-                for (int u = 0; u < 16; ++u) {
-                    if (u0 + u >= nk) break;
-                    const float v4[4] = {h2f(vv[u].x & 0xffff), h2f(vv[u].x >> 16), h2f(vv[u].y & 0xffff),
-                                         h2f(vv[u].y >> 16)};
+            for (int o = 4; o < 32; o <<= 1) ps += __shfl_xor_sync(0xffffffffu, ps, o);
+            l = l * corr + ps;
+            m = m_new;
 #pragma unroll
-                    for (int g = 0; g < ATB_G; ++g) {
-                        if (g >= G) break;
-                        float pu = __shfl_sync(0xffffffffu, pj[g], u0 + u);
+            for (int i = 0; i < 4; ++i) acc[i] *= corr;
 #pragma unroll
-                        for (int i = 0; i < 4; ++i) acc[g][i] += pu * v4[i];
-                    }
-                }
+            for (int kk = 0; kk < 8; ++kk) {
+                float pk = __shfl_sync(0xffffffffu, pj, kk * 4);
+                const float v4[4] = {h2f(vr[kk].x & 0xffff), h2f(vr[kk].x >> 16), h2f(vr[kk].y & 0xffff),
+                                     h2f(vr[kk].y >> 16)};
+#pragma unroll
+                for (int i = 0; i < 4; ++i) acc[i] += pk * v4[i];
             }
         }
-        // Each warp's partials, then one thread per output merges them.
-#pragma unroll
-        for (int g = 0; g < ATB_G; ++g) {
-            if (g >= G) break;
-            if (lane == 0) {
-                pm[warp * G + g] = m[g];
-                pl[warp * G + g] = l[g];
-            }
-            if (4 * lane < D)
-#pragma unroll
-                for (int i = 0; i < 4; ++i) pacc[(warp * G + g) * D + 4 * lane + i] = acc[g][i];
+        if (tr && threadIdx.x == 0 && h == blk) tr[TR_ROWS] = now_ns();
+        // Each warp's partials (a warp with no keys leaves max −inf, sums 0),
+        // then one thread per output merges them.
+        if (lane == 0) {
+            pm[warp] = m;
+            pl[warp] = l;
         }
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            if (i < dpl) pacc[warp * D + lane * dpl + i] = acc[i];
         __syncthreads();
-        for (int o = threadIdx.x; o < G * D; o += blockDim.x) {
-            int g = o / D, d = o % D;
+        for (int d = threadIdx.x; d < D; d += blockDim.x) {
             float big = -INFINITY;
-            for (int w = 0; w < ATB_WARPS; ++w) big = fmaxf(big, pm[w * G + g]);
+            for (int w = 0; w < ATH_WARPS; ++w) big = fmaxf(big, pm[w]);
             float den = 0.0f, num = 0.0f;
-            for (int w = 0; w < ATB_WARPS; ++w) {
-                float e = expf(pm[w * G + g] - big);
-                den += pl[w * G + g] * e;
-                num += pacc[(w * G + g) * D + d] * e;
+            for (int w = 0; w < ATH_WARPS; ++w) {
+                float e = expf(pm[w] - big);
+                den += pl[w] * e;
+                num += pacc[w * D + d] * e;
             }
             float out = num / den;
-            u64 at = (u64)(kvh * G + g) * D + d;
+            u64 at = (u64)h * D + d;
             a.out[at] = out;
             float ow = ph.g.stat_w ? out * __ldg(ph.g.stat_w + at) : out;
             *ss += out * out;
@@ -199,10 +193,11 @@ __device__ __forceinline__ void att_block(const Phase& ph, int blk, int nblk, fl
 // round the blocks; a block runs (its warps) / group units side by side, each
 // on its own named barrier (1..15). With ph.g.stat_out ≥ 0 each warp sums
 // the statistics of the outputs it writes, for the norm after. With
-// ph.att_block = 1 a block takes a KV head instead, in `scratch`
+// ph.att_block = 1 a block takes a q head instead (att_head), in `scratch`
 // (the attention region, sized for it).
 __device__ __forceinline__ void att_phase(const Phase& ph, int blk, int nblk, float* att, int* lasts, Angles* an,
-                                          const int* pos, int pos0, float2* stats, float* xw_rows, float* scratch) {
+                                          const int* pos, int pos0, float2* stats, float* xw_rows, float* scratch,
+                                          u64* tr) {
     __shared__ float2 ast[DEC_WARPS_MAX];
     const AttArgs& a = ph.a;
     // The kernel read the token's position at its start; another positions
@@ -213,7 +208,7 @@ __device__ __forceinline__ void att_phase(const Phase& ph, int blk, int nblk, fl
     bool want = ph.g.stat_out >= 0;
     if (ph.att_block) {
         float ss = 0.0f, am = 0.0f;
-        att_block(ph, blk, nblk, scratch, an, p, stats, xw_rows, &ss, &am);
+        att_head(ph, blk, nblk, scratch, an, p, xw_rows, &ss, &am, tr);
         if (want) put_stats(stats + ph.g.stat_out * STAT_BLOCKS, blk, warp_sum(ss), warp_max(am));
         return;
     }

@@ -112,7 +112,7 @@ pub enum PhaseKind {
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Phase {
     pub kind: PhaseKind,
-    /// Attention phases: 1 runs it as a block per KV head (`att_block`).
+    /// Attention phases: 1 runs it as a block per q head (`att_head`).
     pub att_block: i32,
     pub g: GemvArgs,
     pub a: AttArgs,
@@ -203,7 +203,8 @@ pub struct Config {
     /// Nanoseconds a block sleeps between polls of the barrier (0: none).
     pub spin_ns: i32,
     /// One-token attention with f16 caches as a block per KV head
-    /// (`att_block`) where it fits, instead of (KV head, split) units.
+    /// (`att_head`, a block per q head) where it fits, instead of (KV head,
+    /// split) units.
     pub att_block: bool,
     /// Bytes of weights a block's producer may copy at one barrier (a
     /// multiple of 16; 0: no limit), beyond the next GEMV phase's own.
@@ -260,6 +261,19 @@ pub fn trace_summary(phases: &[Phase], blocks: usize, trace: &[u64]) -> Vec<Stri
                 us(quant, ready),
                 us(ready, rows_done),
                 us(rows_done, done),
+                us(done, last(p, ISSUED)),
+                us(done, next),
+            ]
+        } else if ph.kind == PhaseKind::Attention && ph.att_block == 1 {
+            // att_head stamps its q/k/v staged and its keys done.
+            let (staged, keys) = (last(p, STAGED), last(p, ROWS));
+            [
+                us(start, last(p, START)),
+                us(start, staged),
+                0.0,
+                0.0,
+                us(staged, keys),
+                us(keys, done),
                 us(done, last(p, ISSUED)),
                 us(done, next),
             ]
@@ -557,15 +571,15 @@ fn link_stats(phases: &mut [Phase]) {
     }
 }
 
-/// Floats of scratch `att_block` needs for a group of `g` q heads of `d`
-/// dims: the q heads, and each of 8 warps' (max, sum) and sums per head.
-fn att_block_floats(g: usize, d: usize) -> usize {
-    g * d + 2 * 8 * g + 8 * g * d
+/// Floats of scratch `att_head` needs for heads of `d` dims: q, the new k
+/// and v as f16, and each of 8 warps' max, sum and V sums.
+fn att_head_floats(d: usize) -> usize {
+    d + d + 2 * 8 + 8 * d
 }
 
-/// Marks the one-token attentions that `att_block` can take:
-/// rope applied in the kernel, f16 caches, head_dim a multiple of 8 up to
-/// 128, groups of up to 4 q heads.
+/// Marks the one-token attentions that `att_head` (a block per q head) can
+/// take: rope applied in the kernel, f16 caches, head_dim a multiple of 32
+/// up to 128 (a quad of lanes splits a K row in whole 16-byte words).
 fn block_attention(phases: &mut [Phase]) {
     let f16 = GgmlType::F16.id() as i32;
     for p in phases.iter_mut().filter(|p| p.kind == PhaseKind::Attention) {
@@ -574,9 +588,9 @@ fn block_attention(phases: &mut [Phase]) {
         let fits = a.r.on != 0
             && a.k_type == f16
             && a.v_type == f16
-            && d % 8 == 0
+            && d % 32 == 0
             && d <= MAX_HEAD_DIM
-            && (1..=4).contains(&g)
+            && g >= 1
             && g * a.n_head_kv as usize == a.n_head as usize;
         if fits {
             p.att_block = 1;
@@ -585,12 +599,12 @@ fn block_attention(phases: &mut [Phase]) {
 }
 
 /// decode_run's `att_floats`: the attention region, the units' q heads or
-/// the largest `att_block` scratch.
+/// the largest `att_head` scratch.
 fn att_floats(phases: &[Phase]) -> usize {
-    let block = phases.iter().filter(|p| p.kind == PhaseKind::Attention && p.att_block == 1).map(|p| {
-        let g = (p.a.n_head / p.a.n_head_kv.max(1)) as usize;
-        att_block_floats(g, p.a.head_dim as usize)
-    });
+    let block = phases
+        .iter()
+        .filter(|p| p.kind == PhaseKind::Attention && p.att_block == 1)
+        .map(|p| att_head_floats(p.a.head_dim as usize));
     block.fold(WARPS * MAX_HEAD_DIM, usize::max).next_multiple_of(4)
 }
 

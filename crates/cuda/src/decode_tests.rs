@@ -210,10 +210,10 @@ fn block_attention_takes_f16_caches_with_rope_in_the_kernel() {
     let rope = AttRope { on: 1, n_rot: 128, ..Default::default() };
     launches[2].args[15] = Arg::Rope(rope);
     let f = fuse(launches.clone(), &cfg);
-    assert_eq!(f.tables[0].1[1].att_block, 1, "rope on, f16 caches, 4 q heads a KV head");
-    // Its scratch: 4 q heads of 128, and 8 warps' (max, sum) and sums.
-    assert_eq!(att_floats(&f.tables[0].1), 512 + 64 + 8 * 512);
-    assert_eq!(f.launches[0].args[11], Arg::I32(512 + 64 + 8 * 512));
+    assert_eq!(f.tables[0].1[1].att_block, 1, "rope on, f16 caches, head_dim 128");
+    // Its scratch: q of 128, the new k and v as f16, 8 warps' max, sum and sums.
+    assert_eq!(att_floats(&f.tables[0].1), 128 + 128 + 16 + 8 * 128);
+    assert_eq!(f.launches[0].args[11], Arg::I32(128 + 128 + 16 + 8 * 128));
     let f = fuse(layer(), &Config { refill_bytes: 32 << 10, ..cfg });
     assert_eq!(f.launches[0].args[12], Arg::I32(32 << 10), "the producer's budget a barrier");
     assert_eq!(att_floats(&fuse(layer(), &cfg).tables[0].1), 8 * 128, "the units' q heads");

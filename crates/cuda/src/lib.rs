@@ -179,7 +179,7 @@ const FUSE_PRIVATE_BYTES: usize = 256 << 10;
 /// 610–659 t/s against 636–681 with launches (BENCHMARKS.md). One block per
 /// SM; `TERN_CUDA_LOOK` descriptors ahead (default 3), `TERN_CUDA_RING_KB`
 /// caps the weight ring, `TERN_CUDA_SPIN_NS` backs off the barrier's polls,
-/// attention takes a block per KV head (`TERN_CUDA_ATT_BLOCK=0`: (KV head,
+/// attention takes a block per q head (`TERN_CUDA_ATT_BLOCK=0`: (KV head,
 /// split) units of `TERN_CUDA_ATT_SPLIT` keys instead; 3–5% slower on an
 /// H100), and `TERN_CUDA_REFILL_KB` caps what a block's producer copies at
 /// a barrier.
