@@ -152,7 +152,7 @@ pub struct CudaBackend {
     use_graphs: bool,
     pdl: bool,
     /// Runs of one-token launches become one persistent kernel
-    /// (`TERN_CUDA_FUSE=1`; `decode.rs`).
+    /// (on by default on sm_90, `TERN_CUDA_FUSE=0` off; `decode.rs`).
     fuse: Option<decode::Config>,
     pub stats: Stats,
     /// `TERN_CUDA_PROFILE=1`: every launch timed with events (no graphs).
@@ -175,8 +175,12 @@ pub struct CudaBackend {
 const FUSE_PRIVATE_BYTES: usize = 256 << 10;
 
 /// How `decode_run` runs on this device (when `fuse_wanted`), or `None` to
-/// keep launches. Off unless `TERN_CUDA_FUSE=1` and sm_90: on an H100 it decodes the 2B-4T at
-/// 610–659 t/s against 636–681 with launches (BENCHMARKS.md). One block per
+/// keep launches. On by default on sm_90 (`TERN_CUDA_FUSE=0` keeps the
+/// launches): on an H100 it decodes the 2B-4T at 752–775 t/s against 660
+/// with launches (BENCHMARKS.md). Its blocks wait for each other, so all of
+/// them must be resident at once: a GPU shared through MPS with an SM limit
+/// can starve one, and the kernel then traps after two seconds (an error,
+/// not a hang); `TERN_CUDA_FUSE=0` is the way out. One block per
 /// SM; `TERN_CUDA_LOOK` descriptors ahead (default 3), `TERN_CUDA_RING_KB`
 /// caps the weight ring, `TERN_CUDA_SPIN_NS` backs off the barrier's polls,
 /// attention takes a block per q head (`TERN_CUDA_ATT_BLOCK=0`: (KV head,
@@ -205,10 +209,10 @@ fn fuse_config(gpu: &Gpu, kernels: &Kernels) -> std::result::Result<Option<decod
     }))
 }
 
-/// Whether this device decodes through `decode_run`: asked for, and sm_90
-/// (the weight ring needs the bulk copy engine).
+/// Whether this device decodes through `decode_run`: not turned off, and
+/// sm_90 (the weight ring needs the bulk copy engine).
 fn fuse_wanted(gpu: &Gpu) -> bool {
-    env_flag("TERN_CUDA_FUSE", false) && gpu.info.arch.0 >= 9
+    env_flag("TERN_CUDA_FUSE", true) && gpu.info.arch.0 >= 9
 }
 
 fn env_flag(name: &str, default: bool) -> bool {
