@@ -50,6 +50,35 @@ __device__ __forceinline__ void angles_for(const AttArgs& a, int p, Angles* an) 
 // block waits for the one that stores them (the group's first). `sm` is the
 // phase's scratch (tern_cuda::decode::att_head_floats): q [D], the new k and
 // v as f16 [2][D], each warp's max and sum [8] [8] and V sums [8][D].
+// A pass's K dims (quad lane ql of key wb + quad) and V dims (lane's of keys
+// wb..wb+7) into registers: the earlier keys' from the caches when `cache`,
+// the token's own (key p) from `cur` when `own`; the rest are left as they are.
+__device__ __forceinline__ void att_head_loads(const u16* kc, const u16* vc, const u16* cur, int row, int koff, int wb,
+                                               int p, int n, int D, bool cache, bool own, uint4 kw[4], uint2 vr[8]) {
+    int lane = threadIdx.x & 31, quad = lane >> 2, ql = lane & 3, qd = D / 4, dpl = D / 32;
+    int j = wb + quad;
+    if ((cache && j < p) || (own && j == p)) {
+        const u16* krow = j < p ? kc + (u64)j * row + koff : cur;
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+            if (8 * u < qd) kw[u] = *(const uint4*)(krow + ql * qd + 8 * u);
+    }
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+        int jk = wb + kk;
+        if (!((cache && jk < p) || (own && jk == p)) || jk >= n) continue;
+        const u16* v = (jk < p ? vc + (u64)jk * row + koff : cur + D) + lane * dpl;
+        if (dpl == 4) {
+            vr[kk] = *(const uint2*)v;
+        } else if (dpl == 2) {
+            vr[kk].x = *(const u32*)v;
+        } else {
+            vr[kk].x = v[0] | (dpl > 1 ? (u32)v[1] << 16 : 0u);
+            vr[kk].y = dpl > 2 ? v[2] : 0u;
+        }
+    }
+}
+
 #define ATH_WARPS 8
 #define ATH_KEYS (ATH_WARPS * 8)
 __device__ __forceinline__ void att_head(const Phase& ph, int blk, int nblk, float* sm, const Angles* an, int p,
@@ -70,6 +99,11 @@ __device__ __forceinline__ void att_head(const Phase& ph, int blk, int nblk, flo
     int n = p + 1;
     for (int h = blk; h < a.n_head; h += nblk) {
         int kvh = h / G;
+        // The first pass's earlier keys do not depend on this token: their
+        // loads go out with q, k and v's.
+        uint4 kw[4] = {};
+        uint2 vr[8] = {};
+        att_head_loads(kc, vc, cur, row, kvh * D, warp * 8, p, n, D, true, false, kw, vr);
         for (int idx = threadIdx.x; idx < 2 * hp + D; idx += blockDim.x) {
             if (idx < 2 * hp) {
                 int which = idx / hp, i = idx % hp, x, y;
@@ -103,28 +137,12 @@ __device__ __forceinline__ void att_head(const Phase& ph, int blk, int nblk, flo
             int wb = j0 + warp * 8;
             if (wb >= n) break;
             int j = wb + quad;
-            const u16* krow = j < p ? kc + (u64)j * row + (u64)kvh * D : cur;
-            uint4 kw[4];
+            if (j0 > 0) {
+                kw[0] = kw[1] = kw[2] = kw[3] = make_uint4(0, 0, 0, 0);
 #pragma unroll
-            for (int u = 0; u < 4; ++u)
-                if (8 * u < qd) kw[u] = *(const uint4*)(krow + ql * qd + 8 * u);
-            uint2 vr[8];
-#pragma unroll
-            for (int kk = 0; kk < 8; ++kk) {
-                int jk = wb + kk;
-                const u16* v = (jk < p ? vc + (u64)jk * row + (u64)kvh * D : cur + D) + lane * dpl;
-                vr[kk] = make_uint2(0, 0);
-                if (jk < n) {
-                    if (dpl == 4) {
-                        vr[kk] = *(const uint2*)v;
-                    } else if (dpl == 2) {
-                        vr[kk].x = *(const u32*)v;
-                    } else {
-                        vr[kk].x = v[0] | (dpl > 1 ? (u32)v[1] << 16 : 0u);
-                        vr[kk].y = dpl > 2 ? v[2] : 0u;
-                    }
-                }
+                for (int kk = 0; kk < 8; ++kk) vr[kk] = make_uint2(0, 0);
             }
+            att_head_loads(kc, vc, cur, row, kvh * D, wb, p, n, D, j0 > 0, true, kw, vr);
             float s = 0.0f;
 #pragma unroll
             for (int u = 0; u < 4; ++u) {
