@@ -7,7 +7,9 @@
 //   f16:   the same at half the bytes (is the stage bound by bytes?);
 //   c2/c4: clusters of 2 or 4 blocks, each reading 1/C of the row and
 //          writing it into every block of its cluster through distributed
-//          shared memory, then a cluster barrier (exact, C times fewer L2 reads).
+//          shared memory, then a cluster barrier (exact, C times fewer L2 reads);
+//   ll:    no barrier: each value carries the round's flag in its 8-byte
+//          word, and readers poll until every flag is theirs (NCCL's LL).
 // Build and run on the device machine (prints a markdown table):
 //   nvcc -O2 -arch=sm_90a -o /tmp/sm scripts/stage-micro.cu && /tmp/sm &&
 //   for k in 256 2560 6912; do for m in f32 f16 c2 c4 ll; do timeout 20 /tmp/sm $m $k; done; done
@@ -172,7 +174,10 @@ __global__ void __launch_bounds__(THREADS, 1)
 // not at all), and readers poll the words until every flag is theirs. Rows
 // alternate between two buffers: a block writes buffer it % 2 only after it
 // read the row of it − 1, which every block wrote after reading the row of
-// it − 2, so no reader can still be in the buffer it overwrites. `out`:
+// it − 2, so no reader can still be in the buffer it overwrites. That needs
+// every block to write part of every row (k ≥ blocks): values go to blocks
+// in turn. (A first version gave each block 256 consecutive values, so at
+// 256 floats block 0 alone wrote, never waited, and overran its readers.) `out`:
 // per block, mean ns from its own slice written to the whole row reduced.
 template <int WORDS>
 __global__ void __launch_bounds__(THREADS, 1)
@@ -184,7 +189,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     for (int it = 0; it < iters; ++it) {
         unsigned long long* row = rows + (size_t)(it & 1) * k;
         unsigned flag = (unsigned)it + 1;
-        for (int i = b * THREADS + threadIdx.x; i < k; i += nb * THREADS) {
+        for (int i = b + nb * (int)threadIdx.x; i < k; i += nb * THREADS) {
             float v = (float)((it * 7 + i) % 97) * 0.01f;
             unsigned long long w = ((unsigned long long)flag << 32) | __float_as_uint(v);
             asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(row + i), "l"(w) : "memory");
