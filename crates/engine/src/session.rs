@@ -11,7 +11,7 @@ use tern_cuda::CudaBackend;
 use tern_gguf::{File, GgmlType};
 use tern_graph::Op;
 use tern_models::{Batch, Built, Model};
-use tern_sched::{Backends, CopyKind, Mode, OffloadOp, OffloadPolicy, Placement, Schedule};
+use tern_sched::{Backends, CopyKind, Homes, Mode, OffloadOp, OffloadPolicy, Placement, Schedule};
 use tern_tokenizer::Tokenizer;
 
 use crate::error::{Error, Result};
@@ -99,11 +99,22 @@ pub struct Session {
     tokenizer: std::result::Result<Arc<Tokenizer>, String>,
     /// Things the user should know about the load (no GPU found, ...).
     pub notices: Vec<String>,
-    /// Graphs and schedules by (tokens, outputs): a graph depends on the
-    /// cache position only through the attention parameters, which are
-    /// patched per step, so decoding builds its graph once.
-    plans: HashMap<(usize, usize), (Built, Schedule)>,
+    /// Graphs and schedules by (tokens, outputs), with where their nodes
+    /// live: a graph depends on the cache position only through the
+    /// attention parameters, which are patched per step, so decoding builds
+    /// and places its graph once.
+    plans: HashMap<(usize, usize), Plan>,
     profile: Option<StepProfile>,
+}
+
+/// A batch shape's graph, schedule and node locations
+/// (`Backends::run_cached`): the leaves (weights, their copies, the caches)
+/// are fixed once the session is loaded, so the locations hold for as long
+/// as the arenas do, which `run_cached` checks.
+struct Plan {
+    built: Built,
+    schedule: Schedule,
+    homes: Option<Homes>,
 }
 
 /// Where evaluation time went since profiling started (`--profile`).
@@ -308,40 +319,35 @@ impl Session {
         if self.pos + tokens.len() > self.n_ctx() {
             return Err(Error::ContextFull { pos: self.pos, n: tokens.len(), n_ctx: self.n_ctx() });
         }
-        // One chunk's logits are returned as they are: a second vocabulary-
-        // sized buffer to copy them into cost 0.5 ms a token on a Xeon, the
-        // allocator unmapping and faulting in the pages of one of the two
-        // every call.
         let mut logits = Vec::new();
         for chunk in tokens.chunks(self.n_batch) {
             let rows: Vec<i32> = match want {
                 Logits::All => (0..chunk.len() as i32).collect(),
                 Logits::Last => vec![chunk.len() as i32 - 1],
             };
-            let out = self.eval_chunk(chunk, &rows)?;
-            if want == Logits::Last || logits.is_empty() {
-                logits = out;
-            } else {
-                logits.extend(out);
+            if want == Logits::Last {
+                logits.clear();
             }
+            self.eval_chunk(chunk, &rows, &mut logits)?;
         }
         Ok(logits)
     }
 
-    fn eval_chunk(&mut self, tokens: &[u32], rows: &[i32]) -> Result<Vec<f32>> {
+    /// Appends the chunk's logits rows to `out`.
+    fn eval_chunk(&mut self, tokens: &[u32], rows: &[i32], out: &mut Vec<f32>) -> Result<()> {
         let start = std::time::Instant::now();
         let key = (tokens.len(), rows.len());
         if !self.plans.contains_key(&key) {
             if self.plans.len() >= 16 {
                 self.plans.clear();
             }
-            let plan = self.plan(tokens.len(), rows.len());
-            self.plans.insert(key, plan);
+            let (built, schedule) = self.plan(tokens.len(), rows.len());
+            self.plans.insert(key, Plan { built, schedule, homes: None });
             if let Some(p) = self.profile.as_mut() {
                 p.graph_ns += start.elapsed().as_nanos() as u64;
             }
         }
-        let (built, schedule) = self.plans.get_mut(&key).expect("inserted above");
+        let Plan { built, schedule, homes } = self.plans.get_mut(&key).expect("inserted above");
         for node in &mut built.graph.nodes {
             if let Op::Attention(p) = &mut node.op {
                 p.kv_pos = self.pos;
@@ -366,12 +372,13 @@ impl Session {
             }
             _ => None,
         };
-        let out = backends.run(&built.graph, schedule, &leaf, &inputs)?;
+        let outputs = backends.run_cached(&built.graph, schedule, &leaf, &inputs, homes)?;
+        out.extend(outputs[0].chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])));
         self.pos += tokens.len();
         if let Some(p) = self.profile.as_mut() {
             p.evals += 1;
             p.total_ns += start.elapsed().as_nanos() as u64;
         }
-        Ok(out[0].chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+        Ok(())
     }
 }

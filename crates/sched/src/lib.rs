@@ -11,7 +11,7 @@ mod placement;
 mod virtual_backend;
 
 pub use assign::{assign, split, Assigned, Copy, NodeReason, Split};
-pub use exec::{Backends, CopyTimes, Error, RunProfile, Schedule};
+pub use exec::{Backends, CopyTimes, Error, Homes, RunProfile, Schedule};
 pub use memory::{plan_memory, MemoryPlan, ARENA_ALIGN};
 pub use offload::{CostModel, Mode, OffloadOp, OffloadPolicy, OffloadWhy, PolicyError, Work, OFFLOAD_MIN_BATCH};
 pub use placement::{

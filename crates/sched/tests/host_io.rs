@@ -256,3 +256,71 @@ fn without_host_reach_copies_are_transfer_calls() {
         assert_eq!(run(false, w0_on), (0, 2));
     }
 }
+
+/// `run_cached` keeps where the nodes live between calls with one schedule,
+/// and places them again once a larger batch has moved the arenas: each
+/// step's output is the one computed directly, before and after.
+#[test]
+fn cached_homes_are_placed_again_when_an_arena_moves() {
+    let (k, rows) = (8, 4);
+    let table: Vec<f32> = (0..k * rows).map(|i| i as f32 * 0.5 - 3.0).collect();
+    let w1: Vec<f32> = (0..k).map(|i| 1.0 + i as f32).collect();
+    let graph = |n: usize| {
+        let mut g = Graph::new();
+        let t = g.weight(0, "blk.0.table", GgmlType::F32, [k, rows, 1, 1]);
+        let a = g.weight(1, "blk.0.w1", GgmlType::F32, [k, 1, 1, 1]);
+        let tokens = g.input(InputKind::Tokens, n);
+        let e = g.get_rows(t, tokens);
+        let o = g.mul(e, a);
+        g.mark_output(o);
+        (g, tokens)
+    };
+    let gpu = BackendId::cuda(0);
+    let rules = PlacementRules::parse_overrides(&["w1=CUDA0".into()], &[BackendId::CPU, gpu]).unwrap();
+    let placement = Placement::new(["blk.0.table", "blk.0.w1"], 1, &rules);
+    let dev = Device {
+        mem: Mem::default(),
+        reaches: true,
+        pinned: Vec::new(),
+        pending: Vec::new(),
+        imported: 0,
+        exported: 0,
+    };
+    let mut backends = Backends::new(vec![Box::new(Host(Mem::default())), Box::new(dev)]);
+    let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let mut weights = HashMap::new();
+    for (i, (w, on)) in [(&table, BackendId::CPU), (&w1, gpu)].into_iter().enumerate() {
+        let b = backends.get_mut(on).unwrap();
+        let buffer = b.alloc(w.len() * 4).unwrap();
+        let loc = TensorLoc { buffer, offset: 0, nbytes: w.len() * 4 };
+        b.write(loc, &bytes(w)).unwrap();
+        weights.insert(i, loc);
+    }
+    let leaf = |op: &Op, _: BackendId| match op {
+        Op::Weight(i) => weights.get(i).copied(),
+        _ => None,
+    };
+    let (table, w1) = (&table, &w1);
+    let want = |ids: &[i32]| -> Vec<f32> {
+        ids.iter().flat_map(|&r| (0..k).map(move |i| table[r as usize * k + i] * w1[i])).collect()
+    };
+    let ((small, t_small), (large, t_large)) = (graph(2), graph(64));
+    let (s_small, s_large) =
+        (Schedule::new(&small, &placement, &backends), Schedule::new(&large, &placement, &backends));
+    let mut homes = None;
+    let step = |backends: &mut Backends, homes: &mut Option<_>, ids: &[i32]| {
+        let (g, t, s) = if ids.len() == 2 { (&small, t_small, &s_small) } else { (&large, t_large, &s_large) };
+        let id_bytes: Vec<u8> = ids.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let out = backends.run_cached(g, s, &leaf, &[(t, &id_bytes)], homes).unwrap();
+        let got: Vec<f32> = out[0].chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+        assert_eq!(got, want(ids), "ids {ids:?}");
+    };
+    step(&mut backends, &mut homes, &[3, 1]);
+    let first = homes.clone().expect("placed by the first run");
+    step(&mut backends, &mut homes, &[0, 2]);
+    assert_eq!(homes.as_ref(), Some(&first), "same arenas: the homes are kept");
+    let mut other = None;
+    step(&mut backends, &mut other, &(0..64).map(|i| i % rows as i32).collect::<Vec<_>>());
+    step(&mut backends, &mut homes, &[2, 2]);
+    assert_ne!(homes.as_ref(), Some(&first), "the large batch grew the arenas: placed again");
+}
