@@ -182,6 +182,19 @@ impl Backend for Device {
     }
 }
 
+/// Each weight into a buffer of its backend: weight i's location.
+fn upload(backends: &mut Backends, weights: &[(&Vec<f32>, BackendId)]) -> HashMap<usize, TensorLoc> {
+    let mut locs = HashMap::new();
+    for (i, &(w, on)) in weights.iter().enumerate() {
+        let b = backends.get_mut(on).unwrap();
+        let buffer = b.alloc(w.len() * 4).unwrap();
+        let loc = TensorLoc { buffer, offset: 0, nbytes: w.len() * 4 };
+        b.write(loc, &w.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
+        locs.insert(i, loc);
+    }
+    locs
+}
+
 /// `out = table[ids] · w1 · w0`: the lookup on the host, the middle product
 /// on the device (`w1` lives there), and the last one where `w0` lives. When
 /// that is the device, the output is read back through the readback split.
@@ -213,15 +226,7 @@ fn run(reaches: bool, w0_on: BackendId) -> (usize, usize) {
     assert_eq!(schedule.splits.iter().map(|s| s.backend).collect::<Vec<_>>(), [BackendId::CPU, gpu, BackendId::CPU]);
     assert_eq!(schedule.splits[2].nodes.is_empty(), w0_on == gpu, "the last split reads the output back");
 
-    let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
-    let mut weights = HashMap::new();
-    for (i, (w, on)) in [(&table, BackendId::CPU), (&w1, gpu), (&w0, w0_on)].into_iter().enumerate() {
-        let b = backends.get_mut(on).unwrap();
-        let buffer = b.alloc(w.len() * 4).unwrap();
-        let loc = TensorLoc { buffer, offset: 0, nbytes: w.len() * 4 };
-        b.write(loc, &bytes(w)).unwrap();
-        weights.insert(i, loc);
-    }
+    let weights = upload(&mut backends, &[(&table, BackendId::CPU), (&w1, gpu), (&w0, w0_on)]);
     let leaf = |op: &Op, _: BackendId| match op {
         Op::Weight(i) => weights.get(i).copied(),
         _ => None,
@@ -287,15 +292,7 @@ fn cached_homes_are_placed_again_when_an_arena_moves() {
         exported: 0,
     };
     let mut backends = Backends::new(vec![Box::new(Host(Mem::default())), Box::new(dev)]);
-    let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
-    let mut weights = HashMap::new();
-    for (i, (w, on)) in [(&table, BackendId::CPU), (&w1, gpu)].into_iter().enumerate() {
-        let b = backends.get_mut(on).unwrap();
-        let buffer = b.alloc(w.len() * 4).unwrap();
-        let loc = TensorLoc { buffer, offset: 0, nbytes: w.len() * 4 };
-        b.write(loc, &bytes(w)).unwrap();
-        weights.insert(i, loc);
-    }
+    let weights = upload(&mut backends, &[(&table, BackendId::CPU), (&w1, gpu)]);
     let leaf = |op: &Op, _: BackendId| match op {
         Op::Weight(i) => weights.get(i).copied(),
         _ => None,
