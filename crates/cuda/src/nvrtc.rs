@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use cudarc::nvrtc::sys;
 
 /// Compiler options shared by every kernel.
-const OPTIONS: &[&str] = &["-std=c++17"];
+const OPTIONS: &[&str] = &["-std=c++17", "-lineinfo"];
 
 /// Whether libnvrtc can be loaded.
 pub fn available() -> bool {

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Where decode_run's time goes, from the hardware (through `device`, carrying
+# .gpu from scripts/gpu-build.sh): makes the 2B-4T-shaped IQ2_BN model, then
+# Nsight Compute profiles one decode_run launch of a tg16 run (kernels carry
+# line info, nvrtc.rs). Prints the launch's summary, its warp stall reasons,
+# and the source lines with the most stall samples; the report itself is
+# $OUT/decode_run.ncu-rep (open it with Nsight Compute). The clocks are left
+# alone (--clock-control none, METHOD.md).
+set -u
+cd "$(dirname "$0")/.."
+M=${MODELS:-/tmp/models}
+OUT=${OUT:-/tmp}
+mkdir -p "$M"
+export PYTHONPATH=/tmp/site
+if [ ! -e "$M/IQ2_BN.gguf" ]; then
+    pip install --no-deps --target /tmp/site .gpu/gguf-*.whl -q > /dev/null 2>&1
+    python3 .gpu/make_bitnet_gguf.py --tokenizer-model .gpu/llama3-tiktoken-tokenizer.model --arch bitnet-b1.58 \
+        -o "$M/f16.gguf" > "$M/gen.log" 2>&1 && .gpu/tern quantize "$M/f16.gguf" "$M/IQ2_BN.gguf" IQ2_BN >> "$M/gen.log" 2>&1
+fi
+ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+# The 10th decode_run: past the warm-up, the capture and the first replays.
+timeout 420 "$ncu" --clock-control none --kernel-name decode_run --launch-skip 9 --launch-count 1 \
+    --set full --import-source yes --export "$OUT/decode_run" --force-overwrite \
+    .gpu/tern bench -m "$M/IQ2_BN.gguf" -ngl 99 -p 0 -n 16 -r 1 > "$OUT/ncu.log" 2>&1
+echo "ncu rc=$? ($(tail -c 300 "$OUT/ncu.log" | tr '\n' ' '))"
+rep="$OUT/decode_run.ncu-rep"
+"$ncu" --import "$rep" --page details --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis \
+    2>&1 | head -120
+"$ncu" --import "$rep" --page source --csv --print-source cuda 2>/dev/null > "$OUT/source.csv"
+python3 - "$OUT/source.csv" <<'PY'
+import csv, sys
+rows = list(csv.reader(open(sys.argv[1])))
+head = next((i for i, r in enumerate(rows) if "Source" in r), None)
+if head is None:
+    sys.exit("no source table in the report")
+cols, body = rows[head], rows[head + 1:]
+stall = next((c for c in cols if "Warp Stall Sampling (All" in c), None)
+if stall is None:
+    sys.exit(f"no stall-sampling column among {cols[:12]}")
+si, ti = cols.index(stall), cols.index("Source")
+num = lambda v: float(v.replace(",", "") or 0)
+total = sum(num(r[si]) for r in body if len(r) > si) or 1.0
+print(f"| stall samples | share | line |\n|---:|---:|---|")
+for r in sorted((r for r in body if len(r) > si), key=lambda r: -num(r[si]))[:40]:
+    print(f"| {num(r[si]):.0f} | {100 * num(r[si]) / total:.1f}% | `{r[ti].strip()[:110]}` |")
+PY
