@@ -24,12 +24,12 @@ mod lower;
 #[cfg(test)]
 mod lower_tests;
 pub mod nvrtc;
+mod plan_key;
 mod profile;
 pub mod qlayout;
 mod weights;
 
 use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
 
 use tern_backend::{
     Backend, BackendId, BufferId, Error, HostBytes, HostIo, HostSpan, LoadedWeight, OpProfile, Result, TensorLoc,
@@ -77,64 +77,6 @@ struct Plan {
     tables: Vec<u64>,
     /// `TERN_CUDA_FUSE_TRACE=1`: each table's trace buffer and phases.
     traces: Vec<(u64, Vec<decode::Phase>)>,
-}
-
-/// The plan key's hasher, on the host's critical path every step (a 2B-4T
-/// step hashes ~75 KB: 31 µs with SipHash, a few with this). Each word's
-/// step `(rotl(h, 5) ^ w) · K` is a bijection of the state, so two keys of
-/// one length that differ in a single word never collide.
-#[derive(Default)]
-struct KeyHasher(u64);
-
-impl Hasher for KeyHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for c in bytes.chunks(8) {
-            let mut w = [0u8; 8];
-            w[..c.len()].copy_from_slice(c);
-            self.write_u64(u64::from_le_bytes(w));
-        }
-    }
-
-    fn write_u64(&mut self, w: u64) {
-        self.0 = (self.0.rotate_left(5) ^ w).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-
-    fn write_u32(&mut self, w: u32) {
-        self.write_u64(w as u64);
-    }
-
-    fn write_usize(&mut self, w: usize) {
-        self.write_u64(w as u64);
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-/// Identifies a compute call cheaply: the nodes, their ops and shapes, and
-/// where every node and source lives. Attention's cache position is left out
-/// on purpose (kernels read positions from device memory), so every decoding
-/// step maps to one plan.
-pub(crate) fn fingerprint(graph: &Graph, nodes: &[NodeId], locs: &[Option<TensorLoc>]) -> u64 {
-    let mut h = KeyHasher::default();
-    let loc = |h: &mut KeyHasher, id: NodeId| {
-        if let Some(l) = locs[id.index()] {
-            (l.buffer.0, l.offset, l.nbytes).hash(h);
-        }
-    };
-    for &id in nodes {
-        let n = graph.node(id);
-        // A product's precision picks its kernel.
-        let paired = matches!(n.op, Op::MulMat { precision: tern_graph::Precision::Paired });
-        (id.0, std::mem::discriminant(&n.op), paired, n.ne).hash(&mut h);
-        loc(&mut h, id);
-        for &s in &n.srcs {
-            s.0.hash(&mut h);
-            loc(&mut h, s);
-        }
-    }
-    h.finish()
 }
 
 pub struct CudaBackend {
@@ -722,11 +664,7 @@ impl Backend for CudaBackend {
     fn compute_io(&mut self, graph: &Graph, nodes: &[NodeId], locs: &[Option<TensorLoc>], io: &HostIo) -> Result<()> {
         self.gpu.bind().map_err(|m| self.dev_err(m))?;
         let host_start = std::time::Instant::now();
-        let key = {
-            let mut h = KeyHasher::default();
-            (fingerprint(graph, nodes, locs), io).hash(&mut h);
-            h.finish()
-        };
+        let key = plan_key::plan_key(graph, nodes, locs, io);
         if !io.is_empty() {
             self.io_in_flight.set(true);
         }

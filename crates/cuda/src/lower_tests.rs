@@ -272,24 +272,24 @@ fn plan_keys_change_with_every_location_and_shape() {
     let l = layer(1);
     let (_bufs, locs) = bind(&l.g, None, &[]);
     let nodes: Vec<NodeId> = l.g.ids().filter(|id| !l.g.node(*id).op.is_leaf()).collect();
-    let key = crate::fingerprint(&l.g, &nodes, &locs);
-    assert_eq!(key, crate::fingerprint(&l.g, &nodes, &locs.clone()));
+    let key = crate::plan_key::fingerprint(&l.g, &nodes, &locs);
+    assert_eq!(key, crate::plan_key::fingerprint(&l.g, &nodes, &locs.clone()));
     let mut moved = 0;
     for i in 0..locs.len() {
         let Some(loc) = locs[i] else { continue };
         let mut other = locs.clone();
         other[i] = Some(TensorLoc { offset: loc.offset + 256, ..loc });
-        assert_ne!(crate::fingerprint(&l.g, &nodes, &other), key, "node {i} moved");
+        assert_ne!(crate::plan_key::fingerprint(&l.g, &nodes, &other), key, "node {i} moved");
         moved += 1;
     }
     assert!(moved > 20);
     for &id in &nodes {
         let mut g = l.g.clone();
         g.nodes[id.index()].ne[1] += 1;
-        assert_ne!(crate::fingerprint(&g, &nodes, &locs), key, "node {} reshaped", id.0);
+        assert_ne!(crate::plan_key::fingerprint(&g, &nodes, &locs), key, "node {} reshaped", id.0);
     }
     let mm = nodes.iter().find(|&&id| matches!(l.g.node(id).op, Op::MulMat { .. })).unwrap();
     let mut g = l.g.clone();
     g.nodes[mm.index()].op = Op::MulMat { precision: tern_graph::Precision::Float };
-    assert_ne!(crate::fingerprint(&g, &nodes, &locs), key, "a product's precision picks its kernel");
+    assert_ne!(crate::plan_key::fingerprint(&g, &nodes, &locs), key, "a product's precision picks its kernel");
 }
