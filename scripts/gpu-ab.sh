@@ -13,12 +13,7 @@ cd "$(dirname "$0")/.."
 M=${MODELS:-/tmp/models}
 OUT=${OUT:-/tmp}
 mkdir -p "$M"
-export PYTHONPATH=/tmp/site
-if [ ! -e "$M/IQ2_BN.gguf" ]; then
-    pip install --no-deps --target /tmp/site .gpu/gguf-*.whl -q > "$M/pip.log" 2>&1
-    (python3 .gpu/make_bitnet_gguf.py --tokenizer-model .gpu/llama3-tiktoken-tokenizer.model --arch bitnet-b1.58 \
-        -o "$M/f16.gguf" && .gpu/tern quantize "$M/f16.gguf" "$M/IQ2_BN.gguf" IQ2_BN) > "$M/gen.log" 2>&1 &
-fi
+MODELS=$M scripts/gpu-model.sh IQ2_BN &
 if [ "${CHECK:-1}" = 1 ]; then
     scripts/gpu-check.sh > "$OUT/check.log" 2>&1
     echo "gpu-check rc=$?"

@@ -15,13 +15,8 @@ export M=${MODELS:-/tmp/models}
 OUT=${OUT:-/tmp}
 T=.gpu/tern
 mkdir -p "$M"
-export PYTHONPATH=/tmp/site
 FORMATS=${FORMATS:-IQ2_BN}
-if [ ! -e "$M/IQ2_BN.gguf" ]; then
-    pip install --no-deps --target /tmp/site .gpu/gguf-*.whl -q > "$M/pip.log" 2>&1
-    (python3 .gpu/make_bitnet_gguf.py --tokenizer-model .gpu/llama3-tiktoken-tokenizer.model --arch bitnet-b1.58 \
-        -o "$M/f16.gguf" && for f in $FORMATS; do $T quantize "$M/f16.gguf" "$M/$f.gguf" "$f"; done) > "$M/gen.log" 2>&1 &
-fi
+MODELS=$M TERN=$T scripts/gpu-model.sh $FORMATS &
 if [ "${CHECK:-1}" = ops ]; then
     # The ops and golden models, launched and fused (no NVRTC pass: CI has it).
     built_at=$(cat .gpu/built-at); [ -e "$built_at" ] || { mkdir -p "$(dirname "$built_at")"; ln -s "$PWD" "$built_at"; }

@@ -10,13 +10,7 @@ set -u
 cd "$(dirname "$0")/.."
 M=${MODELS:-/tmp/models}
 OUT=${OUT:-/tmp}
-mkdir -p "$M"
-export PYTHONPATH=/tmp/site
-if [ ! -e "$M/IQ2_BN.gguf" ]; then
-    pip install --no-deps --target /tmp/site .gpu/gguf-*.whl -q > /dev/null 2>&1
-    python3 .gpu/make_bitnet_gguf.py --tokenizer-model .gpu/llama3-tiktoken-tokenizer.model --arch bitnet-b1.58 \
-        -o "$M/f16.gguf" > "$M/gen.log" 2>&1 && .gpu/tern quantize "$M/f16.gguf" "$M/IQ2_BN.gguf" IQ2_BN >> "$M/gen.log" 2>&1
-fi
+MODELS=$M scripts/gpu-model.sh IQ2_BN || { echo "no model: $(tail -3 "$M/gen.log")"; exit 1; }
 ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
 # The 10th decode_run: past the warm-up, the capture and the first replays.
 timeout 420 "$ncu" --clock-control none --kernel-name decode_run --launch-skip 9 --launch-count 1 \

@@ -13,7 +13,7 @@
 #   scripts/gpu-peer.sh bench   # ik's IQ2_BN file; ik and tern alternating: full
 #                               # offload (medians of 10, per-run samples under
 #                               # $OUT/peer), then ROUNDS (default 3) hybrid rounds
-# Needs MAKE_MODEL and TOKENIZER as scripts/gpu-bench.sh does (defaults: .gpu/).
+# The model comes from scripts/gpu-model.sh (MAKE_MODEL, TOKENIZER: defaults in .gpu/).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -29,10 +29,7 @@ start)
         -DCMAKE_BUILD_TYPE=Release > /tmp/ik-cfg.log 2>&1 \
         && cmake --build build -j16 --target llama-bench llama-quantize > /tmp/ik-build.log 2>&1; echo \$? > /tmp/ik-done" \
         > /dev/null 2>&1 < /dev/null &
-    setsid nohup bash -c "python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu/gguf-*.whl; \
-        PYTHONPATH=/tmp/site python3 ${MAKE_MODEL:-.gpu/make_bitnet_gguf.py} \
-        --tokenizer-model ${TOKENIZER:-.gpu/llama3-tiktoken-tokenizer.model} --arch bitnet-b1.58 \
-        -o $models/f16.gguf > /tmp/gen.log 2>&1; echo ok > /tmp/gen-done" > /dev/null 2>&1 < /dev/null &
+    setsid nohup bash -c "MODELS=$models scripts/gpu-model.sh; echo ok > /tmp/gen-done" > /dev/null 2>&1 < /dev/null &
     echo "started"
     ;;
 wait)
