@@ -254,6 +254,35 @@ cudaLaunchConfig_t launch_config(int grid, cudaLaunchAttribute* attr) {
     return cfg;
 }
 
+// Times `launch` (one launch of `iters` rounds on `grid` blocks, which
+// leave per block their mean barrier and stage ns in `out`) and prints the
+// table's row.
+template <typename Launch>
+void measure(const char* name, int k, int grid, unsigned long long* out, Launch launch) {
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    CK(cudaEventRecord(e0));
+    launch();
+    CK(cudaEventRecord(e1));
+    CK(cudaDeviceSynchronize());
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    unsigned long long* h = (unsigned long long*)malloc(grid * 16);
+    CK(cudaMemcpy(h, out, grid * 16, cudaMemcpyDeviceToHost));
+    double bar_ns = 0, st_ns = 0, st_max = 0;
+    for (int i = 0; i < grid; ++i) {
+        bar_ns += h[2 * i];
+        st_ns += h[2 * i + 1];
+        st_max = std::max(st_max, (double)h[2 * i + 1]);
+    }
+    printf("| %d | %s | %d | %.2f | %.2f | %.2f | %.2f |\n", k, name, grid, bar_ns / grid / 1e3, st_ns / grid / 1e3,
+           st_max / 1e3, ms * 1e3 / ITERS);
+    free(h);
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+}
+
 template <int C, bool HALF>
 void run(const char* name, int k, int sms) {
     auto kernel = stage<C, HALF>;
@@ -277,27 +306,7 @@ void run(const char* name, int k, int sms) {
     CK(cudaMalloc(&out, grid * 16));
     CK(cudaMalloc(&sink, grid * 4));
     cudaLaunchConfig_t cfg = launch_config<C>(grid, &attr);
-    int iters = ITERS;
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    CK(cudaEventRecord(e0));
-    CK(cudaLaunchKernelEx(&cfg, kernel, row, k, bar, iters, out, sink));
-    CK(cudaEventRecord(e1));
-    CK(cudaDeviceSynchronize());
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    unsigned long long* h = (unsigned long long*)malloc(grid * 16);
-    CK(cudaMemcpy(h, out, grid * 16, cudaMemcpyDeviceToHost));
-    double bar_ns = 0, st_ns = 0, st_max = 0;
-    for (int i = 0; i < grid; ++i) {
-        bar_ns += h[2 * i];
-        st_ns += h[2 * i + 1];
-        st_max = std::max(st_max, (double)h[2 * i + 1]);
-    }
-    printf("| %d | %s | %d | %.2f | %.2f | %.2f | %.2f |\n", k, name, grid, bar_ns / grid / 1e3, st_ns / grid / 1e3,
-           st_max / 1e3, ms * 1e3 / iters);
-    free(h);
+    measure(name, k, grid, out, [&] { CK(cudaLaunchKernelEx(&cfg, kernel, row, k, bar, ITERS, out, sink)); });
     CK(cudaFree(row));
     CK(cudaFree(bar));
     CK(cudaFree(out));
@@ -315,25 +324,10 @@ void run_ll(int k, int sms) {
     CK(cudaMemset(rows, 0, (size_t)k * 16));
     CK(cudaMalloc(&out, sms * 16));
     CK(cudaMalloc(&sink, sms * 4));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    CK(cudaEventRecord(e0));
-    kernel<<<sms, THREADS, SMEM>>>(rows, k, ITERS, out, sink);
-    CK(cudaEventRecord(e1));
-    CK(cudaDeviceSynchronize());
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    unsigned long long* h = (unsigned long long*)malloc(sms * 16);
-    CK(cudaMemcpy(h, out, sms * 16, cudaMemcpyDeviceToHost));
-    double st_ns = 0, st_max = 0;
-    for (int i = 0; i < sms; ++i) {
-        st_ns += h[2 * i + 1];
-        st_max = std::max(st_max, (double)h[2 * i + 1]);
-    }
-    printf("| %d | LL u64 (no barrier) | %d | 0 | %.2f | %.2f | %.2f |\n", k, sms, st_ns / sms / 1e3, st_max / 1e3,
-           ms * 1e3 / ITERS);
-    free(h);
+    measure("LL u64 (no barrier)", k, sms, out, [&] {
+        kernel<<<sms, THREADS, SMEM>>>(rows, k, ITERS, out, sink);
+        CK(cudaGetLastError());
+    });
     CK(cudaFree(rows));
     CK(cudaFree(out));
     CK(cudaFree(sink));
@@ -352,13 +346,20 @@ int main(int argc, char** argv) {
     }
     std::string mode = argv[1];
     int k = atoi(argv[2]);
+    // Rows of whole 16-byte words (8 halves), in shared memory; LL rows need
+    // a value for every block (its rounds rely on every block writing).
+    bool modes = mode == "f32" || mode == "f16" || mode == "c2" || mode == "c4" || mode == "ll";
+    if (!modes || k <= 0 || k % 8 != 0 || k * 4 > SMEM || (mode == "ll" && (k < sms || k > 32 * THREADS))) {
+        fprintf(stderr, "usage: %s [MODE K]: MODE f32|f16|c2|c4|ll, K a multiple of 8 up to %d (ll: %d to %d)\n",
+                argv[0], SMEM / 4, sms, 32 * THREADS);
+        return 2;
+    }
     if (mode == "f32") run<1, false>("f32", k, sms);
     else if (mode == "f16") run<1, true>("f16", k, sms);
     else if (mode == "c2") run<2, false>("f32, clusters of 2", k, sms);
     else if (mode == "c4") run<4, false>("f32, clusters of 4", k, sms);
-    else if (mode == "ll" && k <= 2 * THREADS) run_ll<1>(k, sms);
-    else if (mode == "ll" && k <= 10 * THREADS) run_ll<5>(k, sms);
-    else if (mode == "ll" && k <= 32 * THREADS) run_ll<16>(k, sms);
-    else return 2;
+    else if (k <= 2 * THREADS) run_ll<1>(k, sms);
+    else if (k <= 10 * THREADS) run_ll<5>(k, sms);
+    else run_ll<16>(k, sms);
     return 0;
 }
