@@ -48,6 +48,13 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
     return s;
 }
 
+// The staged row's sum of squares, as the norm's would be.
+__device__ __forceinline__ float sum_squares(const float* xs, int k, float* red) {
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < k; i += THREADS) ss += xs[i] * xs[i];
+    return block_sum(ss, red);
+}
+
 __device__ __forceinline__ unsigned short f2h(float v) {
     unsigned short h;
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
@@ -142,9 +149,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         }
         if (C > 1) cluster_sync();
         else __syncthreads();
-        float ss = 0.0f;
-        for (int i = threadIdx.x; i < k; i += THREADS) ss += xs[i] * xs[i];
-        ss = block_sum(ss, red);
+        float ss = sum_squares(xs, k, red);
         unsigned long long t2 = now_ns();
         if (threadIdx.x == 0) {
             t_bar += t1 - t0;
@@ -222,9 +227,7 @@ __global__ void __launch_bounds__(THREADS, 1)
             if (all) break;
         }
         __syncthreads();
-        float ss = 0.0f;
-        for (int i = threadIdx.x; i < k; i += THREADS) ss += xs[i] * xs[i];
-        ss = block_sum(ss, red);
+        float ss = sum_squares(xs, k, red);
         unsigned long long t2 = now_ns();
         if (threadIdx.x == 0) {
             t_h += t2 - t0;
