@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use tern_engine::{parse_kv_type, LoadOptions, Logits, Session};
+use tern_engine::{parse_kv_type, LoadOptions, Session};
 use tern_gguf::{File, GgmlType};
 
 use crate::json;
@@ -333,10 +333,10 @@ impl Test {
         session.reset();
         let t0 = Instant::now();
         for chunk in prompt[..self.n_prompt].chunks(n_batch) {
-            session.eval(chunk, Logits::Last)?;
+            session.eval_last(chunk)?;
         }
         for _ in 0..self.n_gen {
-            session.eval(&[tok], Logits::Last)?;
+            session.eval_last(&[tok])?;
         }
         Ok((t0.elapsed().as_nanos() as u64).max(1))
     }

@@ -5,7 +5,6 @@
 
 use std::time::Instant;
 
-use tern_engine::Logits;
 
 use super::{csv_row, emit, gen_token, md_header, md_row, random_tokens, Col, Format, Instance, JsonArray, Plan};
 use crate::json;
@@ -71,22 +70,22 @@ pub fn main(plan: &Plan, n_ctx: usize, n_gen: Option<usize>) -> Result<(), CliEr
             emit(&md_header(&cols));
         }
         if plan.warmup {
-            session.eval(&random_tokens(ub, n_vocab, 1), Logits::Last)?;
-            session.eval(&[tok], Logits::Last)?;
+            session.eval_last(&random_tokens(ub, n_vocab, 1))?;
+            session.eval_last(&[tok])?;
         }
         session.reset();
         let mut depth = 0;
         while depth + ub.max(tg) <= n_ctx {
             let t0 = Instant::now();
             for _ in 0..tg {
-                session.eval(&[tok], Logits::Last)?;
+                session.eval_last(&[tok])?;
             }
             let t_tg = secs(t0);
             session.truncate(depth);
             let prompt = random_tokens(ub, n_vocab, 0x5eed + depth as u64);
             let t0 = Instant::now();
             for chunk in prompt.chunks(inst.n_batch) {
-                session.eval(chunk, Logits::Last)?;
+                session.eval_last(chunk)?;
             }
             let t_pp = secs(t0);
             debug_assert_eq!(session.pos(), depth + ub);

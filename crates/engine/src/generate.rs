@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use tern_sampling::Sampler;
 
 use crate::error::Result;
-use crate::session::{Logits, Session};
+use crate::session::Session;
 
 #[derive(Clone, Debug, Default)]
 pub struct GenStats {
@@ -42,11 +42,11 @@ pub fn generate(
     let mut stats = GenStats { n_prompt: prompt.len(), ..GenStats::default() };
     let mut history: Vec<u32> = prompt.to_vec();
     let t0 = Instant::now();
-    let mut logits = session.eval(prompt, Logits::Last)?;
+    // The logits are read in place, so each token is sampled before the next step.
+    let mut tok = sampler.sample(session.eval_last(prompt)?, &history);
     stats.prompt_time = t0.elapsed();
     let t1 = Instant::now();
     while stats.n_gen < n_predict && session.pos() < session.n_ctx() {
-        let tok = sampler.sample(&logits, &history);
         if session.tokenizer().is_ok_and(|t| t.is_eog(tok)) {
             break;
         }
@@ -56,7 +56,7 @@ pub fn generate(
             stats.pending = Some(tok);
             break;
         }
-        logits = session.eval(&[tok], Logits::Last)?;
+        tok = sampler.sample(session.eval_last(&[tok])?, &history);
     }
     stats.gen_time = t1.elapsed();
     Ok(stats)

@@ -105,6 +105,8 @@ pub struct Session {
     /// and places its graph once.
     plans: HashMap<(usize, usize), Plan>,
     profile: Option<StepProfile>,
+    /// The last step's logits where its output could not be read in place.
+    logits: Vec<f32>,
 }
 
 /// A batch shape's graph, schedule and node locations
@@ -237,6 +239,7 @@ impl Session {
             notices,
             plans: HashMap::new(),
             profile: None,
+            logits: Vec::new(),
         })
     }
 
@@ -309,6 +312,33 @@ impl Session {
 
     /// Appends `tokens` to the context and returns logits.
     pub fn eval(&mut self, tokens: &[u32], want: Logits) -> Result<Vec<f32>> {
+        if want == Logits::Last {
+            return self.eval_last(tokens).map(<[f32]>::to_vec);
+        }
+        self.check(tokens)?;
+        let mut logits = Vec::new();
+        for chunk in tokens.chunks(self.n_batch) {
+            let rows: Vec<i32> = (0..chunk.len() as i32).collect();
+            logits.extend_from_slice(self.eval_chunk(chunk, &rows)?);
+        }
+        Ok(logits)
+    }
+
+    /// Appends `tokens` to the context and returns the last one's logits
+    /// (`[n_vocab]`), read where the step left them (the host arena a
+    /// device copied them to): decoding copies no logits on the host.
+    pub fn eval_last(&mut self, tokens: &[u32]) -> Result<&[f32]> {
+        self.check(tokens)?;
+        let n_chunks = tokens.len().div_ceil(self.n_batch);
+        let mut chunks = tokens.chunks(self.n_batch);
+        for chunk in chunks.by_ref().take(n_chunks - 1) {
+            self.eval_chunk(chunk, &[chunk.len() as i32 - 1])?;
+        }
+        let last = chunks.next().expect("tokens is not empty");
+        self.eval_chunk(last, &[last.len() as i32 - 1])
+    }
+
+    fn check(&self, tokens: &[u32]) -> Result<()> {
         if tokens.is_empty() {
             return Err(Error::Empty);
         }
@@ -319,22 +349,13 @@ impl Session {
         if self.pos + tokens.len() > self.n_ctx() {
             return Err(Error::ContextFull { pos: self.pos, n: tokens.len(), n_ctx: self.n_ctx() });
         }
-        let mut logits = Vec::new();
-        for chunk in tokens.chunks(self.n_batch) {
-            let rows: Vec<i32> = match want {
-                Logits::All => (0..chunk.len() as i32).collect(),
-                Logits::Last => vec![chunk.len() as i32 - 1],
-            };
-            if want == Logits::Last {
-                logits.clear();
-            }
-            self.eval_chunk(chunk, &rows, &mut logits)?;
-        }
-        Ok(logits)
+        Ok(())
     }
 
-    /// Appends the chunk's logits rows to `out`.
-    fn eval_chunk(&mut self, tokens: &[u32], rows: &[i32], out: &mut Vec<f32>) -> Result<()> {
+    /// Runs one chunk and returns its logits rows, borrowed from the
+    /// backend's output when its bytes are aligned f32s, else converted
+    /// into `self.logits`.
+    fn eval_chunk(&mut self, tokens: &[u32], rows: &[i32]) -> Result<&[f32]> {
         let start = std::time::Instant::now();
         let key = (tokens.len(), rows.len());
         if !self.plans.contains_key(&key) {
@@ -347,38 +368,46 @@ impl Session {
                 p.graph_ns += start.elapsed().as_nanos() as u64;
             }
         }
-        let Plan { built, schedule, homes } = self.plans.get_mut(&key).expect("inserted above");
+        let Session { plans, pos, weight_locs, kv, backends, copies, profile, logits, .. } = self;
+        let Plan { built, schedule, homes } = plans.get_mut(&key).expect("inserted above");
         for node in &mut built.graph.nodes {
             if let Op::Attention(p) = &mut node.op {
-                p.kv_pos = self.pos;
+                p.kv_pos = *pos;
             }
         }
         let (built, schedule) = (&*built, &*schedule);
-        let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
-        let positions: Vec<i32> = (self.pos..self.pos + tokens.len()).map(|p| p as i32).collect();
-        let bytes = |v: &[i32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
-        let (ids, positions, rows) = (bytes(&ids), bytes(&positions), bytes(rows));
+        let ids: Vec<u8> = tokens.iter().flat_map(|&t| (t as i32).to_le_bytes()).collect();
+        let positions: Vec<u8> = (*pos..*pos + tokens.len()).flat_map(|p| (p as i32).to_le_bytes()).collect();
+        let rows: Vec<u8> = rows.iter().flat_map(|r| r.to_le_bytes()).collect();
         let inputs = [
             (built.inputs.tokens, ids.as_slice()),
             (built.inputs.positions, positions.as_slice()),
             (built.inputs.output_rows, rows.as_slice()),
         ];
-        let (weights, kv, backends) = (&self.weight_locs, &self.kv, &mut self.backends);
-        let copies = &self.copies;
         let leaf = |op: &Op, on: BackendId| match *op {
-            Op::Weight(i) => copies.get(&(i, on)).or(weights.get(i)).copied(),
+            Op::Weight(i) => copies.get(&(i, on)).or(weight_locs.get(i)).copied(),
             Op::KvCache { layer, kind } => {
                 kv.layers.get(layer).map(|(k, v)| if kind == tern_graph::KvKind::K { *k } else { *v })
             }
             _ => None,
         };
-        let outputs = backends.run_cached(&built.graph, schedule, &leaf, &inputs, homes)?;
-        out.extend(outputs[0].chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])));
-        self.pos += tokens.len();
-        if let Some(p) = self.profile.as_mut() {
+        let mut outputs = backends.run_cached(&built.graph, schedule, &leaf, &inputs, homes)?;
+        *pos += tokens.len();
+        if let Some(p) = profile.as_mut() {
             p.evals += 1;
             p.total_ns += start.elapsed().as_nanos() as u64;
         }
-        Ok(())
+        match outputs.swap_remove(0) {
+            // SAFETY: the bytes are 4-aligned (checked) and every bit pattern
+            // is an f32; the host is little-endian, as the bytes are.
+            std::borrow::Cow::Borrowed(b) if cfg!(target_endian = "little") && b.as_ptr().align_offset(4) == 0 => {
+                Ok(unsafe { std::slice::from_raw_parts(b.as_ptr().cast::<f32>(), b.len() / 4) })
+            }
+            b => {
+                logits.clear();
+                logits.extend(b.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])));
+                Ok(logits.as_slice())
+            }
+        }
     }
 }
