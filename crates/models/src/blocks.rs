@@ -122,7 +122,13 @@ impl<'a> Ctx<'a> {
 
     /// Keeps the wanted rows, applies the final norm and the head.
     pub fn head(mut self, x: NodeId) -> Built {
-        let x = self.g.get_rows(x, self.inputs.output_rows); // [n_embd, n_outputs]
+        // [n_embd, n_outputs]; all rows in order need no gather (one launch
+        // less a decoded token on a GPU).
+        let x = if self.batch.n_outputs == self.batch.n_tokens {
+            x
+        } else {
+            self.g.get_rows(x, self.inputs.output_rows)
+        };
         let x = self.norm(x, self.w.output_norm);
         let logits = self.linear(self.w.output, x, 1.0); // [n_vocab, n_outputs]
         self.g.mark_output(logits);
