@@ -545,17 +545,24 @@ fn attention_matches_cpu_across_splits_and_cache_types() {
 /// GPU, or when fusing is asked of one before sm_90, which has no fused
 /// kernel (said so).
 fn gpu_with(fuse: bool, att_block: bool) -> Option<CudaBackend> {
+    gpu_env(fuse, &[("TERN_CUDA_ATT_BLOCK", if att_block { "1" } else { "0" })])
+}
+
+/// A backend made with these variables set (and TERN_CUDA_FUSE), restored after.
+fn gpu_env(fuse: bool, vars: &[(&str, &str)]) -> Option<CudaBackend> {
     let arch = tern_cuda::devices().ok()?.first()?.arch;
     if fuse && arch.0 < 9 {
         eprintln!("skipped: decode_run needs sm_90, device is sm_{}{}", arch.0, arch.1);
         return None;
     }
-    let keys = ["TERN_CUDA_FUSE", "TERN_CUDA_ATT_BLOCK"];
-    let saved: Vec<_> = keys.iter().map(std::env::var_os).collect();
-    std::env::set_var(keys[0], if fuse { "1" } else { "0" });
-    std::env::set_var(keys[1], if att_block { "1" } else { "0" });
+    let mut vars = vars.to_vec();
+    vars.push(("TERN_CUDA_FUSE", if fuse { "1" } else { "0" }));
+    let saved: Vec<_> = vars.iter().map(|(k, _)| std::env::var_os(k)).collect();
+    for (k, v) in &vars {
+        std::env::set_var(k, v);
+    }
     let gpu = gpu();
-    for (k, v) in keys.iter().zip(saved) {
+    for ((k, _), v) in vars.iter().zip(saved) {
         match v {
             Some(v) => std::env::set_var(k, v),
             None => std::env::remove_var(k),
@@ -657,9 +664,13 @@ fn fused_decoding_layers_match_cpu() {
         }
         run(&mut plain, &b.g, &b.data, &outs);
         let unfused = plain.stats.last_launches;
-        for att_block in [false, true] {
-            let Some(mut fused) = gpu_with(true, att_block) else { return };
-            let what = format!("fused decoding head_dim {hd} kv_pos {kv_pos} att_block {att_block}");
+        // The last: a 2 KiB weight ring (each block's segments here are 0.5–1.5
+        // KiB), so the ring wraps and waits for space many times a launch.
+        let setups = [("0", "0"), ("1", "0"), ("1", "2")];
+        for (att_block, ring_kb) in setups {
+            let vars = [("TERN_CUDA_ATT_BLOCK", att_block), ("TERN_CUDA_RING_KB", ring_kb)];
+            let Some(mut fused) = gpu_env(true, &vars) else { return };
+            let what = format!("fused decoding head_dim {hd} kv_pos {kv_pos} att_block {att_block} ring_kb {ring_kb}");
             let e = compare(&mut fused, &b.g, &b.data, &outs, 5e-3, &what);
             let launches = fused.stats.last_launches;
             eprintln!("{what}: {e:.1e}, {launches} launches against {unfused}");
