@@ -3,7 +3,7 @@
 # .gpu from scripts/gpu-build.sh): makes the 2B-4T-shaped IQ2_BN model, then
 # Nsight Compute profiles one decode_run launch of a tg16 run (kernels carry
 # line info, nvrtc.rs). Prints the launch's summary, its warp stall reasons,
-# and the source lines with the most stall samples; the report itself is
+# and the SASS instructions with the most stall samples; the report itself is
 # $OUT/decode_run.ncu-rep (open it with Nsight Compute). The clocks are left
 # alone (--clock-control none, METHOD.md).
 set -u
@@ -20,21 +20,24 @@ echo "ncu rc=$? ($(tail -c 300 "$OUT/ncu.log" | tr '\n' ' '))"
 rep="$OUT/decode_run.ncu-rep"
 "$ncu" --import "$rep" --page details --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis \
     2>&1 | head -120
-"$ncu" --import "$rep" --page source --csv --print-source cuda 2>/dev/null > "$OUT/source.csv"
-python3 - "$OUT/source.csv" <<'PY'
+# The SASS view (the module's source is assembled at run time, so there is
+# no file for a CUDA-source view): the instructions with the most stall
+# samples, each with its top reasons.
+"$ncu" --import "$rep" --page source --csv --print-source sass 2>/dev/null > "$OUT/sass.csv"
+python3 - "$OUT/sass.csv" <<'PY'
 import csv, sys
 rows = list(csv.reader(open(sys.argv[1])))
 head = next((i for i, r in enumerate(rows) if "Source" in r), None)
 if head is None:
-    sys.exit("no source table in the report")
+    sys.exit("no SASS table in the report")
 cols, body = rows[head], rows[head + 1:]
-stall = next((c for c in cols if "Warp Stall Sampling (All" in c), None)
-if stall is None:
-    sys.exit(f"no stall-sampling column among {cols[:12]}")
-si, ti = cols.index(stall), cols.index("Source")
-num = lambda v: float(v.replace(",", "") or 0)
+num = lambda v: float(v.replace(",", "")) if v.replace(",", "").replace(".", "").isdigit() else 0.0
+si, ti, ei = cols.index("Warp Stall Sampling (All Samples)"), cols.index("Source"), cols.index("Instructions Executed")
+why = [(i, c[6:]) for i, c in enumerate(cols) if c.startswith("stall_") and "Not Issued" not in c]
 total = sum(num(r[si]) for r in body if len(r) > si) or 1.0
-print(f"| stall samples | share | line |\n|---:|---:|---|")
-for r in sorted((r for r in body if len(r) > si), key=lambda r: -num(r[si]))[:40]:
-    print(f"| {num(r[si]):.0f} | {100 * num(r[si]) / total:.1f}% | `{r[ti].strip()[:110]}` |")
+print("| # | stall samples | share | executed | instruction | top reasons |\n|---:|---:|---:|---:|---|---|")
+for n, r in sorted(enumerate(body), key=lambda nr: -num(nr[1][si]) if len(nr[1]) > si else 0)[:40]:
+    top = sorted(((num(r[i]), c) for i, c in why), reverse=True)[:3]
+    reasons = " ".join(f"{c} {v:.0f}" for v, c in top if v > 0)
+    print(f"| {n} | {num(r[si]):.0f} | {100 * num(r[si]) / total:.1f}% | {num(r[ei]):.0f} | `{r[ti].strip()[:70]}` | {reasons} |")
 PY
