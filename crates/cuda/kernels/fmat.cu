@@ -234,15 +234,99 @@ __device__ __forceinline__ u32 q8k_pack4(float4 v, float id) {
 }
 
 // One token's Q6_K product in the CPU's integers (Precision::Paired): x as
-// Q8_K (d = amax/127 per 256 elements), each lane's level words against
-// the matching activation words by dp4a (levels − 32 as signed bytes),
-// scaled by the group scales, then by d_w · d_x per Q6_K block. Each block
-// first quantizes x into shared memory (k + k/64 bytes; k/256 warp passes,
-// 10 KB from L2 at 2560, no launch of its own), then its warps walk rows
-// gridDim.x · 8 apart (lower.rs: three blocks an SM). The float kernel's
-// activation loads, 2 × 4 cache lines a warp per Q6_K block, bounded it at
-// 1.7 TB/s; here they are two 128-byte shared-memory reads. Lane mapping and
-// weight fetches as q6k_gemv1.
+// Q8_K (d = amax/127 per 256 elements), each lane's level words against the
+// matching activation words by dp4a, scaled by the group scales, then by
+// d_w · d_x per Q6_K block. Each block first quantizes x into shared memory
+// (k/256 warp passes, 10 KB from L2 at 2560, no launch of its own), then its
+// warps walk rows gridDim.x · 8 apart (lower.rs: three blocks an SM), a round
+// of up to Q6_UNROLL blocks of a row at a time. The float kernel's activation
+// loads, 2 × 4 cache lines a warp per Q6_K block, bounded it at 1.7 TB/s;
+// here they are two 128-byte shared-memory reads.
+//
+// The weights go through shared memory: a warp loads its next round as
+// 16-byte words into registers (130 words for a 10-block round: `ql` 80,
+// `qh` 40, scales 10; six loads a lane) while it multiplies the current one,
+// which it first stores to its slot (2080 bytes, the planes in turn). Each
+// lane then reads the `ql` word L and the `qh` word 8h + j of a block as
+// q6k_gemv1 does. On an H100 at 2560 × 128256, four-byte words loaded
+// straight into the lanes that use them streamed 2.5 TB/s, these 2.75; two
+// rounds in flight a warp (two blocks an SM) or bulk copies into a ring of
+// stages 2.65–2.7. A round's d: lane i loads block i's, and d_w · d_x goes to
+// the other lanes by shuffle.
+#define Q6_SLOT (Q6_UNROLL * 208)
+
+struct Q6Round {
+    uint4 w[6];
+};
+
+// Round B (block index row · nb + b0) of n blocks: `ql` words lane + 32t
+// (< 8n), `qh` words lane + 32t (< 4n), scale words lane (< n).
+__device__ __forceinline__ void q6_load_round(const u8* base, u64 nbt, u64 B, int n, int lane, Q6Round& r) {
+    const uint4* ql = (const uint4*)(base + B * 128);
+    const uint4* qh = (const uint4*)(base + nbt * 128 + B * 64);
+    const uint4* sc = (const uint4*)(base + nbt * 192 + B * 16);
+#pragma unroll
+    for (int t = 0; t < 3; ++t)
+        if (lane + 32 * t < 8 * n) r.w[t] = __ldg(ql + lane + 32 * t);
+#pragma unroll
+    for (int t = 0; t < 2; ++t)
+        if (lane + 32 * t < 4 * n) r.w[3 + t] = __ldg(qh + lane + 32 * t);
+    if (lane < n) r.w[5] = __ldg(sc + lane);
+}
+
+// The slot holds `ql` at 0, `qh` at 128 · Q6_UNROLL, scales at 192 · Q6_UNROLL.
+__device__ __forceinline__ void q6_store_round(uint4* slot, int n, int lane, const Q6Round& r) {
+#pragma unroll
+    for (int t = 0; t < 3; ++t)
+        if (lane + 32 * t < 8 * n) slot[lane + 32 * t] = r.w[t];
+#pragma unroll
+    for (int t = 0; t < 2; ++t)
+        if (lane + 32 * t < 4 * n) slot[8 * Q6_UNROLL + lane + 32 * t] = r.w[3 + t];
+    if (lane < n) slot[12 * Q6_UNROLL + lane] = r.w[5];
+}
+
+__device__ __forceinline__ u32 rotl32(u32 v, u32 n) { return __funnelshift_l(v, v, n); }
+__device__ __forceinline__ u32 rotr32(u32 v, u32 n) { return __funnelshift_r(v, v, n); }
+
+// The byte of `v` that `sel` picks, sign-extended (prmt's sign mode).
+__device__ __forceinline__ int sext8(u32 v, u32 sel) {
+    int r;
+    asm("prmt.b32 %0, %1, 0, %2;" : "=r"(r) : "r"(v), "r"(sel));
+    return r;
+}
+
+// A lane's constants for its two level words. A level byte is built as
+// 4·(level − 32): the nibble rotated to bits 2–5 (`ra`), the lane's pair of
+// `qh` bits to 6–7 (`rb1`, `rb2`; `mq` keeps only the group's pairs, so bits
+// 0–1 stay clear) with the upper bit flipped, so that the byte read as signed
+// is 4n + 64q0 + 128q1 − 128. Three instructions a word where the levels
+// and a per-byte subtraction took seven; the dp4a sums are exactly 4× the
+// CPU's and >> 2 gives them back. Lanes with h = 1 take the high nibbles
+// first, so that each activation load covers the 32 banks (x bytes 0–63 and
+// 128–191 share banks 0–15).
+struct Q6LaneQ8 {
+    u32 mq, ra, rb1, rb2, sel1, sel2;
+};
+
+// A round of a row from the warp's slot: block u's integer sum times its
+// d_w · d_x (lane u's), accumulated in block order.
+__device__ __forceinline__ void q6_round_q8(const Q6LaneQ8& c, const u8* pql, const u8* pqh, const u8* psc, int n,
+                                            bool full, const i8* x1, const i8* x2, float dd, float& acc) {
+#pragma unroll
+    for (int u = 0; u < Q6_UNROLL; ++u) {
+        if (!full && u >= n) break;
+        u32 ql = *(const u32*)(pql + 128 * u), qh = *(const u32*)(pqh + 64 * u), sc = *(const u16*)(psc + 16 * u);
+        u32 q = (qh ^ 0xaaaaaaaau) & c.mq;
+        u32 l1 = (rotl32(ql, c.ra) & 0x3c3c3c3cu) | (rotl32(q, c.rb1) & 0xc3c3c3c3u);
+        u32 l2 = (rotr32(ql, c.ra) & 0x3c3c3c3cu) | (rotl32(q, c.rb2) & 0xc3c3c3c3u);
+        int s4 = sext8(sc, c.sel1) * __dp4a((int)l1, *(const int*)(x1 + 256 * u), 0) +
+                 sext8(sc, c.sel2) * __dp4a((int)l2, *(const int*)(x2 + 256 * u), 0);
+        acc += __shfl_sync(0xffffffffu, dd, u) * (float)(s4 >> 2);
+    }
+}
+
+// Dynamic shared memory: x's levels (k bytes), its d per block (k/64 bytes),
+// then a slot a warp from the next 16-byte boundary (lower.rs).
 extern "C" __global__ void __launch_bounds__(256, 3) q6k_gemv1_q8(const u8* base, int rows, int k, const float* x,
                                                                    int n_tok, float* out, u64 out_stride,
                                                                    const float* res) {
@@ -250,11 +334,18 @@ extern "C" __global__ void __launch_bounds__(256, 3) q6k_gemv1_q8(const u8* base
     i8* xq = (i8*)qsm;
     float* dx = (float*)(qsm + k);
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nb = k >> 8;
+    int h = lane >> 4, g = (lane >> 3) & 1, j = lane & 7;
     int row = blockIdx.x * 8 + warp, stride = gridDim.x * 8;
-    Q6Lane p = q6_lane(base, rows, k, row < rows ? row : 0, lane);
-    int e = 128 * (lane >> 4) + 32 * ((lane >> 3) & 1) + 4 * (lane & 7);
-    Q6Share w[Q6_UNROLL];
-    if (row < rows) q6_fetch(p, 0, nb, w);
+    u64 nbt = (u64)rows * nb;
+    u8* slot = qsm + ((k + k / 64 + 15) & ~15) + warp * Q6_SLOT;
+    const u16* dp = (const u16*)(base + nbt * 208) + lane;
+    Q6Round r;
+    u32 d = 0;
+    if (row < rows) {
+        int n = min(Q6_UNROLL, nb);
+        q6_load_round(base, nbt, (u64)row * nb, n, lane, r);
+        if (lane < n) d = __ldg(dp + (u64)row * nb);
+    }
     pdl_wait();
     pdl_launch();
     for (int b = warp; b < nb; b += 8) {
@@ -263,33 +354,51 @@ extern "C" __global__ void __launch_bounds__(256, 3) q6k_gemv1_q8(const u8* base
         float am = fmaxf(fmaxf(fmaxf(fabsf(v0.x), fabsf(v0.y)), fmaxf(fabsf(v0.z), fabsf(v0.w))),
                          fmaxf(fmaxf(fabsf(v1.x), fabsf(v1.y)), fmaxf(fabsf(v1.z), fabsf(v1.w))));
         am = warp_max(am);
-        float d = am / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        float dq = am / 127.0f, id = dq != 0.0f ? 1.0f / dq : 0.0f;
         ((uint2*)(xq + 256 * b))[lane] = make_uint2(q8k_pack4(v0, id), q8k_pack4(v1, id));
-        if (lane == 0) dx[b] = d;
+        if (lane == 0) dx[b] = dq;
     }
     __syncthreads();
-    for (; row < rows; row += stride) {
-        if (row != (int)blockIdx.x * 8 + warp) {
-            p = q6_lane(base, rows, k, row, lane);
-            q6_fetch(p, 0, nb, w);
+    Q6LaneQ8 c;
+    c.mq = g ? 0xccccccccu : 0x33333333u;
+    c.ra = h ? 30 : 2;
+    c.rb1 = (h ? 2 : 6) - 2 * g;
+    c.rb2 = (h ? 6 : 2) - 2 * g;
+    c.sel1 = h ? 0x9991u : 0x8880u;
+    c.sel2 = c.sel1 ^ 0x1111u;
+    int e = 128 * h + 32 * g + 4 * j;
+    const i8* x1 = xq + e + 64 * h;
+    const i8* x2 = xq + e + 64 * (1 - h);
+    const u8* pql = slot + 4 * lane;
+    const u8* pqh = slot + 128 * Q6_UNROLL + 4 * (8 * h + j);
+    const u8* psc = slot + 192 * Q6_UNROLL + 2 * (4 * h + 2 * g + (j >> 2));
+    float acc = 0.0f;
+    for (int b0 = 0; row < rows;) {
+        int n = min(Q6_UNROLL, nb - b0);
+        int nrow = row, nb0 = b0 + Q6_UNROLL;
+        if (nb0 >= nb) {
+            nrow += stride;
+            nb0 = 0;
         }
-        float acc = 0.0f;
-        for (int b0 = 0; b0 < nb; b0 += Q6_UNROLL) {
-            if (b0 != 0) q6_fetch(p, b0, nb, w);
-#pragma unroll
-            for (int u = 0; u < Q6_UNROLL; ++u) {
-                int b = b0 + u;
-                if (b >= nb) break;
-                u32 lo = __vsub4(q6_levels(w[u].ql, w[u].qh, p.shift), 0x20202020u);
-                u32 hi = __vsub4(q6_levels(w[u].ql >> 4, w[u].qh, p.shift + 4), 0x20202020u);
-                const i8* xa = xq + 256 * b + e;
-                int s = (int)(i8)(w[u].sc & 255) * __dp4a((int)lo, *(const int*)xa, 0) +
-                        (int)(i8)(w[u].sc >> 8) * __dp4a((int)hi, *(const int*)(xa + 64), 0);
-                acc += h2f((u16)w[u].d) * dx[b] * (float)s;
-            }
+        int nn = nrow < rows ? min(Q6_UNROLL, nb - nb0) : 0;
+        __syncwarp();
+        q6_store_round((uint4*)slot, n, lane, r);
+        __syncwarp();
+        float dd = h2f((u16)d) * dx[b0 + min(lane, n - 1)];
+        u64 B = (u64)nrow * nb + nb0;
+        d = lane < nn ? __ldg(dp + B) : 0u;
+        q6_load_round(base, nbt, B, nn, lane, r);
+        if (n == Q6_UNROLL)
+            q6_round_q8(c, pql, pqh, psc, n, true, x1 + 256 * b0, x2 + 256 * b0, dd, acc);
+        else
+            q6_round_q8(c, pql, pqh, psc, n, false, x1 + 256 * b0, x2 + 256 * b0, dd, acc);
+        if (nb0 == 0) {
+            float y = warp_sum(acc);
+            if (lane == 0) out[row] = res ? y + res[row] : y;
+            acc = 0.0f;
         }
-        float y = warp_sum(acc);
-        if (lane == 0) out[row] = res ? y + res[row] : y;
+        row = nrow;
+        b0 = nb0;
     }
 }
 

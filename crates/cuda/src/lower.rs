@@ -601,9 +601,12 @@ impl Lower<'_> {
                 let kernel = if nt == 1 { Kernel::Q8Gemv1 } else { Kernel::Q8Gemv };
                 Launch::new(kernel, grid1(rows, 8), 256).ptr(w.ptr_codes).ptr(w.ptr_scales)
             } else if w.quant == Some(QLayout::Q6K) && nt == 1 && paired {
-                // Three blocks an SM walk the rows, each quantizing x first.
+                // Three blocks an SM walk the rows, each quantizing x first
+                // (k + k/64 bytes) and staging its 8 warps' weight rounds in
+                // shared memory (2080 bytes a warp; fmat.cu `Q6_SLOT`).
                 let blocks = rows.div_ceil(8).min(3 * self.sms.max(1));
-                Launch::new(Kernel::Q6KGemv1Q8, (blocks as u32, 1, 1), 256).smem(k + k / 64).ptr(w.ptr_codes)
+                let smem = (k + k / 64).next_multiple_of(16) + 8 * 2080;
+                Launch::new(Kernel::Q6KGemv1Q8, (blocks as u32, 1, 1), 256).smem(smem).ptr(w.ptr_codes)
             } else if w.quant == Some(QLayout::Q6K) {
                 let kernel = if nt == 1 { Kernel::Q6KGemv1 } else { Kernel::Q6KGemv };
                 Launch::new(kernel, grid1(rows, 8), 256).ptr(w.ptr_codes)

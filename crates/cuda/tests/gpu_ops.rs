@@ -397,13 +397,19 @@ fn float_and_block_matmuls_and_get_rows_match_cpu() {
 
 /// A quantized model's Q6_K head for one token runs the CPU's integers (x
 /// as Q8_K, exact dp4a sums per block), so only the float sums of the blocks
-/// differ: bound 1e-5 of the largest output. 5000 rows take the kernel's
-/// walk over rows past its first grid of blocks (three an SM).
+/// differ: bound 1e-5 of the largest output. The kernel takes a row in rounds
+/// of up to 10 blocks, a warp's next round loading while it multiplies the
+/// current one: one short round (k 256, 768), one full round (2560), a full
+/// and a short one (3072), two full ones (5120). 33 and 301 rows leave warps
+/// of the last block without a row, 1000 give each warp one; 4099 and 5000
+/// rows take the walk past the first grid of blocks (three an SM), so that
+/// some warps' last row is their first and others' their second.
 #[test]
 fn paired_q6k_one_token_matches_cpu() {
     let Some(mut gpu) = gpu() else { return };
     let mut rng = Rng(41);
-    for &(k, rows) in &[(256usize, 33usize), (2560, 1000), (768, 5000)] {
+    let shapes = [(256usize, 33usize), (2560, 1000), (768, 5000), (3072, 301), (5120, 4099)];
+    for &(k, rows) in &shapes {
         let mut g = Graph::new();
         let w = g.weight(0, "w", GgmlType::Q6_K, [k, rows, 1, 1]);
         let x = g.weight(1, "x", GgmlType::F32, [k, 1, 1, 1]);
