@@ -62,8 +62,9 @@ __device__ __forceinline__ void reduce_stats(const float2* st, int nblk, double*
 // it multiplied by the norm weight (`xw`): each thread loads its words of
 // the permuted layout and norms and quantizes them with no reduction and no
 // norm weight to fetch. The order is (x·w)·inv where the CPU has (x·inv)·w,
-// and the scale comes from max |x·w| · inv, so a level can round to 128
-// where the CPU gives 127 (clamped). Returns d = 1/s_a.
+// inv is a float rsqrt where the CPU's is exact, and the scale comes from
+// max |x·w| · inv, so a level can round to 128 where the CPU gives 127
+// (clamped). Returns d = 1/s_a.
 __device__ __forceinline__ float nq_from_stats(const NqArgs& n, const float* xw, const float2* st, int nblk,
                                                float* yr, i8* qr, int* ls) {
     int nw = n.k_pad >> 2, stride = blockDim.x;
@@ -79,7 +80,10 @@ __device__ __forceinline__ float nq_from_stats(const NqArgs& n, const float* xw,
     __syncthreads();
     double ss = red_ss;
     float am = red_am;
-    float inv = n.norm ? (float)(1.0 / sqrt(ss / n.ne0 + (double)n.eps)) : 1.0f;
+    // In float: the CPU's double division, square root and reciprocal are
+    // ~30 dependent FP64 steps on every stage's critical path, and inv
+    // nearly cancels out of the levels (x·w·inv · 127 / (am·inv)).
+    float inv = n.norm ? rsqrtf(__fdividef((float)ss, (float)n.ne0) + n.eps) : 1.0f;
     float sa = 127.0f / fmaxf(am * inv, 1e-5f), unused = 0.0f;
 #pragma unroll
     for (int u = 0; u < NQS_WORDS; ++u) v[u] = weigh4(v[u], n.norm, inv, false, v[u], &unused);
