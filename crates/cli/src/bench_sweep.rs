@@ -5,7 +5,6 @@
 
 use std::time::Instant;
 
-
 use super::{csv_row, emit, gen_token, md_header, md_row, random_tokens, Col, Format, Instance, JsonArray, Plan};
 use crate::json;
 use crate::CliError;

@@ -379,11 +379,8 @@ impl Session {
         let ids: Vec<u8> = tokens.iter().flat_map(|&t| (t as i32).to_le_bytes()).collect();
         let positions: Vec<u8> = (*pos..*pos + tokens.len()).flat_map(|p| (p as i32).to_le_bytes()).collect();
         let rows: Vec<u8> = rows.iter().flat_map(|r| r.to_le_bytes()).collect();
-        let inputs = [
-            (built.inputs.tokens, ids.as_slice()),
-            (built.inputs.positions, positions.as_slice()),
-            (built.inputs.output_rows, rows.as_slice()),
-        ];
+        let mut inputs = vec![(built.inputs.tokens, ids.as_slice()), (built.inputs.positions, positions.as_slice())];
+        inputs.extend(built.inputs.output_rows.map(|r| (r, rows.as_slice())));
         let leaf = |op: &Op, on: BackendId| match *op {
             Op::Weight(i) => copies.get(&(i, on)).or(weight_locs.get(i)).copied(),
             Op::KvCache { layer, kind } => {

@@ -10,9 +10,11 @@ use crate::{Batch, Config, KvSpec};
 /// The step inputs the engine fills in.
 #[derive(Clone, Copy, Debug)]
 pub struct StepInputs {
-    pub tokens: NodeId,      // [n_tokens] i32
-    pub positions: NodeId,   // [n_tokens] i32
-    pub output_rows: NodeId, // [n_outputs] i32
+    pub tokens: NodeId,    // [n_tokens] i32
+    pub positions: NodeId, // [n_tokens] i32
+    /// [n_outputs] i32; none when every row is wanted in order
+    /// (`n_outputs == n_tokens`, all of decoding): nothing to gather.
+    pub output_rows: Option<NodeId>,
 }
 
 /// Graph plus the handles the engine needs to run it.
@@ -40,7 +42,7 @@ impl<'a> Ctx<'a> {
         let inputs = StepInputs {
             tokens: g.input(InputKind::Tokens, batch.n_tokens),
             positions: g.input(InputKind::Positions, batch.n_tokens),
-            output_rows: g.input(InputKind::OutputRows, batch.n_outputs),
+            output_rows: (batch.n_outputs != batch.n_tokens).then(|| g.input(InputKind::OutputRows, batch.n_outputs)),
         };
         // A model whose projections are float is evaluated in float throughout
         // (head included); a quantized one pairs int8 activations everywhere.
@@ -123,11 +125,10 @@ impl<'a> Ctx<'a> {
     /// Keeps the wanted rows, applies the final norm and the head.
     pub fn head(mut self, x: NodeId) -> Built {
         // [n_embd, n_outputs]; all rows in order need no gather (one launch
-        // less a decoded token on a GPU).
-        let x = if self.batch.n_outputs == self.batch.n_tokens {
-            x
-        } else {
-            self.g.get_rows(x, self.inputs.output_rows)
+        // and one input upload less a decoded token on a GPU).
+        let x = match self.inputs.output_rows {
+            Some(rows) => self.g.get_rows(x, rows),
+            None => x,
         };
         let x = self.norm(x, self.w.output_norm);
         let logits = self.linear(self.w.output, x, 1.0); // [n_vocab, n_outputs]

@@ -21,7 +21,7 @@ use tern_gguf::{File, GgmlType};
 /// One micro-batch: `n_tokens` new tokens whose first sits at cache position
 /// `kv_pos`, of which `n_outputs` rows of logits are wanted (the rows the
 /// `OutputRows` input names; `n_outputs == n_tokens` means every row, in
-/// order, and the graph then reads no such input).
+/// order, and the graph then has no such input).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Batch {
     pub n_tokens: usize,
