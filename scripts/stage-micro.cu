@@ -10,9 +10,15 @@
 //          shared memory, then a cluster barrier (exact, C times fewer L2 reads);
 //   ll:    no barrier: each value carries the round's flag in its 8-byte
 //          word, and readers poll until every flag is theirs (NCCL's LL).
+// A third argument, COPY bytes (a multiple of 16 up to 128 KiB), has thread
+// 32 of every block start a bulk copy of that many bytes from DRAM into
+// shared memory as the round begins (before the barrier's arrival; with ll
+// before the polls) and wait for it at the round's end, as decode_run's ring
+// producer refills at each phase boundary.
 // Build and run on the device machine (prints a markdown table):
 //   nvcc -O2 -arch=sm_90a -o /tmp/sm scripts/stage-micro.cu && /tmp/sm &&
 //   for k in 256 2560 6912; do for m in f32 f16 c2 c4 ll; do timeout 20 /tmp/sm $m $k; done; done
+//   for c in 0 32768; do for m in f32 ll; do timeout 20 /tmp/sm $m 2560 $c; done; done
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -26,6 +32,11 @@ constexpr int ITERS = 2000;
 // Dynamic shared memory a block asks for: the row, and enough beyond it
 // that one block fills an SM, as decode_run's weight ring does.
 constexpr int SMEM = 200 << 10;
+// Where a round's bulk copy lands in shared memory (past any staged row),
+// its largest size, and the DRAM it reads: 64 MiB, more than L2 holds.
+constexpr int COPY_AT = 64 << 10;
+constexpr int COPY_MAX = 128 << 10;
+constexpr size_t COPY_SRC = 64ull << 20;
 
 __device__ __forceinline__ unsigned long long now_ns() {
     unsigned long long t;
@@ -37,6 +48,53 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
     unsigned v;
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
+}
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+    return (unsigned)__cvta_generic_to_shared(p);
+}
+
+// A round's copy (`bytes` > 0, thread 32): started with `start`, waited for
+// with `finish`, which flips the mbarrier's parity.
+struct RoundCopy {
+    unsigned long long mbar;
+    unsigned parity;
+};
+
+__device__ __forceinline__ void copy_init(RoundCopy* rc, int bytes) {
+    if (bytes > 0 && threadIdx.x == 32) {
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&rc->mbar)) : "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        rc->parity = 0;
+    }
+    __syncthreads();
+}
+
+__device__ __forceinline__ void copy_start(RoundCopy* rc, int bytes, const unsigned char* src, int it, void* dst) {
+    if (bytes <= 0 || threadIdx.x != 32) return;
+    size_t chunks = COPY_SRC / (size_t)bytes;
+    const unsigned char* from = src + ((size_t)it * gridDim.x + blockIdx.x) % chunks * (size_t)bytes;
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(&rc->mbar)), "r"(bytes)
+                 : "memory");
+    for (int o = 0; o < bytes; o += 32768) {
+        int n = bytes - o < 32768 ? bytes - o : 32768;
+        asm volatile(
+            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                smem_addr((char*)dst + o)),
+            "l"(from + o), "r"(n), "r"(smem_addr(&rc->mbar))
+            : "memory");
+    }
+}
+
+__device__ __forceinline__ void copy_finish(RoundCopy* rc, int bytes) {
+    if (bytes <= 0 || threadIdx.x != 32) return;
+    unsigned ok = 0;
+    while (!ok)
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                     : "=r"(ok)
+                     : "r"(smem_addr(&rc->mbar)), "r"(rc->parity)
+                     : "memory");
+    rc->parity ^= 1;
 }
 
 __device__ __forceinline__ float block_sum(float v, float* red) {
@@ -106,9 +164,12 @@ __device__ __forceinline__ void load_word(const void* row, int i, float4* lo, fl
 // that cluster shape). `out`: per block, mean barrier and stage ns.
 template <int C, bool HALF>
 __global__ void __launch_bounds__(THREADS, 1)
-    stage(void* row, int k, unsigned* bar, int iters, unsigned long long* out, float* sink) {
-    extern __shared__ __align__(16) float xs[];
+    stage(void* row, int k, unsigned* bar, int iters, unsigned long long* out, float* sink, const unsigned char* src,
+          int copy) {
+    extern __shared__ __align__(128) float xs[];
     __shared__ float red[THREADS / 32];
+    __shared__ RoundCopy rc;
+    copy_init(&rc, copy);
     int nb = gridDim.x, b = blockIdx.x;
     int per = HALF ? 8 : 4, nw = k / per;
     unsigned target = 0;
@@ -122,6 +183,7 @@ __global__ void __launch_bounds__(THREADS, 1)
             else ((float*)row)[i] = v;
         }
         __syncthreads();
+        copy_start(&rc, copy, src, it, (char*)xs + COPY_AT);
         unsigned long long t0 = now_ns();
         if (threadIdx.x == 0) {
             asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(bar) : "memory");
@@ -159,6 +221,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         // Nobody rewrites the row (next iteration) before all have read it,
         // and no block's shared row is written by a peer still reading it.
         if (C > 1) cluster_sync();
+        copy_finish(&rc, copy);
         if (threadIdx.x == 0) {
             asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(bar) : "memory");
             target += (unsigned)nb;
@@ -186,9 +249,12 @@ __global__ void __launch_bounds__(THREADS, 1)
 // per block, mean ns from its own slice written to the whole row reduced.
 template <int WORDS>
 __global__ void __launch_bounds__(THREADS, 1)
-    stage_ll(unsigned long long* rows, int k, int iters, unsigned long long* out, float* sink) {
-    extern __shared__ __align__(16) float xs[];
+    stage_ll(unsigned long long* rows, int k, int iters, unsigned long long* out, float* sink, const unsigned char* src,
+             int copy) {
+    extern __shared__ __align__(128) float xs[];
     __shared__ float red[THREADS / 32];
+    __shared__ RoundCopy rc;
+    copy_init(&rc, copy);
     int nb = gridDim.x, b = blockIdx.x, pairs = k / 2;
     unsigned long long t_h = 0;
     for (int it = 0; it < iters; ++it) {
@@ -199,6 +265,7 @@ __global__ void __launch_bounds__(THREADS, 1)
             unsigned long long w = ((unsigned long long)flag << 32) | __float_as_uint(v);
             asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(row + i), "l"(w) : "memory");
         }
+        copy_start(&rc, copy, src, it, (char*)xs + COPY_AT);
         unsigned long long t0 = now_ns();
         unsigned long long a[WORDS], c[WORDS];
         bool ready[WORDS];
@@ -233,6 +300,7 @@ __global__ void __launch_bounds__(THREADS, 1)
             t_h += t2 - t0;
             sink[b] = ss;
         }
+        copy_finish(&rc, copy);
     }
     if (threadIdx.x == 0) {
         out[2 * b] = 0;
@@ -287,7 +355,7 @@ void measure(const char* name, int k, int grid, unsigned long long* out, Launch 
 }
 
 template <int C, bool HALF>
-void run(const char* name, int k, int sms) {
+void run(const char* name, int k, int sms, const unsigned char* src, int copy) {
     auto kernel = stage<C, HALF>;
     CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
     cudaLaunchAttribute attr;
@@ -309,7 +377,8 @@ void run(const char* name, int k, int sms) {
     CK(cudaMalloc(&out, grid * 16));
     CK(cudaMalloc(&sink, grid * 4));
     cudaLaunchConfig_t cfg = launch_config<C>(grid, &attr);
-    measure(name, k, grid, out, [&] { CK(cudaLaunchKernelEx(&cfg, kernel, row, k, bar, ITERS, out, sink)); });
+    measure(name, k, grid, out,
+            [&] { CK(cudaLaunchKernelEx(&cfg, kernel, row, k, bar, ITERS, out, sink, src, copy)); });
     CK(cudaFree(row));
     CK(cudaFree(bar));
     CK(cudaFree(out));
@@ -317,7 +386,7 @@ void run(const char* name, int k, int sms) {
 }
 
 template <int WORDS>
-void run_ll(int k, int sms) {
+void run_ll(int k, int sms, const unsigned char* src, int copy) {
     auto kernel = stage_ll<WORDS>;
     CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
     unsigned long long* rows;
@@ -327,8 +396,9 @@ void run_ll(int k, int sms) {
     CK(cudaMemset(rows, 0, (size_t)k * 16));
     CK(cudaMalloc(&out, sms * 16));
     CK(cudaMalloc(&sink, sms * 4));
-    measure("LL u64 (no barrier)", k, sms, out, [&] {
-        kernel<<<sms, THREADS, SMEM>>>(rows, k, ITERS, out, sink);
+    std::string name = std::string("LL u64 (no barrier)") + (copy > 0 ? ", copies of " + std::to_string(copy / 1024) + " KiB" : "");
+    measure(name.c_str(), k, sms, out, [&] {
+        kernel<<<sms, THREADS, SMEM>>>(rows, k, ITERS, out, sink, src, copy);
         CK(cudaGetLastError());
     });
     CK(cudaFree(rows));
@@ -349,20 +419,27 @@ int main(int argc, char** argv) {
     }
     std::string mode = argv[1];
     int k = atoi(argv[2]);
+    int copy = argc > 3 ? atoi(argv[3]) : 0;
     // Rows of whole 16-byte words (8 halves), in shared memory; LL rows need
     // a value for every block (its rounds rely on every block writing).
     bool modes = mode == "f32" || mode == "f16" || mode == "c2" || mode == "c4" || mode == "ll";
-    if (!modes || k <= 0 || k % 8 != 0 || k * 4 > SMEM || (mode == "ll" && (k < sms || k > 32 * THREADS))) {
-        fprintf(stderr, "usage: %s [MODE K]: MODE f32|f16|c2|c4|ll, K a multiple of 8 up to %d (ll: %d to %d)\n",
-                argv[0], SMEM / 4, sms, 32 * THREADS);
+    bool copy_ok = copy >= 0 && copy % 16 == 0 && copy <= COPY_MAX && k * 4 <= COPY_AT;
+    if (!modes || k <= 0 || k % 8 != 0 || k * 4 > SMEM || (mode == "ll" && (k < sms || k > 32 * THREADS)) || !copy_ok) {
+        fprintf(stderr,
+                "usage: %s [MODE K [COPY]]: MODE f32|f16|c2|c4|ll, K a multiple of 8 up to %d (ll: %d to %d), COPY "
+                "bytes a multiple of 16 up to %d\n",
+                argv[0], COPY_AT / 4, sms, 32 * THREADS, COPY_MAX);
         return 2;
     }
-    if (mode == "f32") run<1, false>("f32", k, sms);
-    else if (mode == "f16") run<1, true>("f16", k, sms);
-    else if (mode == "c2") run<2, false>("f32, clusters of 2", k, sms);
-    else if (mode == "c4") run<4, false>("f32, clusters of 4", k, sms);
-    else if (k <= 2 * THREADS) run_ll<1>(k, sms);
-    else if (k <= 10 * THREADS) run_ll<5>(k, sms);
-    else run_ll<16>(k, sms);
+    unsigned char* src = nullptr;
+    if (copy > 0) CK(cudaMalloc(&src, COPY_SRC));
+    std::string copies = copy > 0 ? ", copies of " + std::to_string(copy / 1024) + " KiB" : "";
+    if (mode == "f32") run<1, false>(("f32" + copies).c_str(), k, sms, src, copy);
+    else if (mode == "f16") run<1, true>(("f16" + copies).c_str(), k, sms, src, copy);
+    else if (mode == "c2") run<2, false>(("f32, clusters of 2" + copies).c_str(), k, sms, src, copy);
+    else if (mode == "c4") run<4, false>(("f32, clusters of 4" + copies).c_str(), k, sms, src, copy);
+    else if (k <= 2 * THREADS) run_ll<1>(k, sms, src, copy);
+    else if (k <= 10 * THREADS) run_ll<5>(k, sms, src, copy);
+    else run_ll<16>(k, sms, src, copy);
     return 0;
 }
