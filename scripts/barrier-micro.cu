@@ -22,6 +22,8 @@
 #include <cstring>
 #include <cuda_runtime.h>
 
+#include "micro.cuh"
+
 #define CK(x)                                                                      \
     do {                                                                           \
         cudaError_t err_ = (x);                                                    \
@@ -42,22 +44,6 @@ constexpr unsigned COPY_BYTES = 16384;
 constexpr int CHUNKS = 4096;
 
 enum Mode { ONE, SPLIT_MODE, FLAGS, RELAXED };
-
-__device__ __forceinline__ unsigned long long now_ns() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-
-__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
-    unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-
-__device__ __forceinline__ unsigned smem_addr(const void* p) {
-    return (unsigned)__cvta_generic_to_shared(p);
-}
 
 // Arrivals counter k receives a round: the blocks b < nb with b % SPLIT == k.
 __device__ __forceinline__ unsigned split_share(int k, int nb) {

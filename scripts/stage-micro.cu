@@ -25,6 +25,8 @@
 #include <string>
 #include <cuda_runtime.h>
 
+#include "micro.cuh"
+
 #define CK(x) do { cudaError_t err_ = (x); if (err_ != cudaSuccess) { printf("%s: %s\n", #x, cudaGetErrorString(err_)); exit(1); } } while (0)
 
 constexpr int THREADS = 256;
@@ -37,22 +39,6 @@ constexpr int SMEM = 200 << 10;
 constexpr int COPY_AT = 64 << 10;
 constexpr int COPY_MAX = 128 << 10;
 constexpr size_t COPY_SRC = 64ull << 20;
-
-__device__ __forceinline__ unsigned long long now_ns() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-
-__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
-    unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-
-__device__ __forceinline__ unsigned smem_addr(const void* p) {
-    return (unsigned)__cvta_generic_to_shared(p);
-}
 
 // A round's copy (`bytes` > 0, thread 32): started with `start`, waited for
 // with `finish`, which flips the mbarrier's parity.
