@@ -110,9 +110,9 @@ pub struct Session {
 }
 
 /// A batch shape's graph, schedule and node locations
-/// (`Backends::run_cached`): the leaves (weights, their copies, the caches)
+/// (`Backends::run`): the leaves (weights, their copies, the caches)
 /// are fixed once the session is loaded, so the locations hold for as long
-/// as the arenas do, which `run_cached` checks.
+/// as the arenas do, which `run` checks.
 struct Plan {
     built: Built,
     schedule: Schedule,
@@ -388,7 +388,7 @@ impl Session {
             }
             _ => None,
         };
-        let mut outputs = backends.run_cached(&built.graph, schedule, &leaf, &inputs, homes)?;
+        let mut outputs = backends.run(&built.graph, schedule, &leaf, &inputs, homes)?;
         *pos += tokens.len();
         if let Some(p) = profile.as_mut() {
             p.evals += 1;

@@ -260,21 +260,12 @@ impl Backends {
     /// cache leaves on the backend a leaf is assigned to; `inputs` are the
     /// bytes of the step inputs. Returns the bytes of each graph output,
     /// borrowed from a host arena where they were computed or read back.
+    /// `homes` keeps where every node lives for the next call with the same
+    /// graph shape, schedule and leaves (a decoding step's ~1,000 nodes took
+    /// ~20 µs a token to place); pass `&mut None` for a one-off run. The
+    /// caller owns that promise; the homes are placed again whenever an
+    /// arena moved.
     pub fn run(
-        &mut self,
-        graph: &Graph,
-        schedule: &Schedule,
-        leaf: &dyn Fn(&Op, BackendId) -> Option<TensorLoc>,
-        inputs: &[(NodeId, &[u8])],
-    ) -> Result<Vec<Cow<'_, [u8]>>, Error> {
-        self.run_cached(graph, schedule, leaf, inputs, &mut None)
-    }
-
-    /// `run`, keeping where every node lives in `homes` for the next call
-    /// with the same graph shape, schedule and leaves (a decoding step's
-    /// ~1,000 nodes took ~20 µs a token to place). The caller owns that
-    /// promise; the homes are placed again whenever an arena moved.
-    pub fn run_cached(
         &mut self,
         graph: &Graph,
         schedule: &Schedule,

@@ -233,7 +233,7 @@ fn run(reaches: bool, w0_on: BackendId) -> (usize, usize) {
     };
     let id_bytes: Vec<u8> = ids.iter().flat_map(|x| x.to_le_bytes()).collect();
     backends.set_profiling(true);
-    let out = backends.run(&g, &schedule, &leaf, &[(tokens, &id_bytes)]).unwrap();
+    let out = backends.run(&g, &schedule, &leaf, &[(tokens, &id_bytes)], &mut None).unwrap();
     let got: Vec<f32> = out[0].chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
     let (profile, _) = backends.take_profile();
     let inside: u64 = profile.copies.values().map(|c| c.in_compute).sum();
@@ -262,7 +262,7 @@ fn without_host_reach_copies_are_transfer_calls() {
     }
 }
 
-/// `run_cached` keeps where the nodes live between calls with one schedule,
+/// `run` keeps where the nodes live between calls with one schedule,
 /// and places them again once a larger batch has moved the arenas: each
 /// step's output is the one computed directly, before and after.
 #[test]
@@ -308,7 +308,7 @@ fn cached_homes_are_placed_again_when_an_arena_moves() {
     let step = |backends: &mut Backends, homes: &mut Option<_>, ids: &[i32]| {
         let (g, t, s) = if ids.len() == 2 { (&small, t_small, &s_small) } else { (&large, t_large, &s_large) };
         let id_bytes: Vec<u8> = ids.iter().flat_map(|x| x.to_le_bytes()).collect();
-        let out = backends.run_cached(g, s, &leaf, &[(t, &id_bytes)], homes).unwrap();
+        let out = backends.run(g, s, &leaf, &[(t, &id_bytes)], homes).unwrap();
         let got: Vec<f32> = out[0].chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
         assert_eq!(got, want(ids), "ids {ids:?}");
     };
