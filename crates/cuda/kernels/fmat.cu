@@ -237,9 +237,9 @@ __device__ __forceinline__ u32 q8k_pack4(float4 v, float id) {
 // Q8_K (d = amax/127 per 256 elements), each lane's level words against the
 // matching activation words by dp4a, scaled by the group scales, then by
 // d_w · d_x per Q6_K block. Each block first quantizes x into shared memory
-// (k/256 warp passes, 10 KB from L2 at 2560, no launch of its own), then its
-// warps walk rows gridDim.x · 8 apart (lower.rs: three blocks an SM), a round
-// of up to Q6_UNROLL blocks of a row at a time. The float kernel's activation
+// (k/256 warp passes, 10 KB from L2 at 2560, no launch of its own), then
+// each of its warps walks its own range of rows (lower.rs: three blocks an
+// SM), a round of up to Q6_UNROLL blocks of a row at a time. The float kernel's activation
 // loads, 2 × 4 cache lines a warp per Q6_K block, bounded it at 1.7 TB/s;
 // here they are two 128-byte shared-memory reads.
 //
@@ -325,32 +325,59 @@ __device__ __forceinline__ void q6_round_q8(const Q6LaneQ8& c, const u8* pql, co
     }
 }
 
+// (x · inv) · w of rms_norm's fused multiply, four at a time.
+__device__ __forceinline__ float4 normed4(float4 v, float4 w, float inv) {
+    return make_float4(v.x * inv * w.x, v.y * inv * w.y, v.z * inv * w.z, v.w * inv * w.w);
+}
+
 // Dynamic shared memory: x's levels (k bytes), its d per block (k/64 bytes),
 // then a slot a warp from the next 16-byte boundary (lower.rs).
+//
+// `nw` (else null): x is first RMS-normed with weight `nw` (rms_norm's
+// sum, order and float operations; the model's final norm, which then
+// needs no launch of its own). Each warp takes a contiguous range of rows
+// and keeps each one's sum in lane (row mod 32), so that the outputs go out
+// as runs of up to 128 bytes: the head may write its logits straight into
+// pinned host memory (CudaBackend::write_in_place), where 4-byte stores
+// would each be a transfer over the link.
 extern "C" __global__ void __launch_bounds__(256, 3) q6k_gemv1_q8(const u8* base, int rows, int k, const float* x,
                                                                    int n_tok, float* out, u64 out_stride,
-                                                                   const float* res) {
+                                                                   const float* res, const float* nw, float eps) {
     extern __shared__ __align__(16) u8 qsm[];
+    __shared__ float scratch[32];
     i8* xq = (i8*)qsm;
     float* dx = (float*)(qsm + k);
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nb = k >> 8;
     int h = lane >> 4, g = (lane >> 3) & 1, j = lane & 7;
-    int row = blockIdx.x * 8 + warp, stride = gridDim.x * 8;
+    u64 gw = (u64)blockIdx.x * 8 + warp, n_warps = (u64)gridDim.x * 8;
+    int first = (int)((u64)rows * gw / n_warps), end = (int)((u64)rows * (gw + 1) / n_warps), row = first;
     u64 nbt = (u64)rows * nb;
     u8* slot = qsm + ((k + k / 64 + 15) & ~15) + warp * Q6_SLOT;
     const u16* dp = (const u16*)(base + nbt * 208) + lane;
     Q6Round r;
     u32 d = 0;
-    if (row < rows) {
+    if (row < end) {
         int n = min(Q6_UNROLL, nb);
         q6_load_round(base, nbt, (u64)row * nb, n, lane, r);
         if (lane < n) d = __ldg(dp + (u64)row * nb);
     }
     pdl_wait();
     pdl_launch();
+    float inv = 1.0f;
+    if (nw) {
+        float ss = 0.0f;
+        for (int e = threadIdx.x; e < k; e += blockDim.x) ss += x[e] * x[e];
+        ss = block_sum(ss, scratch);
+        inv = (float)(1.0 / sqrt((double)ss / k + (double)eps));
+    }
     for (int b = warp; b < nb; b += 8) {
         const float4* xb = (const float4*)(x + 256 * b) + 2 * lane;
         float4 v0 = __ldg(xb), v1 = __ldg(xb + 1);
+        if (nw) {
+            const float4* wb = (const float4*)(nw + 256 * b) + 2 * lane;
+            v0 = normed4(v0, __ldg(wb), inv);
+            v1 = normed4(v1, __ldg(wb + 1), inv);
+        }
         float am = fmaxf(fmaxf(fmaxf(fabsf(v0.x), fabsf(v0.y)), fmaxf(fabsf(v0.z), fabsf(v0.w))),
                          fmaxf(fmaxf(fabsf(v1.x), fabsf(v1.y)), fmaxf(fabsf(v1.z), fabsf(v1.w))));
         am = warp_max(am);
@@ -372,15 +399,15 @@ extern "C" __global__ void __launch_bounds__(256, 3) q6k_gemv1_q8(const u8* base
     const u8* pql = slot + 4 * lane;
     const u8* pqh = slot + 128 * Q6_UNROLL + 4 * (8 * h + j);
     const u8* psc = slot + 192 * Q6_UNROLL + 2 * (4 * h + 2 * g + (j >> 2));
-    float acc = 0.0f;
-    for (int b0 = 0; row < rows;) {
+    float acc = 0.0f, keep = 0.0f;
+    for (int b0 = 0; row < end;) {
         int n = min(Q6_UNROLL, nb - b0);
         int nrow = row, nb0 = b0 + Q6_UNROLL;
         if (nb0 >= nb) {
-            nrow += stride;
+            nrow += 1;
             nb0 = 0;
         }
-        int nn = nrow < rows ? min(Q6_UNROLL, nb - nb0) : 0;
+        int nn = nrow < end ? min(Q6_UNROLL, nb - nb0) : 0;
         __syncwarp();
         q6_store_round((uint4*)slot, n, lane, r);
         __syncwarp();
@@ -393,8 +420,14 @@ extern "C" __global__ void __launch_bounds__(256, 3) q6k_gemv1_q8(const u8* base
         else
             q6_round_q8(c, pql, pqh, psc, n, false, x1 + 256 * b0, x2 + 256 * b0, dd, acc);
         if (nb0 == 0) {
+            // Every lane has the sum; lane i of a run of 32 keeps row i's.
             float y = warp_sum(acc);
-            if (lane == 0) out[row] = res ? y + res[row] : y;
+            int i = (row - first) & 31;
+            if (lane == i) keep = y;
+            if (i == 31 || row + 1 == end) {
+                int o = row - i + lane;
+                if (lane <= i) out[o] = res ? keep + res[o] : keep;
+            }
             acc = 0.0f;
         }
         row = nrow;
@@ -452,10 +485,10 @@ extern "C" __global__ void get_rows_q8(const i8* __restrict__ q, const float* __
         o[e] = (float)__ldg(q + row * k + e) * __ldg(s + ((row * k + e) >> 4));
 }
 
-// Rows of the Q6_K planes, dequantized. grid: rows looked up, block: 256.
-// The weights are read-only and never alias `out`, so a thread's loads for
-// all its elements go out before its first store (a decoding step's lookup
-// is the first kernel of the step, on its critical path).
+// Rows of the Q6_K planes, dequantized. grid: (rows looked up, k / 256),
+// block: 256, an element a thread. A decoding step's lookup is the first
+// kernel of the step, on its critical path: every element's four loads go
+// out at once, one DRAM round trip (a block a row took three).
 extern "C" __global__ void get_rows_q6k(const u8* __restrict__ base, int rows, int k, const int* ids,
                                         float* __restrict__ out) {
     pdl_wait();
@@ -464,8 +497,8 @@ extern "C" __global__ void get_rows_q6k(const u8* __restrict__ base, int rows, i
     const i8* sc = (const i8*)base + nb * 192;
     const u16* dv = (const u16*)(base + nb * 208);
     float* o = out + (u64)blockIdx.x * k;
-#pragma unroll 4
-    for (int e = threadIdx.x; e < k; e += blockDim.x) {
+    int e = blockIdx.y * blockDim.x + threadIdx.x;
+    if (e < k) {
         u64 b = b0 + (e >> 8);
         int i = e & 255, h = i >> 7, g = (i >> 5) & 3, l = i & 31;
         u32 nib = (__ldg(base + b * 128 + 64 * h + 32 * (g & 1) + l) >> (4 * (g >> 1))) & 15;

@@ -9,6 +9,7 @@ use tern_graph::{Graph, NodeId, Op};
 
 use crate::kernels::Kernel;
 use crate::launch::{Arg, Launch, Step};
+use crate::lower::is_q6k_q8;
 use crate::CudaBackend;
 
 /// A pinned host range, the device's address of it, and the buffer that
@@ -88,43 +89,74 @@ impl CudaBackend {
         Ok((imports, exports))
     }
 
-    /// Takes the imports that the split's ops can read in place out of `io`,
-    /// and points those ops at the host bytes: small tensors read only by
-    /// elementwise ops, which touch each element once (a matmul would read
-    /// its input over the link once per block).
-    pub(crate) fn read_in_place<'a>(
+    /// Takes the copies that the split's ops can do themselves out of `io`,
+    /// and points those ops at the host bytes:
+    /// * imports of small tensors read only by elementwise ops, which touch
+    ///   each element once (a matmul would read its input over the link once
+    ///   per block);
+    /// * exports of a one-token Q6_K head's output that nothing in the split
+    ///   reads (the logits of a decoding step): its launch writes runs of
+    ///   128 bytes while it streams the weights, so the link's time hides
+    ///   under the head's instead of following it as a DMA copy.
+    pub(crate) fn in_place<'a>(
         &self,
         graph: &Graph,
         nodes: &[NodeId],
         locs: &'a [Option<TensorLoc>],
         io: &'a HostIo,
     ) -> (Cow<'a, [Option<TensorLoc>]>, Cow<'a, HostIo>) {
-        let mut in_place = Vec::new();
+        if !self.zero_copy {
+            return (Cow::Borrowed(locs), Cow::Borrowed(io));
+        }
+        let host_loc = |span: HostSpan, nbytes: usize| {
+            let pin = self.pinned.iter().find(|p| p.dev_addr(span).is_some())?;
+            Some(TensorLoc { buffer: pin.buffer, offset: span.addr - pin.host, nbytes })
+        };
+        let mut imports = Vec::new();
         for (i, &(span, dst)) in io.imports.iter().enumerate() {
-            if !self.zero_copy || span.len > IN_PLACE_MAX {
+            if span.len > IN_PLACE_MAX {
                 continue;
             }
-            let Some(pin) = self.pinned.iter().find(|p| p.dev_addr(span).is_some()) else { continue };
+            let Some(loc) = host_loc(span, dst.nbytes) else { continue };
             let Some(id) = nodes.iter().flat_map(|&n| &graph.node(n).srcs).find(|s| locs[s.index()] == Some(dst))
             else {
                 continue;
             };
             let readers = nodes.iter().map(|&n| graph.node(n)).filter(|n| n.srcs.contains(id));
             if readers.clone().all(|n| matches!(n.op, Op::Add | Op::Mul)) {
-                let loc = TensorLoc { buffer: pin.buffer, offset: span.addr - pin.host, nbytes: dst.nbytes };
-                in_place.push((i, *id, loc));
+                imports.push((i, *id, loc));
             }
         }
-        if in_place.is_empty() {
+        let mut exports = Vec::new();
+        for (i, &(src, span)) in io.exports.iter().enumerate() {
+            let Some(loc) = host_loc(span, src.nbytes) else { continue };
+            let Some(&id) = nodes.iter().find(|n| locs[n.index()] == Some(src)) else { continue };
+            let read_here = nodes.iter().any(|&n| graph.node(n).srcs.contains(&id));
+            if !read_here && self.is_q6k_head(graph, id, locs) {
+                exports.push((i, id, loc));
+            }
+        }
+        if imports.is_empty() && exports.is_empty() {
             return (Cow::Borrowed(locs), Cow::Borrowed(io));
         }
         let mut locs = locs.to_vec();
         let mut io = io.clone();
-        for &(i, id, loc) in in_place.iter().rev() {
+        for &(i, id, loc) in imports.iter().rev() {
             locs[id.index()] = Some(loc);
             io.imports.remove(i);
         }
+        for &(i, id, loc) in exports.iter().rev() {
+            locs[id.index()] = Some(loc);
+            io.exports.remove(i);
+        }
         (Cow::Owned(locs), Cow::Owned(io))
+    }
+
+    /// Whether `id` is a head that writes its output in runs (`is_q6k_q8`).
+    fn is_q6k_head(&self, graph: &Graph, id: NodeId, locs: &[Option<TensorLoc>]) -> bool {
+        let n = graph.node(id);
+        let weight = locs[n.srcs[0].index()].and_then(|l| self.buffers.get(l.buffer)).and_then(|b| b.weight.as_ref());
+        is_q6k_q8(n, weight)
     }
 
     /// Whether step `s` reads or writes pinned host memory: its time is the

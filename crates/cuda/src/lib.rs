@@ -669,7 +669,7 @@ impl Backend for CudaBackend {
         if !io.is_empty() {
             self.io_in_flight.set(true);
         }
-        let (locs, io) = self.read_in_place(graph, nodes, locs, io);
+        let (locs, io) = self.in_place(graph, nodes, locs, io);
         let (locs, io) = (&*locs, &*io);
         self.stats.computes += 1;
         let Some(plan) = self.plans.get(&key) else {

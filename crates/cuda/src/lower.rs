@@ -14,7 +14,7 @@
 use std::collections::HashMap;
 
 use tern_backend::TensorLoc;
-use tern_graph::{Activation, DType, Graph, NodeId, Op, Precision, RopeMode};
+use tern_graph::{Activation, DType, Graph, NodeId, Op, RopeMode};
 use tern_quant::GgmlType;
 
 use crate::buffers::Buffers;
@@ -22,6 +22,9 @@ use crate::kernels::Kernel;
 use crate::launch::{Arg, AttRope, Launch, TernaryBatch, TernaryMat};
 use crate::qlayout::QLayout;
 use crate::Weight;
+
+mod fmat;
+pub(crate) use fmat::is_q6k_q8;
 
 /// Tokens above which ternary products use the tensor-core GEMM.
 pub const GEMV_MAX_TOKENS: usize = 8;
@@ -91,6 +94,9 @@ struct Lower<'a> {
     stage_used: usize,
     stage_need: usize,
     quant: HashMap<NodeId, Quant>,
+    /// Normed rows that no launch writes: the head that reads them norms
+    /// its input itself.
+    head_norm: HashMap<NodeId, fmat::HeadNorm>,
     /// Rope nodes left for the attention that reads them (fused with its cache store).
     deferred_rope: Vec<NodeId>,
     in_split: Vec<bool>,
@@ -138,6 +144,7 @@ pub fn lower(
         stage_used: 0,
         stage_need: 0,
         quant: HashMap::new(),
+        head_norm: HashMap::new(),
         deferred_rope: Vec::new(),
         in_split,
         sms,
@@ -232,17 +239,18 @@ impl Lower<'_> {
     fn node(&mut self, nodes: &[NodeId], i: usize) -> Result<usize, Need> {
         let id = nodes[i];
         let node = self.node_ref(id).clone();
-        let next = nodes.get(i + 1).copied();
         match &node.op {
             Op::Weight(_) | Op::Input(_) | Op::KvCache { .. } => Ok(1),
-            Op::RmsNorm { eps } => self.rms_norm(id, next, *eps),
+            Op::RmsNorm { eps } => self.rms_norm(nodes, i, *eps),
             Op::MulMat { .. } => self.mul_mat(nodes, i),
             Op::GetRows if self.weight(node.srcs[0]).is_some_and(|w| w.quant.is_some()) => {
                 let w = self.weight(node.srcs[0]).cloned().expect("checked by the guard");
                 let l = match w.quant {
-                    Some(QLayout::Q6K) => Launch::new(Kernel::GetRowsQ6K, (node.ne[1] as u32, 1, 1), 256)
-                        .ptr(w.ptr_codes)
-                        .i32(self.node_ref(node.srcs[0]).ne[1] as i32),
+                    Some(QLayout::Q6K) => {
+                        Launch::new(Kernel::GetRowsQ6K, (node.ne[1] as u32, node.ne[0].div_ceil(256) as u32, 1), 256)
+                            .ptr(w.ptr_codes)
+                            .i32(self.node_ref(node.srcs[0]).ne[1] as i32)
+                    }
                     _ => Launch::new(Kernel::GetRowsQ8, (node.ne[1] as u32, 1, 1), 256)
                         .ptr(w.ptr_codes)
                         .ptr(w.ptr_scales),
@@ -386,7 +394,11 @@ impl Lower<'_> {
             })
     }
 
-    fn rms_norm(&mut self, id: NodeId, next: Option<NodeId>, eps: f32) -> Result<usize, Need> {
+    fn rms_norm(&mut self, nodes: &[NodeId], i: usize, eps: f32) -> Result<usize, Need> {
+        if self.norm_into_head(nodes, i, eps)? {
+            return Ok(2);
+        }
+        let (id, next) = (nodes[i], nodes.get(i + 1).copied());
         let node = self.node_ref(id).clone();
         let (ne0, rows) = (node.ne[0], node.n_rows());
         // Fuse the weight multiply: `mul(norm, w)` with a one-row weight.
@@ -575,49 +587,6 @@ impl Lower<'_> {
         // The GEMV also takes the paired activation (-1: none).
         let l = if kernel == Kernel::TernaryGemm { l } else { l.i32(pair.map_or(-1, |(_, a)| a)) };
         self.out.push(if streamed { l.serial() } else { l });
-        Ok(consumed)
-    }
-
-    fn fmat(&mut self, nodes: &[NodeId], i: usize, w: &Weight) -> Result<usize, Need> {
-        let id = nodes[i];
-        let node = self.node_ref(id).clone();
-        let (k, rows, n_tok) = (self.node_ref(node.srcs[0]).ne[0], node.ne[0], node.ne[1]);
-        // The sum may not be written over the activations this kernel reads.
-        let fused = self.residual(id, nodes.get(i + 1).copied())?.filter(|(add, _)| !self.overlaps(*add, node.srcs[1]));
-        let (out, res, consumed) = match fused {
-            Some((add, r)) => (self.ptr(add)?, r, 2),
-            None => (self.ptr(id)?, 0, 1),
-        };
-        let x = self.ptr(node.srcs[1])?;
-        let row_bytes = w.ty.row_bytes(k as u64).unwrap_or(0);
-        // A quantized model's products pair int8 activations where a kernel
-        // does (the CPU's integers); float kernels otherwise.
-        let paired = matches!(node.op, Op::MulMat { precision: Precision::Paired });
-        for t0 in (0..n_tok).step_by(FMAT_TOKENS) {
-            let nt = (n_tok - t0).min(FMAT_TOKENS);
-            let off = (t0 * rows * 4) as u64;
-            let (xt, res_t) = (x + (t0 * k * 4) as u64, if res == 0 { 0 } else { res + off });
-            let l = if w.quant == Some(QLayout::Levels) {
-                let kernel = if nt == 1 { Kernel::Q8Gemv1 } else { Kernel::Q8Gemv };
-                Launch::new(kernel, grid1(rows, 8), 256).ptr(w.ptr_codes).ptr(w.ptr_scales)
-            } else if w.quant == Some(QLayout::Q6K) && nt == 1 && paired {
-                // Three blocks an SM walk the rows, each quantizing x first
-                // (k + k/64 bytes) and staging its 8 warps' weight rounds in
-                // shared memory (2080 bytes a warp; fmat.cu `Q6_SLOT`).
-                let blocks = rows.div_ceil(8).min(3 * self.sms.max(1));
-                let smem = (k + k / 64).next_multiple_of(16) + 8 * 2080;
-                Launch::new(Kernel::Q6KGemv1Q8, (blocks as u32, 1, 1), 256).smem(smem).ptr(w.ptr_codes)
-            } else if w.quant == Some(QLayout::Q6K) {
-                let kernel = if nt == 1 { Kernel::Q6KGemv1 } else { Kernel::Q6KGemv };
-                Launch::new(kernel, grid1(rows, 8), 256).ptr(w.ptr_codes)
-            } else if w.ty == GgmlType::F16 && k % 8 == 0 {
-                Launch::new(Kernel::F16Gemv, grid1(rows, 8), 256).ptr(w.ptr_codes)
-            } else {
-                Launch::new(Kernel::FmatGemv, grid1(rows, 8), 256).ptr(w.ptr_codes).u64(row_bytes).i32(w.ty.id() as i32)
-            };
-            let l = l.i32(rows as i32).i32(k as i32).ptr(xt).i32(nt as i32).ptr(out + off).u64(rows as u64).ptr(res_t);
-            self.out.push(l);
-        }
         Ok(consumed)
     }
 

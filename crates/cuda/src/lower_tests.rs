@@ -10,6 +10,7 @@ use crate::buffers::{Backing, Buffers, DevBuf};
 use crate::kernels::Kernel;
 use crate::launch::Arg;
 use crate::lower::{lower, Scratch};
+use crate::qlayout::QLayout;
 use crate::weights::TernaryShape;
 use crate::Weight;
 
@@ -88,7 +89,8 @@ fn bind(g: &Graph, alias: Option<(NodeId, NodeId)>, staged: &[&str]) -> (Buffers
                 let ptr = (1 << 41) + (id.0 as u64) * (1 << 24);
                 let name = n.label.as_deref().unwrap_or_default();
                 let staged = staged.contains(&name).then_some(1 << 20);
-                let weight = Weight { ty, ptr_codes: ptr, ptr_scales: ptr + 4096, ternary, quant: None, staged };
+                let quant = (ty == GgmlType::Q6_K).then_some(QLayout::Q6K);
+                let weight = Weight { ty, ptr_codes: ptr, ptr_scales: ptr + 4096, ternary, quant, staged };
                 let backing = if staged.is_some() { Backing::Mapped(ptr as usize) } else { Backing::Device };
                 let buffer = bufs.insert(DevBuf { ptr, bytes: 1 << 24, weight: Some(weight), backing });
                 TensorLoc { buffer, offset: 0, nbytes: n.nbytes() }
@@ -176,6 +178,39 @@ fn decoding_a_layer_takes_nine_launches() {
     assert_eq!(batch(&ls[1]).block_start, [0, 32, 48, 64]);
     assert_eq!(ls[6].grid, (32, 1, 1));
     assert_eq!(ls[1].block, 256);
+}
+
+/// The final norm and its weight, then a Q6_K head, for `n` tokens.
+fn head(n: usize) -> Layer {
+    let mut g = Graph::new();
+    let x = g.weight(0, "x", GgmlType::F32, [E, n, 1, 1]);
+    let wn = g.weight(1, "output_norm", GgmlType::F32, [E, 1, 1, 1]);
+    let wo = g.weight(2, "output", GgmlType::Q6_K, [E, 1000, 1, 1]);
+    let h = g.rms_norm(x, 1e-5);
+    let h = g.mul(h, wn);
+    let y = g.mul_mat(wo, h, Precision::Paired);
+    g.mark_output(y);
+    Layer { g, x, norm_out: h }
+}
+
+/// Decoding, the head norms its input itself: one launch, which reads the
+/// norm's input and weight. Not when the head's output would be written over
+/// that input, nor for a prompt (another kernel).
+#[test]
+fn the_final_norm_folds_into_a_one_token_q6k_head() {
+    use Kernel::*;
+    let l = head(1);
+    let (bufs, locs) = bind(&l.g, None, &[]);
+    let ls = launches(&l, None);
+    assert_eq!(kernels(&ls), [Q6KGemv1Q8]);
+    let ptr =
+        |id: NodeId| bufs.get(locs[id.index()].unwrap().buffer).unwrap().ptr + locs[id.index()].unwrap().offset as u64;
+    let wn = l.g.ids().find(|&id| l.g.node(id).label.as_deref() == Some("output_norm")).unwrap();
+    assert_eq!(ls[0].args[3], Arg::Ptr(ptr(l.x)), "x, not the normed row");
+    assert_eq!(ls[0].args[ls[0].args.len() - 2..], [Arg::Ptr(ptr(wn)), Arg::F32(1e-5f32.to_bits())]);
+    let y = *l.g.outputs.first().unwrap();
+    assert_eq!(kernels(&launches(&l, Some((y, l.x))))[1..], [Q6KGemv1Q8]);
+    assert!(!kernels(&launches(&head(2), None)).contains(&Q6KGemv1Q8));
 }
 
 /// When the attention's output shares bytes with the unrotated k, the

@@ -1,0 +1,118 @@
+//! Lowering the matmuls of float and block-quantized weights (heads, and the
+//! projections of non-ternary models), and the final norm that a one-token
+//! Q6_K head takes into its own launch.
+
+use tern_graph::{Node, NodeId, Op, Precision};
+use tern_quant::GgmlType;
+
+use super::{grid1, Lower, Need, FMAT_TOKENS};
+use crate::kernels::Kernel;
+use crate::launch::Launch;
+use crate::qlayout::QLayout;
+use crate::Weight;
+
+/// `rms_norm(x) · w` of one row that no launch writes: the head reading it
+/// norms `x` itself.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct HeadNorm {
+    x: u64,
+    w: u64,
+    eps: f32,
+}
+
+/// Whether matmul node `n` of weight `w` lowers to `q6k_gemv1_q8`: one token
+/// of a Q6_K weight paired with int8 activations (a quantized model's head),
+/// whose outputs go out as runs of up to 128 bytes.
+pub(crate) fn is_q6k_q8(n: &Node, w: Option<&Weight>) -> bool {
+    matches!(n.op, Op::MulMat { precision: Precision::Paired })
+        && n.ne[1] == 1
+        && w.is_some_and(|w| w.ternary.is_none() && w.quant == Some(QLayout::Q6K))
+}
+
+impl Lower<'_> {
+    fn is_q6k_q8(&self, mm: NodeId) -> bool {
+        let n = self.node_ref(mm);
+        is_q6k_q8(n, self.weight(n.srcs[0]))
+    }
+
+    /// `rms_norm` at `nodes[i]`, then `mul` by a weight row, read only by the
+    /// one-token Q6_K head right after them (a model's final norm when
+    /// decoding): the head norms its input itself, so neither gets a launch.
+    /// Nothing between them writes, so the norm's input is still there when
+    /// the head runs; the head's output may not be placed over it.
+    pub(super) fn norm_into_head(&mut self, nodes: &[NodeId], i: usize, eps: f32) -> Result<bool, Need> {
+        let id = nodes[i];
+        let (Some(&m), Some(&mm)) = (nodes.get(i + 1), nodes.get(i + 2)) else { return Ok(false) };
+        let (node, mn, mmn) = (self.node_ref(id), self.node_ref(m), self.node_ref(mm));
+        let x = node.srcs[0];
+        let folds = node.n_rows() == 1
+            && matches!(mn.op, Op::Mul)
+            && mn.srcs[0] == id
+            && self.uses[id.index()] == 1
+            && self.node_ref(mn.srcs[1]).n_elements() == node.ne[0]
+            && matches!(mmn.op, Op::MulMat { .. })
+            && mmn.srcs[1] == m
+            && self.uses[m.index()] == 1
+            && self.is_q6k_q8(mm)
+            && !self.overlaps(mm, x)
+            && self.residual(mm, nodes.get(i + 3).copied())?.is_none();
+        if !folds {
+            return Ok(false);
+        }
+        let norm = HeadNorm { x: self.ptr(x)?, w: self.ptr(mn.srcs[1])?, eps };
+        self.head_norm.insert(m, norm);
+        Ok(true)
+    }
+
+    pub(super) fn fmat(&mut self, nodes: &[NodeId], i: usize, w: &Weight) -> Result<usize, Need> {
+        let id = nodes[i];
+        let node = self.node_ref(id).clone();
+        let (k, rows, n_tok) = (self.node_ref(node.srcs[0]).ne[0], node.ne[0], node.ne[1]);
+        // The sum may not be written over the activations this kernel reads.
+        let fused = self.residual(id, nodes.get(i + 1).copied())?.filter(|(add, _)| !self.overlaps(*add, node.srcs[1]));
+        let (out, res, consumed) = match fused {
+            Some((add, r)) => (self.ptr(add)?, r, 2),
+            None => (self.ptr(id)?, 0, 1),
+        };
+        let norm = self.head_norm.get(&node.srcs[1]).copied();
+        let x = match norm {
+            Some(n) => n.x,
+            None => self.ptr(node.srcs[1])?,
+        };
+        let row_bytes = w.ty.row_bytes(k as u64).unwrap_or(0);
+        let q6k_q8 = self.is_q6k_q8(id);
+        for t0 in (0..n_tok).step_by(FMAT_TOKENS) {
+            let nt = (n_tok - t0).min(FMAT_TOKENS);
+            let off = (t0 * rows * 4) as u64;
+            let (xt, res_t) = (x + (t0 * k * 4) as u64, if res == 0 { 0 } else { res + off });
+            let l = if w.quant == Some(QLayout::Levels) {
+                let kernel = if nt == 1 { Kernel::Q8Gemv1 } else { Kernel::Q8Gemv };
+                Launch::new(kernel, grid1(rows, 8), 256).ptr(w.ptr_codes).ptr(w.ptr_scales)
+            } else if q6k_q8 {
+                // A quantized model's products pair int8 activations (the
+                // CPU's integers). Three blocks an SM walk the rows, each
+                // quantizing x first (k + k/64 bytes) and staging its 8 warps'
+                // weight rounds in shared memory (2080 bytes a warp; fmat.cu
+                // `Q6_SLOT`).
+                let blocks = rows.div_ceil(8).min(3 * self.sms.max(1));
+                let smem = (k + k / 64).next_multiple_of(16) + 8 * 2080;
+                Launch::new(Kernel::Q6KGemv1Q8, (blocks as u32, 1, 1), 256).smem(smem).ptr(w.ptr_codes)
+            } else if w.quant == Some(QLayout::Q6K) {
+                let kernel = if nt == 1 { Kernel::Q6KGemv1 } else { Kernel::Q6KGemv };
+                Launch::new(kernel, grid1(rows, 8), 256).ptr(w.ptr_codes)
+            } else if w.ty == GgmlType::F16 && k % 8 == 0 {
+                Launch::new(Kernel::F16Gemv, grid1(rows, 8), 256).ptr(w.ptr_codes)
+            } else {
+                Launch::new(Kernel::FmatGemv, grid1(rows, 8), 256).ptr(w.ptr_codes).u64(row_bytes).i32(w.ty.id() as i32)
+            };
+            let l = l.i32(rows as i32).i32(k as i32).ptr(xt).i32(nt as i32).ptr(out + off).u64(rows as u64).ptr(res_t);
+            let l = match (q6k_q8, norm) {
+                (true, Some(n)) => l.ptr(n.w).f32(n.eps),
+                (true, None) => l.ptr(0).f32(0.0),
+                (false, _) => l,
+            };
+            self.out.push(l);
+        }
+        Ok(consumed)
+    }
+}
