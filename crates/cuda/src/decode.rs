@@ -112,7 +112,7 @@ pub enum PhaseKind {
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Phase {
     pub kind: PhaseKind,
-    /// Attention phases: 1 runs it as a block per q head (`att_head`).
+    /// Attention phases: 1 runs it as a block per (q head, chunk of keys) (`att_head`).
     pub att_block: i32,
     pub g: GemvArgs,
     pub a: AttArgs,
@@ -202,9 +202,8 @@ pub struct Config {
     pub ring_max: usize,
     /// Nanoseconds a block sleeps between polls of the barrier (0: none).
     pub spin_ns: i32,
-    /// One-token attention with f16 caches as a block per KV head
-    /// (`att_head`, a block per q head) where it fits, instead of (KV head,
-    /// split) units.
+    /// One-token attention with f16 caches as a block per q head and chunk
+    /// of keys (`att_head`) where it fits, instead of (KV head, split) units.
     pub att_block: bool,
     /// Bytes of weights a block's producer may copy at one barrier (a
     /// multiple of 16; 0: no limit), beyond the next GEMV phase's own.
@@ -577,7 +576,7 @@ fn att_head_floats(d: usize) -> usize {
     d + d + 2 * 8 + 8 * d
 }
 
-/// Marks the one-token attentions that `att_head` (a block per q head) can
+/// Marks the one-token attentions that `att_head` (a block per q head and chunk of keys) can
 /// take: rope applied in the kernel, f16 caches, head_dim a multiple of 32
 /// up to 128 (a quad of lanes splits a K row in whole 16-byte words).
 fn block_attention(phases: &mut [Phase]) {

@@ -494,14 +494,24 @@ impl Built {
 /// the writers' statistics in another order, which can move an int8
 /// activation by one at a rounding tie, and attention merges in another
 /// order: bound 5e-3 of the largest output. Heads of 64 dims (two V dims a
-/// lane in `att_head`) at three cache positions, and of 128 (the 2B-4T's:
-/// four a lane, a group of four q heads) at two.
+/// lane in `att_head`) at four cache positions, and of 128 (the 2B-4T's:
+/// four a lane, a group of four q heads) at three; at 600 and 700 keys
+/// `att_head` cuts the cache into three chunks that the last of a KV
+/// group's blocks merges.
 #[test]
 fn fused_decoding_layers_match_cpu() {
     let Some(mut plain) = gpu_with(false, true) else { return };
-    let (k, ff, n_ctx) = (512usize, 768usize, 256usize);
-    let cases = [(64usize, 8usize, 2usize, 0usize), (64, 8, 2, 45), (64, 8, 2, 200), (128, 4, 1, 3), (128, 4, 1, 130)];
-    for (hd, nh, nkv, kv_pos) in cases {
+    let (k, ff) = (512usize, 768usize);
+    let cases = [
+        (64usize, 8usize, 2usize, 0usize, 256usize),
+        (64, 8, 2, 45, 256),
+        (64, 8, 2, 200, 256),
+        (64, 8, 2, 600, 1024),
+        (128, 4, 1, 3, 256),
+        (128, 4, 1, 130, 256),
+        (128, 4, 1, 700, 1024),
+    ];
+    for (hd, nh, nkv, kv_pos, n_ctx) in cases {
         let row = hd * nkv;
         let mut b = Built { g: Graph::new(), data: HashMap::new(), rng: Rng(31 + (kv_pos + hd) as u64), ids: 0 };
         let x0 = b.rng.vec(k);
