@@ -48,8 +48,7 @@ __device__ __forceinline__ void angles_for(const AttArgs& a, int p, Angles* an) 
 // rows load while the current one is multiplied, after the whole chunk was
 // asked into L2 at the unit's start (a block per head walked a 3,584-key
 // cache in 56 passes of a DRAM round trip each: 312 t/s on the 2B-4T shape,
-// 604 now). One-chunk units load each pass at its start, as before: the
-// pipelined loop's registers cost them ~1.5% of tg128.
+// 604 now). One-chunk units load each pass at its start, as before.
 // A pass: 8 keys a warp, a quad of lanes a key (lane quarter ql holds dims
 // [ql·D/4, (ql+1)·D/4) of the K row, in registers: q's matching dims too),
 // and lane l sums V dims [l·D/32, (l+1)·D/32). The token's own k and v are
@@ -90,7 +89,8 @@ __device__ __forceinline__ void att_head_loads(const u16* kc, const u16* vc, con
 
 #define ATH_WARPS 8
 #define ATH_KEYS (ATH_WARPS * 8)
-// Keys a chunk takes at least: below this one block's passes beat a merge.
+// Keys a chunk takes at least: below this one block's passes beat a merge
+// (tern_cuda::decode::LONG_CACHE_KEYS).
 #define ATH_CHUNK_MIN 256
 
 // One output of the phase: written, counted in the statistics of the next
@@ -305,18 +305,26 @@ __device__ __forceinline__ void att_head_units(const Phase& ph, int blk, int nbl
 
 // Chunks of S keys (a multiple of a pass), C of them: as many as make
 // each at least ATH_CHUNK_MIN keys, up to the lowering's partial rows
-// (n_split) and the blocks the grid has for every head.
+// (n_split) and the blocks the grid has for every head. Only the module
+// built with DEC_LONG_CACHES (kernels.rs "decode_long", which the lowering
+// picks once a cache passes ATH_CHUNK_MIN keys) has the chunked path: its
+// code alone costs the other module 1–3% of tg128.
+#ifndef DEC_LONG_CACHES
+#define DEC_LONG_CACHES 0
+#endif
 __device__ __forceinline__ void att_head(const Phase& ph, int blk, int nblk, float* sm, const Angles* an, int p,
                                          float* xw_rows, float* ss, float* am, u64* tr) {
-    const AttArgs& a = ph.a;
     int n = p + 1;
+#if DEC_LONG_CACHES
+    const AttArgs& a = ph.a;
     int C = a.part ? min(min(a.n_split, nblk / a.n_head), (n + ATH_CHUNK_MIN - 1) / ATH_CHUNK_MIN) : 1;
-    if (C < 2) {
-        att_head_units<false>(ph, blk, nblk, sm, an, p, 1, n, xw_rows, ss, am, tr);
+    if (C >= 2) {
+        int S = ((n + C - 1) / C + ATH_KEYS - 1) / ATH_KEYS * ATH_KEYS;
+        att_head_units<true>(ph, blk, nblk, sm, an, p, (n + S - 1) / S, S, xw_rows, ss, am, tr);
         return;
     }
-    int S = ((n + C - 1) / C + ATH_KEYS - 1) / ATH_KEYS * ATH_KEYS;
-    att_head_units<true>(ph, blk, nblk, sm, an, p, (n + S - 1) / S, S, xw_rows, ss, am, tr);
+#endif
+    att_head_units<false>(ph, blk, nblk, sm, an, p, 1, n, xw_rows, ss, am, tr);
 }
 
 // One token's attention: the units (KV head, split) of the active splits go

@@ -208,7 +208,14 @@ pub struct Config {
     /// Bytes of weights a block's producer may copy at one barrier (a
     /// multiple of 16; 0: no limit), beyond the next GEMV phase's own.
     pub refill_bytes: u32,
+    /// A cache of this step holds more than `LONG_CACHE_KEYS` keys: the
+    /// launch runs the module whose attention cuts caches into chunks.
+    pub long_cache: bool,
 }
+
+/// Keys past which `att_head` cuts a cache into chunks (decode_attention.cu
+/// `ATH_CHUNK_MIN`), and steps run `DecodeRunLong`.
+pub const LONG_CACHE_KEYS: usize = 256;
 
 /// The launches with each fused run as one `decode_run` launch, and the
 /// phase table of each such launch by its index. Arguments 0 (the table),
@@ -634,21 +641,25 @@ fn fused_launch(phases: &[Phase], cfg: &Config) -> Option<Launch> {
     }
     let (ne0, k_pad) = staged_sizes(phases);
     Some(
-        Launch::new(Kernel::DecodeRun, (cfg.blocks, 1, 1), THREADS)
-            .smem(fixed + ring)
-            .ptr(0)
-            .i32(phases.len() as i32)
-            .ptr(0)
-            .i32(cfg.look)
-            .i32(ne0 as i32)
-            .i32(k_pad as i32)
-            .ptr(0)
-            .ptr(shared_pos(phases))
-            .i32(ring as i32)
-            .i32(copies(phases).len() as i32)
-            .i32(cfg.spin_ns)
-            .i32(att_floats(phases) as i32)
-            .i32(cfg.refill_bytes as i32),
+        Launch::new(
+            if cfg.long_cache { Kernel::DecodeRunLong } else { Kernel::DecodeRun },
+            (cfg.blocks, 1, 1),
+            THREADS,
+        )
+        .smem(fixed + ring)
+        .ptr(0)
+        .i32(phases.len() as i32)
+        .ptr(0)
+        .i32(cfg.look)
+        .i32(ne0 as i32)
+        .i32(k_pad as i32)
+        .ptr(0)
+        .ptr(shared_pos(phases))
+        .i32(ring as i32)
+        .i32(copies(phases).len() as i32)
+        .i32(cfg.spin_ns)
+        .i32(att_floats(phases) as i32)
+        .i32(cfg.refill_bytes as i32),
     )
 }
 

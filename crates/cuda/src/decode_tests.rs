@@ -17,6 +17,7 @@ const CFG: Config = Config {
     spin_ns: 0,
     att_block: false,
     refill_bytes: 0,
+    long_cache: false,
 };
 
 fn nq(x: u64, q: u64, ne0: i32) -> Launch {
@@ -118,6 +119,16 @@ fn a_layer_becomes_five_phases_of_one_launch() {
     assert_eq!(max_segment(phases, 132), 53 * 2 * 640);
     let c = copies(phases);
     assert_eq!((c[2].pair, c[2].vrows, c[2].w[1]), (1, 6912, 0x200_0000));
+}
+
+/// A step whose cache has passed LONG_CACHE_KEYS runs the module whose
+/// attention cuts caches into chunks; the phases are the same.
+#[test]
+fn a_long_cache_runs_the_long_module() {
+    let short = fuse(layer(), &CFG);
+    let long = fuse(layer(), &Config { long_cache: true, ..CFG });
+    assert_eq!(long.launches[0].kernel, Kernel::DecodeRunLong);
+    assert_eq!(long.tables, short.tables);
 }
 
 #[test]

@@ -10,16 +10,9 @@ use crate::nvrtc;
 
 const PRELUDE: &str = include_str!("../kernels/prelude.cuh");
 
-/// Kernel source files (`kernels/*.cu`), each compiled to one module.
-pub const SOURCES: &[(&str, &str)] = &[
-    ("elementwise", include_str!("../kernels/elementwise.cu")),
-    ("quantize", include_str!("../kernels/quantize.cu")),
-    ("ternary", include_str!("../kernels/ternary.cu")),
-    ("fmat", include_str!("../kernels/fmat.cu")),
-    ("attention", include_str!("../kernels/attention.cu")),
-    // The persistent decoding kernel calls into the three files before it.
-    (
-        "decode",
+/// decode_run's sources, in the order they build on each other.
+macro_rules! decode_sources {
+    () => {
         concat!(
             include_str!("../kernels/quantize.cu"),
             include_str!("../kernels/ternary.cu"),
@@ -29,8 +22,23 @@ pub const SOURCES: &[(&str, &str)] = &[
             include_str!("../kernels/decode_gemv.cu"),
             include_str!("../kernels/decode_attention.cu"),
             include_str!("../kernels/decode.cu")
-        ),
-    ),
+        )
+    };
+}
+
+/// Kernel source files (`kernels/*.cu`), each compiled to one module.
+pub const SOURCES: &[(&str, &str)] = &[
+    ("elementwise", include_str!("../kernels/elementwise.cu")),
+    ("quantize", include_str!("../kernels/quantize.cu")),
+    ("ternary", include_str!("../kernels/ternary.cu")),
+    ("fmat", include_str!("../kernels/fmat.cu")),
+    ("attention", include_str!("../kernels/attention.cu")),
+    // The persistent decoding kernel calls into the three files before it.
+    (DECODE_MODULE, decode_sources!()),
+    // The same for caches past LONG_CACHE_KEYS: attention cut into chunks
+    // (decode_attention.cu). A module of its own because that path's code,
+    // even unused, costs the short-cache kernel 1–3% of tg128.
+    (DECODE_LONG_MODULE, concat!("#define DEC_LONG_CACHES 1\n", decode_sources!())),
 ];
 
 /// The full text NVRTC compiles for source `name`: the prelude, then the file.
@@ -77,10 +85,12 @@ pub enum Kernel {
     HostWrite,
     /// A run of one-token launches as phases of one persistent kernel (`decode.rs`).
     DecodeRun,
+    /// `DecodeRun` for caches past `decode::LONG_CACHE_KEYS`.
+    DecodeRunLong,
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 27] = [
+    pub const ALL: [Kernel; 28] = [
         Kernel::GetRows,
         Kernel::RmsNorm,
         Kernel::Binary,
@@ -108,6 +118,7 @@ impl Kernel {
         Kernel::CopyIn,
         Kernel::HostWrite,
         Kernel::DecodeRun,
+        Kernel::DecodeRunLong,
     ];
 
     /// (source module, entry point).
@@ -138,7 +149,8 @@ impl Kernel {
             Kernel::Attention => ("attention", "attention"),
             Kernel::FlashAttn => ("attention", "flash_attn"),
             Kernel::CopyIn | Kernel::HostWrite => ("elementwise", "copy_in"),
-            Kernel::DecodeRun => ("decode", "decode_run"),
+            Kernel::DecodeRun => (DECODE_MODULE, "decode_run"),
+            Kernel::DecodeRunLong => (DECODE_LONG_MODULE, "decode_run"),
         }
     }
 }
@@ -153,9 +165,10 @@ pub struct Kernels {
 
 unsafe impl Send for Kernels {}
 
-/// The persistent decoding kernel's module (opt-in, and the slowest to
+/// The persistent decoding kernel's modules (opt-in, and the slowest to
 /// compile: ~5× the others together).
 const DECODE_MODULE: &str = "decode";
+const DECODE_LONG_MODULE: &str = "decode_long";
 
 impl Kernels {
     /// Compiles (or reads from the cache) and loads every module, the
@@ -164,7 +177,10 @@ impl Kernels {
     pub fn load(gpu: &Gpu, cache: Option<&Path>, with_decode_run: bool) -> Result<Kernels, String> {
         let (major, minor) = gpu.info.arch;
         let arch = format!("sm_{major}{minor}");
-        let wanted: Vec<_> = SOURCES.iter().filter(|(name, _)| with_decode_run || *name != DECODE_MODULE).collect();
+        let wanted: Vec<_> = SOURCES
+            .iter()
+            .filter(|(name, _)| with_decode_run || ![DECODE_MODULE, DECODE_LONG_MODULE].contains(name))
+            .collect();
         let images: Vec<Result<nvrtc::Compiled, String>> = std::thread::scope(|s| {
             let jobs: Vec<_> = wanted
                 .iter()

@@ -78,6 +78,8 @@ struct Quant {
 
 pub struct Lowered {
     pub launches: Vec<Launch>,
+    /// A one-token attention reads more than `decode::LONG_CACHE_KEYS` keys.
+    pub long_cache: bool,
 }
 
 struct Lower<'a> {
@@ -102,6 +104,7 @@ struct Lower<'a> {
     in_split: Vec<bool>,
     /// Multiprocessors of the device, for kernels whose blocks walk rows.
     sms: usize,
+    long_cache: bool,
     out: Vec<Launch>,
 }
 
@@ -148,6 +151,7 @@ pub fn lower(
         deferred_rope: Vec::new(),
         in_split,
         sms,
+        long_cache: false,
         out: Vec::with_capacity(nodes.len()),
     };
     let mut i = 0;
@@ -163,7 +167,7 @@ pub fn lower(
     if l.stage_need > scratch.stage_cap {
         return Err(Need::Staging((2 * l.stage_need).max(STAGE_MIN)));
     }
-    Ok(Lowered { launches: l.out })
+    Ok(Lowered { launches: l.out, long_cache: l.long_cache })
 }
 
 fn grid1(n: usize, per: usize) -> (u32, u32, u32) {
@@ -592,6 +596,7 @@ impl Lower<'_> {
 
     fn attention(&mut self, id: NodeId, node: &tern_graph::Node, p: &tern_graph::AttentionParams) -> Result<(), Need> {
         let s = &node.srcs;
+        self.long_cache |= node.ne[1] <= GEMV_MAX_TOKENS && p.kv_pos + node.ne[1] > crate::decode::LONG_CACHE_KEYS;
         let (kc, vc) = (self.node_ref(s[3]), self.node_ref(s[4]));
         let type_id = |n: &tern_graph::Node| match n.dtype {
             DType::Ggml(t) => t.id() as i32,

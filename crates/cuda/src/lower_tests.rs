@@ -180,6 +180,27 @@ fn decoding_a_layer_takes_nine_launches() {
     assert_eq!(ls[1].block, 256);
 }
 
+/// The lowering says when a decoding step's cache has passed
+/// LONG_CACHE_KEYS keys (decode_run's module then cuts it into chunks).
+#[test]
+fn a_step_past_long_cache_keys_says_so() {
+    let mut l = layer(1);
+    let long = |l: &Layer| {
+        let (bufs, locs) = bind(&l.g, None, &[]);
+        let nodes: Vec<NodeId> = l.g.ids().filter(|id| !l.g.node(*id).op.is_leaf()).collect();
+        lower(&l.g, &nodes, &locs, &bufs, SCRATCH, 132).unwrap_or_else(|e| panic!("{e:?}")).long_cache
+    };
+    assert!(!long(&l));
+    for kv_pos in [255, 256] {
+        for n in &mut l.g.nodes {
+            if let Op::Attention(p) = &mut n.op {
+                p.kv_pos = kv_pos;
+            }
+        }
+        assert_eq!(long(&l), kv_pos + 1 > crate::decode::LONG_CACHE_KEYS, "kv_pos {kv_pos}");
+    }
+}
+
 /// The final norm and its weight, then a Q6_K head, for `n` tokens.
 fn head(n: usize) -> Layer {
     let mut g = Graph::new();
@@ -327,4 +348,18 @@ fn plan_keys_change_with_every_location_and_shape() {
     let mut g = l.g.clone();
     g.nodes[mm.index()].op = Op::MulMat { precision: tern_graph::Precision::Float };
     assert_ne!(crate::plan_key::fingerprint(&g, &nodes, &locs), key, "a product's precision picks its kernel");
+    // The cache position matters only as whether it passed LONG_CACHE_KEYS.
+    let at = |kv_pos: usize| {
+        let mut g = l.g.clone();
+        for n in &mut g.nodes {
+            if let Op::Attention(p) = &mut n.op {
+                p.kv_pos = kv_pos;
+            }
+        }
+        crate::plan_key::fingerprint(&g, &nodes, &locs)
+    };
+    assert_eq!(at(200), key);
+    assert_eq!(at(255), key);
+    assert_ne!(at(256), key);
+    assert_eq!(at(256), at(3000));
 }

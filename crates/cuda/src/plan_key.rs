@@ -7,6 +7,8 @@ use std::hash::{Hash, Hasher};
 use tern_backend::{HostIo, TensorLoc};
 use tern_graph::{Graph, NodeId, Op, Precision};
 
+use crate::decode::LONG_CACHE_KEYS;
+
 /// The plan key's hasher, on the host's critical path every step (a 2B-4T
 /// step hashes ~75 KB: 31 µs with SipHash, a few with this). Each word's
 /// step `(rotl(h, 5) ^ w) · K` is a bijection of the state, so two keys of
@@ -42,8 +44,9 @@ impl Hasher for KeyHasher {
 
 /// Identifies a compute call cheaply: the nodes, their ops and shapes, and
 /// where every node and source lives. Attention's cache position is left out
-/// on purpose (kernels read positions from device memory), so every decoding
-/// step maps to one plan.
+/// on purpose (kernels read positions from device memory), so that decoding
+/// steps map to one plan, all but whether the cache has passed
+/// `LONG_CACHE_KEYS` keys, which picks `decode_run`'s module: two plans.
 pub(crate) fn fingerprint(graph: &Graph, nodes: &[NodeId], locs: &[Option<TensorLoc>]) -> u64 {
     let mut h = KeyHasher::default();
     let loc = |h: &mut KeyHasher, id: NodeId| {
@@ -55,7 +58,8 @@ pub(crate) fn fingerprint(graph: &Graph, nodes: &[NodeId], locs: &[Option<Tensor
         let n = graph.node(id);
         // A product's precision picks its kernel.
         let paired = matches!(n.op, Op::MulMat { precision: Precision::Paired });
-        (id.0, std::mem::discriminant(&n.op), paired, n.ne).hash(&mut h);
+        let long = matches!(&n.op, Op::Attention(p) if p.kv_pos + n.ne[1] > LONG_CACHE_KEYS);
+        (id.0, std::mem::discriminant(&n.op), paired, long, n.ne).hash(&mut h);
         loc(&mut h, id);
         for &s in &n.srcs {
             s.0.hash(&mut h);
