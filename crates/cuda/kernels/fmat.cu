@@ -238,10 +238,10 @@ __device__ __forceinline__ u32 q8k_pack4(float4 v, float id) {
 // matching activation words by dp4a, scaled by the group scales, then by
 // d_w · d_x per Q6_K block. Each block first quantizes x into shared memory
 // (k/256 warp passes, 10 KB from L2 at 2560, no launch of its own), then
-// each of its warps walks its own range of rows (lower.rs: three blocks an
-// SM), a round of up to Q6_UNROLL blocks of a row at a time. The float kernel's activation
-// loads, 2 × 4 cache lines a warp per Q6_K block, bounded it at 1.7 TB/s;
-// here they are two 128-byte shared-memory reads.
+// each of its warps walks its own range of rows (lower/fmat.rs: three
+// blocks an SM), a round of up to Q6_UNROLL blocks of a row at a time. The
+// float kernel's activation loads, 2 × 4 cache lines a warp per Q6_K block,
+// bounded it at 1.7 TB/s; here they are two 128-byte shared-memory reads.
 //
 // The weights go through shared memory: a warp loads its next round as
 // 16-byte words into registers (130 words for a 10-block round: `ql` 80,
@@ -331,14 +331,14 @@ __device__ __forceinline__ float4 normed4(float4 v, float4 w, float inv) {
 }
 
 // Dynamic shared memory: x's levels (k bytes), its d per block (k/64 bytes),
-// then a slot a warp from the next 16-byte boundary (lower.rs).
+// then a slot a warp from the next 16-byte boundary (lower/fmat.rs).
 //
 // `nw` (else null): x is first RMS-normed with weight `nw` (rms_norm's
 // sum, order and float operations; the model's final norm, which then
 // needs no launch of its own). Each warp takes a contiguous range of rows
 // and keeps each one's sum in lane (row mod 32), so that the outputs go out
 // as runs of up to 128 bytes: the head may write its logits straight into
-// pinned host memory (CudaBackend::write_in_place), where 4-byte stores
+// pinned host memory (CudaBackend::in_place), where 4-byte stores
 // would each be a transfer over the link.
 extern "C" __global__ void __launch_bounds__(256, 3) q6k_gemv1_q8(const u8* base, int rows, int k, const float* x,
                                                                    int n_tok, float* out, u64 out_stride,
