@@ -217,6 +217,13 @@ pub struct Config {
 /// `ATH_CHUNK_MIN`), and steps run `DecodeRunLong`.
 pub const LONG_CACHE_KEYS: usize = 256;
 
+/// Whether an attention of `n_tok` tokens is a decoding step (the one-token
+/// attention `decode_run` takes) that reads more than `LONG_CACHE_KEYS`
+/// keys: the lowering's report and the plan key both ask this.
+pub fn reads_long_cache(p: &tern_graph::AttentionParams, n_tok: usize) -> bool {
+    n_tok == 1 && p.kv_pos + n_tok > LONG_CACHE_KEYS
+}
+
 /// The launches with each fused run as one `decode_run` launch, and the
 /// phase table of each such launch by its index. Arguments 0 (the table),
 /// 2 (the barrier) and 6 (the trace, optional) of those launches are left 0

@@ -596,7 +596,7 @@ impl Lower<'_> {
 
     fn attention(&mut self, id: NodeId, node: &tern_graph::Node, p: &tern_graph::AttentionParams) -> Result<(), Need> {
         let s = &node.srcs;
-        self.long_cache |= node.ne[1] <= GEMV_MAX_TOKENS && p.kv_pos + node.ne[1] > crate::decode::LONG_CACHE_KEYS;
+        self.long_cache |= crate::decode::reads_long_cache(p, node.ne[1]);
         let (kc, vc) = (self.node_ref(s[3]), self.node_ref(s[4]));
         let type_id = |n: &tern_graph::Node| match n.dtype {
             DType::Ggml(t) => t.id() as i32,
