@@ -13,6 +13,9 @@
 #   scripts/gpu-peer.sh bench   # ik's IQ2_BN file; ik and tern alternating: full
 #                               # offload (medians of 10, per-run samples under
 #                               # $OUT/peer), then ROUNDS (default 3) hybrid rounds
+#   scripts/gpu-peer.sh sweep   # the same file at depth: ik's llama-sweep-bench
+#                               # and tern's --sweep (-c 4096 -ub 512, tg 128 a
+#                               # depth), SWEEPS (default 2) rounds alternating
 # The model comes from scripts/gpu-model.sh (MAKE_MODEL, TOKENIZER: defaults in .gpu/).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -27,7 +30,7 @@ start)
     setsid nohup bash -c "cd $ik && cmake -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
         -DGGML_IQK_FA_ALL_QUANTS=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF \
         -DCMAKE_BUILD_TYPE=Release > /tmp/ik-cfg.log 2>&1 \
-        && cmake --build build -j16 --target llama-bench llama-quantize > /tmp/ik-build.log 2>&1; echo \$? > /tmp/ik-done" \
+        && cmake --build build -j16 --target llama-bench llama-quantize llama-sweep-bench > /tmp/ik-build.log 2>&1; echo \$? > /tmp/ik-done" \
         > /dev/null 2>&1 < /dev/null &
     setsid nohup bash -c "MODELS=$models scripts/gpu-model.sh; echo ok > /tmp/gen-done" > /dev/null 2>&1 < /dev/null &
     echo "started"
@@ -84,8 +87,18 @@ PY
         done
     done
     ;;
+sweep)
+    m=$models/ik-iq2_bn.gguf
+    [ -e "$m" ] || { echo "no $m: run bench first" >&2; exit 1; }
+    for round in $(seq "${SWEEPS:-2}"); do
+        echo "## round $round: ik llama-sweep-bench -ngl 99 -fa 1 -c 4096 -ub 512 (tg 128)"
+        $ik/build/bin/llama-sweep-bench -m "$m" -ngl 99 -fa 1 -c 4096 -ub 512 -n 128 2>&1 | grep -E "^\|"
+        echo "## round $round: tern bench -ngl 99 --sweep -c 4096 -ub 512 -n 128 -r 1"
+        "$tern" bench -m "$m" -ngl 99 --sweep -c 4096 -ub 512 -n 128 -r 1 2>&1 | grep -E "^\|"
+    done
+    ;;
 *)
-    echo "usage: $0 start|wait|bench" >&2
+    echo "usage: $0 start|wait|bench|sweep" >&2
     exit 2
     ;;
 esac
