@@ -467,14 +467,20 @@ extern "C" __global__ void attention(const float* q, u8* kc, u8* vc, const int* 
 
 // Prompt attention on tensor cores (FlashAttention-2 style) for f16 caches:
 // block = (KV head, 16 query tokens), one warp per query head of the group.
-// Per 32-key tile: S = Q·Kᵀ with m16n8k16 f16 MMAs (f32 accumulate), the
+// Per tile of FA_BK keys: S = Q·Kᵀ with m16n8k16 f16 MMAs (f32 accumulate), the
 // causal mask and online softmax on the S fragments, which are repacked in
 // registers as the A operand of O += P·V. K and V tiles are staged row-major
 // as they are in the cache (16-byte copies), padded so the fragment loads hit
-// distinct banks; V's fragments come transposed by `ldmatrix.trans`.
+// distinct banks; K's fragments come by `ldmatrix`, V's transposed by
+// `ldmatrix.trans`. Scores are kept in log2 units (q carries scale · log2 e),
+// so the softmax is exp2.
 // grid: (n_head_kv, ceil(n_tok / 16)), block: 32 * G (G ≤ 8); head_dim a
-// multiple of 16, at most 128; positions ascend within the batch.
+// multiple of 16, at most 128; positions ascend within the batch. Blocks
+// start in order of blockIdx.y, which takes the last query tiles first: with
+// a causal mask they have the most keys, and starting them last left a tail
+// of long blocks on a few SMs.
 #define FA_BQ 16
+// Keys a tile (tern_cuda::lower::FA_KEYS).
 #define FA_BK 32
 #define FA_MAXD 128
 
@@ -500,6 +506,17 @@ __device__ __forceinline__ void ldsm_x2_trans(u32& b0, u32& b1, const u16* row) 
     asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];" : "=r"(b0), "=r"(b1) : "r"(a));
 }
 
+// The m16n8k16 B fragments of keys k0..k0+7 (rows of a row-major K tile) for
+// two k-steps: b[0], b[1] for dims d0..d0+15, b[2], b[3] for d0+16..d0+31.
+// Thread t gives the address of key k0 + t % 8 at dim d0 + 8 · (t / 8);
+// thread (g, tig) gets key g's dims 2·tig, 2·tig+1 of each 8-dim block.
+__device__ __forceinline__ void ldsm_x4(u32* b, const u16* row) {
+    u32 a = (u32)__cvta_generic_to_shared(row);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
+                 : "r"(a));
+}
+
 // A 16-byte copy from global to shared memory that does not wait for its
 // data (sm_80+); `bytes` 0 fills the destination with zeros.
 __device__ __forceinline__ void cp_async16(u16* dst, const u16* src, int bytes) {
@@ -516,7 +533,7 @@ extern "C" __global__ void __launch_bounds__(256) flash_attn(const float* q, con
     const int KS = head_dim + 8, TILE = FA_BK * KS;
     pdl_wait();
     pdl_launch();
-    int kvh = blockIdx.x, t0 = blockIdx.y * FA_BQ;
+    int kvh = blockIdx.x, t0 = (gridDim.y - 1 - blockIdx.y) * FA_BQ;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
     int h = kvh * (n_head / n_head_kv) + warp;
     int row = head_dim * n_head_kv;
@@ -526,6 +543,8 @@ extern "C" __global__ void __launch_bounds__(256) flash_attn(const float* q, con
     int pa = ta < n_tok ? pos[ta] : 0, pb = tb < n_tok ? pos[tb] : 0;
     int pmax = pos[min(t0 + FA_BQ, n_tok) - 1];
 
+    // log2 e: exp(x) = exp2(x · log2 e), and exp2f is the hardware's ex2.
+    const float qs = scale * 1.4426950408889634f;
     u32 qf[FA_MAXD / 16][4];
     const float* qa = q + ((u64)ta * n_head + h) * head_dim;
     const float* qb = q + ((u64)tb * n_head + h) * head_dim;
@@ -534,10 +553,10 @@ extern "C" __global__ void __launch_bounds__(256) flash_attn(const float* q, con
         if (k >= nks) break;
         int c = k * 16 + tig * 2;
         bool va = ta < n_tok, vb = tb < n_tok;
-        qf[k][0] = va ? pack_h2(qa[c] * scale, qa[c + 1] * scale) : 0u;
-        qf[k][1] = vb ? pack_h2(qb[c] * scale, qb[c + 1] * scale) : 0u;
-        qf[k][2] = va ? pack_h2(qa[c + 8] * scale, qa[c + 9] * scale) : 0u;
-        qf[k][3] = vb ? pack_h2(qb[c + 8] * scale, qb[c + 9] * scale) : 0u;
+        qf[k][0] = va ? pack_h2(qa[c] * qs, qa[c + 1] * qs) : 0u;
+        qf[k][1] = vb ? pack_h2(qb[c] * qs, qb[c + 1] * qs) : 0u;
+        qf[k][2] = va ? pack_h2(qa[c + 8] * qs, qa[c + 9] * qs) : 0u;
+        qf[k][3] = vb ? pack_h2(qb[c + 8] * qs, qb[c + 9] * qs) : 0u;
     }
     float o[FA_MAXD / 8][4];
 #pragma unroll
@@ -570,20 +589,25 @@ extern "C" __global__ void __launch_bounds__(256) flash_attn(const float* q, con
             asm volatile("cp.async.wait_group 0;" ::: "memory");
         }
         __syncthreads();
-        float s[4][4];
+        float s[FA_BK / 8][4];
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
+        for (int j = 0; j < FA_BK / 8; ++j) {
             s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
 #pragma unroll
-            for (int k = 0; k < FA_MAXD / 16; ++k) {
+            for (int k = 0; k < FA_MAXD / 16; k += 2) {
                 if (k >= nks) break;
-                const u16* kr = ks + (j * 8 + g) * KS + k * 16 + tig * 2;
-                mma_f16(s[j], qf[k], *(const u32*)kr, *(const u32*)(kr + 8));
+                // With an odd nks the last load also reads 16 dims past the
+                // row (into the next row, or the V tile after the last): inside
+                // the allocation, and unused.
+                u32 b[4];
+                ldsm_x4(b, ks + (j * 8 + (lane & 7)) * KS + k * 16 + (lane >> 3) * 8);
+                mma_f16(s[j], qf[k], b[0], b[1]);
+                if (k + 1 < nks) mma_f16(s[j], qf[k + 1], b[2], b[3]);
             }
         }
         float mxa = -INFINITY, mxb = -INFINITY;
 #pragma unroll
-        for (int j = 0; j < 4; ++j)
+        for (int j = 0; j < FA_BK / 8; ++j)
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 int key = kb + j * 8 + tig * 2 + e;
@@ -599,13 +623,13 @@ extern "C" __global__ void __launch_bounds__(256) flash_attn(const float* q, con
         }
         // Key kb ≤ every row's position, so the first tile makes both maxima finite.
         float na = fmaxf(ma, mxa), nb = fmaxf(mb, mxb);
-        float ca = expf(ma - na), cb = expf(mb - nb);
+        float ca = exp2f(ma - na), cb = exp2f(mb - nb);
         float sa = 0.0f, sb = 0.0f;
-        u32 pf[2][4];
+        u32 pf[FA_BK / 16][4];
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            float e0 = expf(s[j][0] - na), e1 = expf(s[j][1] - na);
-            float e2 = expf(s[j][2] - nb), e3 = expf(s[j][3] - nb);
+        for (int j = 0; j < FA_BK / 8; ++j) {
+            float e0 = exp2f(s[j][0] - na), e1 = exp2f(s[j][1] - na);
+            float e2 = exp2f(s[j][2] - nb), e3 = exp2f(s[j][3] - nb);
             sa += e0 + e1;
             sb += e2 + e3;
             int hi = j & 1;
@@ -630,7 +654,7 @@ extern "C" __global__ void __launch_bounds__(256) flash_attn(const float* q, con
             o[n][3] *= cb;
         }
 #pragma unroll
-        for (int sl = 0; sl < 2; ++sl)
+        for (int sl = 0; sl < FA_BK / 16; ++sl)
 #pragma unroll
             for (int n = 0; n < FA_MAXD / 8; ++n) {
                 if (n >= nnt) break;

@@ -41,6 +41,9 @@ const ATT_MAX_SPLITS: usize = 16;
 /// the block's chain, and the merge reads the splits four at a time.
 const ATT_SPLIT_DECODE: usize = 32;
 const ATT_MAX_SPLITS_DECODE: usize = 128;
+/// Keys a tile of the prompt attention on tensor cores (`FA_BK` in
+/// attention.cu).
+const FA_KEYS: usize = 32;
 
 /// Scratch memory one lowering needs beyond the graph's own tensors.
 #[derive(Clone, Copy, Debug, Default)]
@@ -693,8 +696,8 @@ impl Lower<'_> {
             && p.head_dim <= 128
             && group <= 8;
         if tensor_cores {
-            // Two buffers of K and V tiles of 32 keys, rows padded by 8 halves.
-            let smem = 2 * 2 * 32 * (p.head_dim + 8) * 2;
+            // Two buffers of K and V tiles, rows padded by 8 halves.
+            let smem = 2 * 2 * FA_KEYS * (p.head_dim + 8) * 2;
             let l =
                 Launch::new(Kernel::FlashAttn, (p.n_head_kv as u32, n_tok.div_ceil(16) as u32, 1), 32 * group as u32)
                     .smem(smem)
