@@ -42,20 +42,12 @@ extern "C" __global__ void scale(const float* x, float* out, u64 n, float f) {
     for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) out[i] = x[i] * f;
 }
 
-// out = act(gate) * up; act 0 = silu, 1 = relu².
+// out = gated(gate, up, act) elementwise.
 extern "C" __global__ void gated_act(const float* gate, const float* up, float* out, u64 n, int act) {
     pdl_wait();
     pdl_launch();
-    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
-        float g = gate[i], a;
-        if (act == 0) {
-            a = g / (1.0f + expf(-g));
-        } else {
-            float r = fmaxf(g, 0.0f);
-            a = r * r;
-        }
-        out[i] = a * up[i];
-    }
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x)
+        out[i] = gated(gate[i], up[i], act);
 }
 
 // x: [head_dim * n_head, n_tok]. One thread per (token, head, pair).

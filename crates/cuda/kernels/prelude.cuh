@@ -149,3 +149,10 @@ __device__ __forceinline__ float dq(const u8* row, int e, int type) {
     }
     return 0.0f;
 }
+
+// act(gate) · up: 0 = SiLU, 1 = relu². Every kernel that gates uses this one
+// definition, so a fused product is bit for bit the separate launch's.
+__device__ __forceinline__ float gated(float g, float up, int act) {
+    float a = act == 0 ? g / (1.0f + expf(-g)) : fmaxf(g, 0.0f) * fmaxf(g, 0.0f);
+    return a * up;
+}

@@ -47,12 +47,13 @@ __device__ __forceinline__ bool nq_fits(int k_pad) {
 // The norm weight's first ROW_UNROLL vectors per thread, which never depend
 // on the previous kernel: callers load them before waiting for it, off the
 // critical path. On the register path they are the thread's permuted words
-// (zero past ne0); otherwise the row's vectors in order.
-__device__ __forceinline__ void nq_prefetch(const float* w, int ne0, int k_pad, bool vec, float4* wpre) {
+// (zero past ne0); otherwise (`staged`) the row's vectors in order.
+__device__ __forceinline__ void nq_prefetch(const float* w, int ne0, int k_pad, bool vec, float4* wpre,
+                                            bool staged = false) {
     const float4* w4 = (const float4*)w;
     int n4 = ne0 >> 2, stride = blockDim.x;
     if (!(vec && w)) return;
-    bool fits = nq_fits(k_pad);
+    bool fits = !staged && nq_fits(k_pad);
 #pragma unroll
     for (int u = 0; u < ROW_UNROLL; ++u) {
         int i = threadIdx.x + u * stride;
@@ -144,16 +145,19 @@ __device__ __forceinline__ void put_words(const float4* v, int nw, int ne0, floa
 // nq_row's path for rows staged in shared memory before they are normed
 // (rows too long for registers, unaligned rows, no norm weight): sets the
 // norm's `inv` and the weighted row's partial absmax of this thread.
+// LOADED: the caller has put the row in `xs` already (xr unused).
+template <bool LOADED = false>
 __device__ __forceinline__ void nq_staged(const float* xr, const float* w, float* xs, int ne0, int norm, float eps,
                                           const float4* wpre, bool vec, u64* staged, double* dscratch,
                                           float* inv_out, float* amax_out) {
     const float4* w4 = (const float4*)w;
     int n4 = ne0 >> 2, stride = blockDim.x;
     float inv = 1.0f, amax = 0.0f;
-    if (vec) {
-        load_row4(xr, xs, ne0);
-    } else {
-        for (int e = threadIdx.x; e < ne0; e += blockDim.x) xs[e] = __ldcg(xr + e);
+    if (!LOADED) {
+        if (vec)
+            load_row4(xr, xs, ne0);
+        else
+            for (int e = threadIdx.x; e < ne0; e += blockDim.x) xs[e] = __ldcg(xr + e);
     }
     __syncthreads();
     if (staged && threadIdx.x == 0) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(*staged));
@@ -188,6 +192,42 @@ __device__ __forceinline__ void nq_staged(const float* xr, const float* w, float
     }
     *inv_out = inv;
     *amax_out = amax;
+}
+
+// The staged row `xs` (normed and weighted, with the row's absmax `amax`)
+// written to `yr` when given, and quantized into `qr_` (k_pad bytes,
+// permuted) and `ls` (k_pad/64 lane sums). Returns d = 1/s_a.
+__device__ __forceinline__ float nq_levels(const float* xs, float amax, float* yr, i8* qr_, int* ls, int ne0,
+                                           int k_pad) {
+    if (yr) {
+        for (int e = threadIdx.x; e < ne0; e += blockDim.x) yr[e] = xs[e];
+    }
+    float sa = 127.0f / fmaxf(amax, 1e-5f);
+    u32* qr = (u32*)qr_;
+    // blockDim is a multiple of 16, so each 16-word lane block stays in one
+    // half-warp for the shuffle reduction below; k_pad / 4 is a multiple of
+    // 64, so whole warps enter or leave the loop together.
+    for (int wi = threadIdx.x; wi < k_pad / 4; wi += blockDim.x) {
+        int base = permuted_base(wi);
+        u32 packed = 0;
+        int sum = 0;
+        // One 16-byte read (base is a multiple of 4): the permuted order
+        // makes word reads 8-way bank conflicts, vector reads 4-way.
+        float4 x4 = base + 4 <= ne0 ? *(const float4*)(xs + base) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        const float xv[4] = {x4.x, x4.y, x4.z, x4.w};
+#pragma unroll
+        for (int b = 0; b < 4; ++b) {
+            int e = base + b, v = 0;
+            if (e < ne0) v = max(-128, min(127, __float2int_rn((base + 4 <= ne0 ? xv[b] : xs[e]) * sa)));
+            sum += v;
+            packed |= ((u32)(v & 255)) << (8 * b);
+        }
+        qr[wi] = packed;
+#pragma unroll
+        for (int o = 8; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        if ((wi & 15) == 0) ls[wi >> 4] = sum;
+    }
+    return 1.0f / sa;
 }
 
 // One row through the whole block: x (ne0 floats) is loaded (into
@@ -233,36 +273,7 @@ __device__ __forceinline__ float nq_row(const float* xr, const float* w, float* 
         return 1.0f / sa;
     }
     nq_staged(xr, w, xs, ne0, norm, eps, wpre, vec, staged, dscratch, &inv, &amax);
-    amax = block_max(amax, scratch);
-    if (yr) {
-        for (int e = threadIdx.x; e < ne0; e += blockDim.x) yr[e] = xs[e];
-    }
-    float sa = 127.0f / fmaxf(amax, 1e-5f);
-    u32* qr = (u32*)qr_;
-    // blockDim is a multiple of 16, so each 16-word lane block stays in one
-    // half-warp for the shuffle reduction below; k_pad / 4 is a multiple of
-    // 64, so whole warps enter or leave the loop together.
-    for (int wi = threadIdx.x; wi < k_pad / 4; wi += blockDim.x) {
-        int base = permuted_base(wi);
-        u32 packed = 0;
-        int sum = 0;
-        // One 16-byte read (base is a multiple of 4): the permuted order
-        // makes word reads 8-way bank conflicts, vector reads 4-way.
-        float4 x4 = base + 4 <= ne0 ? *(const float4*)(xs + base) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        const float xv[4] = {x4.x, x4.y, x4.z, x4.w};
-#pragma unroll
-        for (int b = 0; b < 4; ++b) {
-            int e = base + b, v = 0;
-            if (e < ne0) v = max(-128, min(127, __float2int_rn((base + 4 <= ne0 ? xv[b] : xs[e]) * sa)));
-            sum += v;
-            packed |= ((u32)(v & 255)) << (8 * b);
-        }
-        qr[wi] = packed;
-#pragma unroll
-        for (int o = 8; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-        if ((wi & 15) == 0) ls[wi >> 4] = sum;
-    }
-    return 1.0f / sa;
+    return nq_levels(xs, block_max(amax, scratch), yr, qr_, ls, ne0, k_pad);
 }
 
 // grid: tokens, block: up to 1024 (lower.rs picks it). x: [ne0, n_tok] f32. norm: 1 = apply RMS norm
@@ -280,5 +291,56 @@ extern "C" __global__ void __launch_bounds__(1024) norm_quant(const float* x, co
     pdl_launch();
     float dd = nq_row(xr, w, y ? y + (u64)blockIdx.x * ne0 : nullptr, q + (u64)blockIdx.x * k_pad,
                       lsum + (u64)blockIdx.x * (k_pad / 64), ne0, k_pad, norm, eps, xs, wpre, vec);
+    if (threadIdx.x == 0) d[blockIdx.x] = dd;
+}
+
+// norm_quant of act(gate) · up (`gated`), the product formed as the row is
+// staged in shared memory: a prompt's [6912, n_tok] f32 product (57 MB at
+// 2,048 tokens for the 2B-4T ffn_down) is never written to global memory
+// and read back. grid: tokens, block: 256. gate, up: [ne0, n_tok]
+// f32; the rest as norm_quant's, with no f32 output. Dynamic shared
+// memory: ne0 floats.
+extern "C" __global__ void __launch_bounds__(256) gated_norm_quant(const float* gate, const float* up, int act,
+                                                                  const float* w, i8* q, float* d, int* lsum,
+                                                                  int ne0, int k_pad, int norm, float eps) {
+    extern __shared__ __align__(16) float xs[];
+    __shared__ double dscratch[32];
+    __shared__ float scratch[32];
+    const float* gr = gate + (u64)blockIdx.x * ne0;
+    const float* ur = up + (u64)blockIdx.x * ne0;
+    bool vec = nq_vec(gr, w, ne0) && nq_vec(ur, nullptr, ne0);
+    float4 wpre[ROW_UNROLL];
+    nq_prefetch(w, ne0, k_pad, vec, wpre, true);
+    pdl_wait();
+    pdl_launch();
+    if (vec) {
+        const float4 *g4 = (const float4*)gr, *u4 = (const float4*)ur;
+        float4* x4 = (float4*)xs;
+        int n4 = ne0 >> 2, stride = blockDim.x;
+        for (int i0 = threadIdx.x; i0 < n4; i0 += ROW_UNROLL * stride) {
+            float4 gv[ROW_UNROLL], uv[ROW_UNROLL];
+#pragma unroll
+            for (int u = 0; u < ROW_UNROLL; ++u) {
+                int i = i0 + u * stride;
+                if (i < n4) {
+                    gv[u] = __ldcs(g4 + i);
+                    uv[u] = __ldcs(u4 + i);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < ROW_UNROLL; ++u) {
+                int i = i0 + u * stride;
+                if (i < n4)
+                    x4[i] = make_float4(gated(gv[u].x, uv[u].x, act), gated(gv[u].y, uv[u].y, act),
+                                        gated(gv[u].z, uv[u].z, act), gated(gv[u].w, uv[u].w, act));
+            }
+        }
+    } else {
+        for (int e = threadIdx.x; e < ne0; e += blockDim.x) xs[e] = gated(gr[e], ur[e], act);
+    }
+    float inv, amax;
+    nq_staged<true>(nullptr, w, xs, ne0, norm, eps, wpre, vec, nullptr, dscratch, &inv, &amax);
+    float dd = nq_levels(xs, block_max(amax, scratch), nullptr, q + (u64)blockIdx.x * k_pad,
+                         lsum + (u64)blockIdx.x * (k_pad / 64), ne0, k_pad);
     if (threadIdx.x == 0) d[blockIdx.x] = dd;
 }

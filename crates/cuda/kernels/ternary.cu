@@ -141,12 +141,6 @@ __device__ __forceinline__ void row_dots(const TernaryMat& m, int row, int k_pad
     }
 }
 
-// act(gate) · up: 0 = SiLU, 1 = relu².
-__device__ __forceinline__ float gated(float g, float up, int act) {
-    float a = act == 0 ? g / (1.0f + expf(-g)) : fmaxf(g, 0.0f) * fmaxf(g, 0.0f);
-    return a * up;
-}
-
 // The GEMV: one warp per row, 8 rows per 256-thread block; n_tok ≤ MAXT
 // tokens share each weight load. With `pair_act` ≥ 0 the batch is (gate,
 // up): each warp computes both rows and writes gated(gate, up) into the first

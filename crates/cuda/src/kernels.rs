@@ -56,6 +56,8 @@ pub enum Kernel {
     GatedAct,
     Rope,
     NormQuant,
+    /// `norm_quant` of act(gate) · up, formed as each row is staged.
+    GatedNormQuant,
     TernaryGemv,
     TernaryGemv1,
     /// gate/up for one token at `k_pad` ≤ `PAIR_MAX_K_PAD`: two row pairs a warp.
@@ -90,7 +92,7 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 28] = [
+    pub const ALL: [Kernel; 29] = [
         Kernel::GetRows,
         Kernel::RmsNorm,
         Kernel::Binary,
@@ -98,6 +100,7 @@ impl Kernel {
         Kernel::GatedAct,
         Kernel::Rope,
         Kernel::NormQuant,
+        Kernel::GatedNormQuant,
         Kernel::TernaryGemv,
         Kernel::TernaryGemv1,
         Kernel::TernaryGemv1Pair,
@@ -131,6 +134,7 @@ impl Kernel {
             Kernel::GatedAct => ("elementwise", "gated_act"),
             Kernel::Rope => ("elementwise", "rope"),
             Kernel::NormQuant => ("quantize", "norm_quant"),
+            Kernel::GatedNormQuant => ("quantize", "gated_norm_quant"),
             Kernel::TernaryGemv => ("ternary", "ternary_gemv"),
             Kernel::TernaryGemv1 => ("ternary", "ternary_gemv1"),
             Kernel::TernaryGemv1Pair => ("ternary", "ternary_gemv1_pair"),

@@ -305,6 +305,9 @@ impl Lower<'_> {
                 Ok(1)
             }
             Op::GatedAct(act) => {
+                if let Some(n) = self.gated_into_levels(nodes, i, *act)? {
+                    return Ok(n);
+                }
                 let n = node.n_elements();
                 let a = match act {
                     Activation::Silu => 0,
@@ -405,22 +408,9 @@ impl Lower<'_> {
         if self.norm_into_head(nodes, i, eps)? {
             return Ok(2);
         }
-        let (id, next) = (nodes[i], nodes.get(i + 1).copied());
-        let node = self.node_ref(id).clone();
+        let node = self.node_ref(nodes[i]).clone();
         let (ne0, rows) = (node.ne[0], node.n_rows());
-        // Fuse the weight multiply: `mul(norm, w)` with a one-row weight.
-        let fused = next.filter(|&m| {
-            let mn = self.node_ref(m);
-            matches!(mn.op, Op::Mul)
-                && mn.srcs[0] == id
-                && self.uses[id.index()] == 1
-                && self.node_ref(mn.srcs[1]).n_elements() == ne0
-                && !self.overlaps(m, node.srcs[0])
-        });
-        let (dst, w, consumed) = match fused {
-            Some(m) => (m, self.ptr(self.node_ref(m).srcs[1])?, 2),
-            None => (id, 0, 1),
-        };
+        let (dst, w, consumed) = self.norm_weight(nodes, i)?;
         let x = self.ptr(node.srcs[0])?;
         let y = self.ptr(dst)?;
         if self.read_by_ternary(dst) {
@@ -435,13 +425,92 @@ impl Lower<'_> {
         Ok(consumed)
     }
 
-    /// Emits `norm_quant` for `rows` rows of `ne0` at `x`.
-    #[allow(clippy::too_many_arguments)]
-    fn quantize(&mut self, x: u64, w: u64, y: u64, ne0: usize, rows: usize, norm: bool, eps: f32) -> Quant {
+    /// Where the RMS norm `nodes[i]` leaves its result: the `mul` by a
+    /// one-row weight right after it, fused (then with the weight's address),
+    /// or the norm itself (weight 0); and the nodes that takes.
+    fn norm_weight(&mut self, nodes: &[NodeId], i: usize) -> Result<(NodeId, u64, usize), Need> {
+        let (id, next) = (nodes[i], nodes.get(i + 1).copied());
+        let (ne0, src) = (self.node_ref(id).ne[0], self.node_ref(id).srcs[0]);
+        let fused = next.filter(|&m| {
+            let mn = self.node_ref(m);
+            matches!(mn.op, Op::Mul)
+                && mn.srcs[0] == id
+                && self.uses[id.index()] == 1
+                && self.node_ref(mn.srcs[1]).n_elements() == ne0
+                && !self.overlaps(m, src)
+        });
+        Ok(match fused {
+            Some(m) => (m, self.ptr(self.node_ref(m).srcs[1])?, 2),
+            None => (id, 0, 1),
+        })
+    }
+
+    /// A prompt's act(gate) · up that reaches only ternary matmuls, through
+    /// their int8 levels: directly (llama's ffn_down) or through an RMS norm
+    /// and its weight (BitNet's ffn_sub_norm). One `gated_norm_quant` forms
+    /// the product as it stages each row, so the f32 product is never written
+    /// and read back (57 MB each way a 2,048-token step at the 2B-4T
+    /// ffn_down). One token's gate/up pairs fuse into the GEMV instead
+    /// (`mul_mat`). Returns the nodes consumed, or None to lower it alone.
+    fn gated_into_levels(&mut self, nodes: &[NodeId], i: usize, act: Activation) -> Result<Option<usize>, Need> {
+        let id = nodes[i];
+        let node = self.node_ref(id).clone();
+        let (ne0, rows) = (node.ne[0], node.n_rows());
+        if rows <= GEMV_MAX_TOKENS {
+            return Ok(None);
+        }
+        let act = match act {
+            Activation::Silu => 0,
+            Activation::Relu2 => 1,
+        };
+        let (dst, w, consumed, norm, eps) = if self.only_levels_read(id) {
+            (id, 0, 1, false, 0.0)
+        } else {
+            let Some(&n1) = nodes.get(i + 1) else { return Ok(None) };
+            let Op::RmsNorm { eps } = self.node_ref(n1).op else { return Ok(None) };
+            if self.node_ref(n1).srcs[0] != id || self.uses[id.index()] != 1 {
+                return Ok(None);
+            }
+            let (dst, w, consumed) = self.norm_weight(nodes, i + 1)?;
+            if !self.only_levels_read(dst) {
+                return Ok(None);
+            }
+            (dst, w, 1 + consumed, true, eps)
+        };
+        let (gate, up) = (self.ptr(node.srcs[0])?, self.ptr(node.srcs[1])?);
+        let q = self.quant_buffers(ne0, rows);
+        let l = Launch::new(Kernel::GatedNormQuant, (rows as u32, 1, 1), 256)
+            .smem(ne0 * 4)
+            .ptr(gate)
+            .ptr(up)
+            .i32(act)
+            .ptr(w)
+            .ptr(q.q)
+            .ptr(q.d)
+            .ptr(q.lsum)
+            .i32(ne0 as i32)
+            .i32(q.k_pad as i32)
+            .i32(norm as i32)
+            .f32(eps);
+        self.out.push(l);
+        self.quant.insert(dst, q);
+        Ok(Some(consumed))
+    }
+
+    /// Scratch for the int8 levels of `rows` rows of `ne0`.
+    fn quant_buffers(&mut self, ne0: usize, rows: usize) -> Quant {
         let k_pad = ne0.next_multiple_of(256);
         let q = self.take(rows * k_pad);
         let d = self.take(rows * 4);
         let lsum = self.take(rows * (k_pad / 64) * 4);
+        Quant { q, d, lsum, k_pad }
+    }
+
+    /// Emits `norm_quant` for `rows` rows of `ne0` at `x`.
+    #[allow(clippy::too_many_arguments)]
+    fn quantize(&mut self, x: u64, w: u64, y: u64, ne0: usize, rows: usize, norm: bool, eps: f32) -> Quant {
+        let quant = self.quant_buffers(ne0, rows);
+        let Quant { q, d, lsum, k_pad } = quant;
         // Rows staged in shared memory may take it past 48 KiB (opted in at
         // load). A prompt's rows run best many at once, 256 threads each. A
         // lone token's row is a chain of dependent phases (load, two block
@@ -465,7 +534,7 @@ impl Lower<'_> {
             .i32(norm as i32)
             .f32(eps);
         self.out.push(l);
-        Quant { q, d, lsum, k_pad }
+        quant
     }
 
     /// A matmul's output and residual: when the only reader of `mm` is the

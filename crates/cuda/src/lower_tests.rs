@@ -260,18 +260,52 @@ fn a_prompt_uses_the_gemm_and_tensor_core_attention() {
         TernaryGemm,
         NormQuant,
         TernaryGemm,
-        GatedAct,
-        NormQuant,
+        GatedNormQuant,
         TernaryGemm,
     ];
     assert_eq!(kernels(&ls), want);
     assert_eq!(batch(&ls[1]).n, 3);
     assert_eq!(batch(&ls[7]).n, 2);
+    // relu², then ffn_sub_norm's norm and weight.
+    assert_eq!((&ls[8].args[2], &ls[8].args[9]), (&Arg::I32(1), &Arg::I32(1)));
     // 128-row tiles (q: 2, k: 1, v: 1) by 32-token tiles; the GEMM takes no activation argument.
     assert_eq!(ls[1].grid, (4, 2, 1));
     assert_eq!(batch(&ls[1]).block_start, [0, 2, 3, 4]);
     assert_eq!((ls[1].block, ls[1].args.last()), (128, Some(&Arg::I32(64))));
     assert_eq!(ls[7].grid, (8, 2, 1));
+}
+
+/// llama's FFN: a prompt's SiLU product goes to ffn_down through its levels
+/// alone, formed as they are quantized; not when the product is also an
+/// output, nor for one token (the gate/up GEMV pair forms it then).
+#[test]
+fn a_prompts_gated_product_is_quantized_as_it_loads() {
+    use Kernel::*;
+    let ffn = |n: usize, keep: bool| {
+        let mut g = Graph::new();
+        let t = GgmlType::TQ2_0;
+        let x = g.weight(0, "x", GgmlType::F32, [E, n, 1, 1]);
+        let (wg, wu, wd) = (
+            g.weight(1, "gate", t, [E, F, 1, 1]),
+            g.weight(2, "up", t, [E, F, 1, 1]),
+            g.weight(3, "down", t, [F, E, 1, 1]),
+        );
+        let p = Precision::Paired;
+        let (gt, up) = (g.mul_mat(wg, x, p), g.mul_mat(wu, x, p));
+        let act = g.gated_act(gt, up, Activation::Silu);
+        let d = g.mul_mat(wd, act, p);
+        g.mark_output(d);
+        if keep {
+            g.mark_output(act);
+        }
+        Layer { g, x, norm_out: act }
+    };
+    let ls = launches(&ffn(64, false), None);
+    assert_eq!(kernels(&ls), [NormQuant, TernaryGemm, GatedNormQuant, TernaryGemm]);
+    assert_eq!((&ls[2].args[2], &ls[2].args[9]), (&Arg::I32(0), &Arg::I32(0)), "SiLU, no norm");
+    let kept = kernels(&launches(&ffn(64, true), None));
+    assert_eq!(kept, [NormQuant, TernaryGemm, GatedAct, NormQuant, TernaryGemm]);
+    assert!(!kernels(&launches(&ffn(4, false), None)).contains(&GatedNormQuant));
 }
 
 #[test]
@@ -305,15 +339,14 @@ fn staged_weights_are_streamed_in_before_their_matmul() {
         CopyIn, // gate
         CopyIn, // up
         TernaryGemm,
-        GatedAct,
-        NormQuant,
+        GatedNormQuant,
         CopyIn, // down
         TernaryGemm,
     ];
     assert_eq!(kernels(&ls), want);
     let serial: Vec<bool> = ls.iter().map(|l| l.serial).collect();
     assert_eq!(serial.iter().filter(|s| **s).count(), 5, "the copies and the two GEMMs that read them");
-    assert!(serial[7] && serial[8] && serial[9] && serial[12] && serial[13]);
+    assert!(serial[7] && serial[8] && serial[9] && serial[11] && serial[12]);
     // The GEMM reads the ring, not the host copy.
     let b = batch(&ls[9]);
     assert_eq!((b.m[0].w, b.m[1].w), (1 << 44, (1 << 44) + (1 << 20)));

@@ -116,7 +116,10 @@ fn fused_norm_batched_projections_and_residual_match_cpu() {
     let Some(mut gpu) = gpu() else { return };
     let mut rng = Rng(5);
     // 70 tokens take the prompt shape of the fused norm (256 threads a row).
-    for n in [1usize, 6, 37, 70] {
+    // `sub`: BitNet's ffn_sub_norm between the gated product and ffn_down
+    // (a prompt's product is then formed inside that norm's quantization,
+    // as it is for ffn_down's own quantization without it).
+    for (n, sub) in [1usize, 6, 37, 70].into_iter().flat_map(|n| [(n, false), (n, true)]) {
         let (k, ff) = (768, 1280);
         let mut g = Graph::new();
         let x = g.weight(0, "x", GgmlType::F32, [k, n, 1, 1]);
@@ -135,13 +138,21 @@ fn fused_norm_batched_projections_and_residual_match_cpu() {
         let r = g.add(x, q);
         let gate = g.mul_mat(wg, h, Precision::Paired);
         let up = g.mul_mat(wu, h, Precision::Paired);
-        let a = g.gated_act(gate, up, Activation::Relu2);
+        let mut a = g.gated_act(gate, up, Activation::Relu2);
+        let sw = sub.then(|| g.weight(8, "ffn_sub_norm", GgmlType::F32, [ff, 1, 1, 1]));
+        if let Some(sw) = sw {
+            a = g.rms_norm(a, 1e-5);
+            a = g.mul(a, sw);
+        }
         let d = g.mul_mat(wd, a, Precision::Paired);
         let out = g.add(r, d);
         for o in [kk, v, out] {
             g.mark_output(o);
         }
         let mut data = HashMap::from([(x, bytes_f32(&rng.vec(k * n))), (nw, bytes_f32(&rng.vec(k)))]);
+        if let Some(sw) = sw {
+            data.insert(sw, bytes_f32(&rng.vec(ff)));
+        }
         for (id, ty, kk_, rows) in [
             (wq, GgmlType::TQ2_0, k, k),
             (wk, GgmlType::IQ2_BN, k, 128),
@@ -154,8 +165,8 @@ fn fused_norm_batched_projections_and_residual_match_cpu() {
         }
         // The norm's sum of squares is accumulated in another order, which can
         // move an int8 activation by one at a rounding tie.
-        let e = compare(&mut gpu, &g, &data, &[kk, v, out], 2e-3, &format!("block n={n}"));
-        eprintln!("fused block n={n}: {e:.1e}");
+        let e = compare(&mut gpu, &g, &data, &[kk, v, out], 2e-3, &format!("block n={n} sub-norm {sub}"));
+        eprintln!("fused block n={n} sub-norm {sub}: {e:.1e}");
     }
 }
 
