@@ -289,14 +289,18 @@ __device__ __forceinline__ u32 word_of(uint4 v, int w) {
 // (MMA_MT m-tiles of 16) × 32 tokens (MMA_NT n-tiles of 8). The activation
 // tile of a chunk (32 tokens × 256 bytes) is staged in shared memory with lane
 // blocks padded to 72 bytes, which keeps the 8-byte fragment loads of a
-// half-warp on distinct banks. grid: (Σ rows_pad / 128, ceil(n_tok / 32));
-// `block_start` counts 128-row blocks, so matrices sharing the input (q/k/v,
-// gate/up) fill one grid.
-extern "C" __global__ void __launch_bounds__(128) ternary_gemm(TernaryBatch b, int k_pad, const i8* q, const float* d,
-                                                              const int* lsum, int n_tok) {
-    __shared__ __align__(16) u8 sb[B_TOK * B_ROW];
+// half-warp on distinct banks. Each chunk's tile and the warp's weight words
+// are loaded into registers one chunk ahead, and the tile is stored into the
+// other of two buffers after the current chunk's products: the loads' latency
+// hides under the MMAs, and a chunk takes one block barrier.
+// grid: (Σ rows_pad / 128, ceil(n_tok / 32)); `block_start` counts 128-row
+// blocks, so matrices sharing the input (q/k/v, gate/up) fill one grid.
+// Two kernels below run this body with different register bounds.
+__device__ __forceinline__ void gemm_body(const TernaryBatch& b, int k_pad, const i8* q, const float* d,
+                                          const int* lsum, int n_tok) {
+    __shared__ __align__(16) u8 sb[2][B_TOK * B_ROW];
     __shared__ int tsum[B_TOK];
-    __shared__ int csum[B_TOK];
+    __shared__ int csum[2][B_TOK];
     pdl_wait();
     pdl_launch();
     int mi = pick(b, blockIdx.x);
@@ -327,39 +331,62 @@ extern "C" __global__ void __launch_bounds__(128) ternary_gemm(TernaryBatch b, i
                 facc[i][j][r] = 0.0f;
             }
 
-    for (int c = 0; c < n_chunks; ++c) {
-        // Stage the activation tile: 32 tokens × 16 pieces of 16 bytes.
-        __syncthreads();
+    // Chunk c's activation tile, 32 tokens × 16 pieces of 16 bytes: four
+    // pieces a thread, loaded, then stored in the padded layout.
+    auto load_acts = [&](int c, uint4* v) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            int idx = threadIdx.x + 128 * i, t = tok0 + (idx >> 4);
+            v[i] = t < n_tok ? *(const uint4*)(q + (u64)t * k_pad + c * 256 + (idx & 15) * 16) : make_uint4(0, 0, 0, 0);
+        }
+    };
+    auto store_acts = [&](const uint4* v, u8* buf) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             int idx = threadIdx.x + 128 * i, tok = idx >> 4, piece = idx & 15;
-            int t = tok0 + tok;
-            uint4 v = make_uint4(0, 0, 0, 0);
-            if (t < n_tok) v = *(const uint4*)(q + (u64)t * k_pad + c * 256 + piece * 16);
-            u64* dst = (u64*)(sb + tok * B_ROW + (piece >> 2) * B_LANE + (piece & 3) * 16);
-            dst[0] = ((u64)v.y << 32) | v.x;
-            dst[1] = ((u64)v.w << 32) | v.z;
+            u64* dst = (u64*)(buf + tok * B_ROW + (piece >> 2) * B_LANE + (piece & 3) * 16);
+            dst[0] = ((u64)v[i].y << 32) | v[i].x;
+            dst[1] = ((u64)v[i].w << 32) | v[i].z;
         }
-        if (grouped && threadIdx.x < B_TOK) {
-            int t = tok0 + threadIdx.x, s = 0;
-            if (t < n_tok)
-                for (int i = 0; i < 4; ++i) s += lsum[(u64)t * nls + c * 4 + i];
-            csum[threadIdx.x] = s;
-        }
-        uint4 a[MMA_MT][2];
+    };
+    auto load_w = [&](int c, uint4 (*a)[2]) {
 #pragma unroll
         for (int i = 0; i < MMA_MT; ++i)
 #pragma unroll
             for (int h = 0; h < 2; ++h)
                 a[i][h] = ld_stream((const uint4*)(m.w + (u64)(row0 + i * 16 + g + 8 * h) * row_bytes + c * 64 + tig * 16));
-        __syncthreads();
+    };
+    // Per-block scales: chunk c's level sum of token tok0 + threadIdx.x.
+    auto chunk_sum = [&](int c) {
+        int t = tok0 + threadIdx.x, s = 0;
+        if (t < n_tok)
+            for (int i = 0; i < 4; ++i) s += lsum[(u64)t * nls + c * 4 + i];
+        return s;
+    };
+    bool sums = grouped && threadIdx.x < B_TOK;
+    uint4 v[4], a[MMA_MT][2], an[MMA_MT][2];
+    int cs = 0;
+    load_acts(0, v);
+    load_w(0, a);
+    if (sums) csum[0][threadIdx.x] = chunk_sum(0);
+    store_acts(v, sb[0]);
+    __syncthreads();
+
+    for (int c = 0; c < n_chunks; ++c) {
+        int cur = c & 1;
+        bool more = c + 1 < n_chunks;
+        if (more) {
+            load_acts(c + 1, v);
+            load_w(c + 1, an);
+            if (sums) cs = chunk_sum(c + 1);
+        }
 #pragma unroll
         for (int s = 0; s < 8; ++s) {
             int w = s >> 1, sh = (s & 1) * 4;
             u32 bf[MMA_NT][2];
 #pragma unroll
             for (int j = 0; j < MMA_NT; ++j) {
-                const u32* p = (const u32*)(sb + (j * 8 + g) * B_ROW + tig * B_LANE + s * 8);
+                const u32* p = (const u32*)(sb[cur] + (j * 8 + g) * B_ROW + tig * B_LANE + s * 8);
                 bf[j][0] = p[0];
                 bf[j][1] = p[1];
             }
@@ -381,10 +408,22 @@ extern "C" __global__ void __launch_bounds__(128) ternary_gemm(TernaryBatch b, i
                     for (int r = 0; r < 4; ++r) {
                         int row = row0 + i * 16 + g + 8 * (r >> 1), tok = j * 8 + tig * 2 + (r & 1);
                         float sc = row < m.rows ? m.scales[(u64)row * m.groups + c] : 0.0f;
-                        facc[i][j][r] += (float)(acc[i][j][r] - csum[tok]) * sc;
+                        facc[i][j][r] += (float)(acc[i][j][r] - csum[cur][tok]) * sc;
                         acc[i][j][r] = 0;
                     }
         }
+        // The other buffer was last read in chunk c − 1, before the barrier
+        // that ended it.
+        if (more) {
+            store_acts(v, sb[cur ^ 1]);
+            if (sums) csum[cur ^ 1][threadIdx.x] = cs;
+#pragma unroll
+            for (int i = 0; i < MMA_MT; ++i) {
+                a[i][0] = an[i][0];
+                a[i][1] = an[i][1];
+            }
+        }
+        __syncthreads();
     }
 
 #pragma unroll
@@ -399,4 +438,19 @@ extern "C" __global__ void __launch_bounds__(128) ternary_gemm(TernaryBatch b, i
                 u64 o = (u64)t * m.rows + row;
                 m.out[o] = m.res ? y + m.res[o] : y;
             }
+}
+
+// Registers unbounded (168: 3 blocks an SM). On an H100, against the bounded
+// kernel below: pp512 +6%, pp2048 −4% (8-layer 2B-4T-shaped model).
+extern "C" __global__ void __launch_bounds__(128) ternary_gemm(TernaryBatch b, int k_pad, const i8* q, const float* d,
+                                                              const int* lsum, int n_tok) {
+    gemm_body(b, k_pad, q, d, lsum, n_tok);
+}
+
+// At most 128 registers (4 blocks an SM, a few bytes spilled), for long
+// prompts (tern_cuda::lower::GEMM_LONG_TOKENS): their many waves of blocks
+// gain more from the fourth block than from the registers.
+extern "C" __global__ void __launch_bounds__(128, 4) ternary_gemm_long(TernaryBatch b, int k_pad, const i8* q,
+                                                                     const float* d, const int* lsum, int n_tok) {
+    gemm_body(b, k_pad, q, d, lsum, n_tok);
 }

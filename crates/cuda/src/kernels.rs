@@ -63,6 +63,8 @@ pub enum Kernel {
     /// gate/up for one token at `k_pad` ≤ `PAIR_MAX_K_PAD`: two row pairs a warp.
     TernaryGemv1Pair,
     TernaryGemm,
+    /// `ternary_gemm` bounded to 4 blocks an SM, for long prompts.
+    TernaryGemmLong,
     FmatGemv,
     Q8Gemv,
     /// `Q8Gemv` for one token, with fewer registers (more warps in flight).
@@ -92,7 +94,7 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 29] = [
+    pub const ALL: [Kernel; 30] = [
         Kernel::GetRows,
         Kernel::RmsNorm,
         Kernel::Binary,
@@ -105,6 +107,7 @@ impl Kernel {
         Kernel::TernaryGemv1,
         Kernel::TernaryGemv1Pair,
         Kernel::TernaryGemm,
+        Kernel::TernaryGemmLong,
         Kernel::FmatGemv,
         Kernel::Q8Gemv,
         Kernel::Q8Gemv1,
@@ -139,6 +142,7 @@ impl Kernel {
             Kernel::TernaryGemv1 => ("ternary", "ternary_gemv1"),
             Kernel::TernaryGemv1Pair => ("ternary", "ternary_gemv1_pair"),
             Kernel::TernaryGemm => ("ternary", "ternary_gemm"),
+            Kernel::TernaryGemmLong => ("ternary", "ternary_gemm_long"),
             Kernel::FmatGemv => ("fmat", "fmat_gemv"),
             Kernel::Q8Gemv => ("fmat", "q8_gemv"),
             Kernel::Q8Gemv1 => ("fmat", "q8_gemv1"),

@@ -275,37 +275,48 @@ fn a_prompt_uses_the_gemm_and_tensor_core_attention() {
     assert_eq!(ls[7].grid, (8, 2, 1));
 }
 
-/// llama's FFN: a prompt's SiLU product goes to ffn_down through its levels
-/// alone, formed as they are quantized; not when the product is also an
-/// output, nor for one token (the gate/up GEMV pair forms it then).
+/// llama's FFN: gate and up, their SiLU product, down; `keep` also makes
+/// the product an output.
+fn ffn(n: usize, keep: bool) -> Layer {
+    let mut g = Graph::new();
+    let t = GgmlType::TQ2_0;
+    let x = g.weight(0, "x", GgmlType::F32, [E, n, 1, 1]);
+    let (wg, wu, wd) = (
+        g.weight(1, "gate", t, [E, F, 1, 1]),
+        g.weight(2, "up", t, [E, F, 1, 1]),
+        g.weight(3, "down", t, [F, E, 1, 1]),
+    );
+    let p = Precision::Paired;
+    let (gt, up) = (g.mul_mat(wg, x, p), g.mul_mat(wu, x, p));
+    let act = g.gated_act(gt, up, Activation::Silu);
+    let d = g.mul_mat(wd, act, p);
+    g.mark_output(d);
+    if keep {
+        g.mark_output(act);
+    }
+    Layer { g, x, norm_out: act }
+}
+
+/// A prompt's SiLU product goes to ffn_down through its levels alone,
+/// formed as they are quantized; not when the product is also an output,
+/// nor for one token (the gate/up GEMV pair forms it then).
 #[test]
 fn a_prompts_gated_product_is_quantized_as_it_loads() {
     use Kernel::*;
-    let ffn = |n: usize, keep: bool| {
-        let mut g = Graph::new();
-        let t = GgmlType::TQ2_0;
-        let x = g.weight(0, "x", GgmlType::F32, [E, n, 1, 1]);
-        let (wg, wu, wd) = (
-            g.weight(1, "gate", t, [E, F, 1, 1]),
-            g.weight(2, "up", t, [E, F, 1, 1]),
-            g.weight(3, "down", t, [F, E, 1, 1]),
-        );
-        let p = Precision::Paired;
-        let (gt, up) = (g.mul_mat(wg, x, p), g.mul_mat(wu, x, p));
-        let act = g.gated_act(gt, up, Activation::Silu);
-        let d = g.mul_mat(wd, act, p);
-        g.mark_output(d);
-        if keep {
-            g.mark_output(act);
-        }
-        Layer { g, x, norm_out: act }
-    };
     let ls = launches(&ffn(64, false), None);
     assert_eq!(kernels(&ls), [NormQuant, TernaryGemm, GatedNormQuant, TernaryGemm]);
     assert_eq!((&ls[2].args[2], &ls[2].args[9]), (&Arg::I32(0), &Arg::I32(0)), "SiLU, no norm");
     let kept = kernels(&launches(&ffn(64, true), None));
     assert_eq!(kept, [NormQuant, TernaryGemm, GatedAct, NormQuant, TernaryGemm]);
     assert!(!kernels(&launches(&ffn(4, false), None)).contains(&GatedNormQuant));
+}
+
+/// Past GEMM_LONG_TOKENS the GEMM takes its 4-blocks-an-SM build.
+#[test]
+fn long_prompts_take_the_long_gemm() {
+    use Kernel::*;
+    let at = |n| kernels(&launches(&ffn(n, false), None))[1];
+    assert_eq!((at(1024), at(1025), at(2048)), (TernaryGemm, TernaryGemmLong, TernaryGemmLong));
 }
 
 #[test]
