@@ -36,9 +36,18 @@ fn fits(ty: GgmlType, k: usize) -> bool {
 fn ternary_matmuls_match_cpu_for_every_format_and_shape() {
     let Some(mut gpu) = gpu() else { return };
     let mut rng = Rng(11);
-    // (k, rows, tokens): odd rows, k not a multiple of 256, GEMV (≤ 8 tokens) and GEMM sizes.
-    let shapes =
-        [(256, 1, 1), (512, 7, 3), (1280, 130, 8), (2560, 640, 1), (2560, 300, 9), (768, 129, 33), (2560, 2560, 100)];
+    // (k, rows, tokens): odd rows, k not a multiple of 256, GEMV (≤ 8 tokens)
+    // and GEMM sizes, the last past 1,024 tokens (`ternary_gemm_long`).
+    let shapes = [
+        (256, 1, 1),
+        (512, 7, 3),
+        (1280, 130, 8),
+        (2560, 640, 1),
+        (2560, 300, 9),
+        (768, 129, 33),
+        (2560, 2560, 100),
+        (768, 200, 1100),
+    ];
     let mut report = Vec::new();
     for ty in TERNARY {
         for &(k, rows, n) in &shapes {
@@ -57,7 +66,7 @@ fn ternary_matmuls_match_cpu_for_every_format_and_shape() {
         }
     }
     // Per-block scales (a TQ file whose blocks disagree): the grouped paths.
-    for (ty, n) in [(GgmlType::TQ2_0, 1), (GgmlType::TQ2_0, 40), (GgmlType::TQ1_0, 4)] {
+    for (ty, n) in [(GgmlType::TQ2_0, 1), (GgmlType::TQ2_0, 40), (GgmlType::TQ1_0, 4), (GgmlType::TQ2_0, 1030)] {
         let (k, rows) = (1024, 96);
         let mut g = Graph::new();
         let w = g.weight(0, "w", ty, [k, rows, 1, 1]);
