@@ -128,7 +128,10 @@ fn fused_norm_batched_projections_and_residual_match_cpu() {
     // `sub`: BitNet's ffn_sub_norm between the gated product and ffn_down
     // (a prompt's product is then formed inside that norm's quantization,
     // as it is for ffn_down's own quantization without it).
-    for (n, sub) in [1usize, 6, 37, 70].into_iter().flat_map(|n| [(n, false), (n, true)]) {
+    // `act`: relu² (BitNet) and SiLU (llama), each with and without it.
+    let variants =
+        [(false, Activation::Relu2), (true, Activation::Relu2), (false, Activation::Silu), (true, Activation::Silu)];
+    for (n, (sub, act)) in [1usize, 6, 37, 70].into_iter().flat_map(|n| variants.map(|v| (n, v))) {
         let (k, ff) = (768, 1280);
         let mut g = Graph::new();
         let x = g.weight(0, "x", GgmlType::F32, [k, n, 1, 1]);
@@ -147,7 +150,7 @@ fn fused_norm_batched_projections_and_residual_match_cpu() {
         let r = g.add(x, q);
         let gate = g.mul_mat(wg, h, Precision::Paired);
         let up = g.mul_mat(wu, h, Precision::Paired);
-        let mut a = g.gated_act(gate, up, Activation::Relu2);
+        let mut a = g.gated_act(gate, up, act);
         let sw = sub.then(|| g.weight(8, "ffn_sub_norm", GgmlType::F32, [ff, 1, 1, 1]));
         if let Some(sw) = sw {
             a = g.rms_norm(a, 1e-5);
@@ -174,8 +177,8 @@ fn fused_norm_batched_projections_and_residual_match_cpu() {
         }
         // The norm's sum of squares is accumulated in another order, which can
         // move an int8 activation by one at a rounding tie.
-        let e = compare(&mut gpu, &g, &data, &[kk, v, out], 2e-3, &format!("block n={n} sub-norm {sub}"));
-        eprintln!("fused block n={n} sub-norm {sub}: {e:.1e}");
+        let e = compare(&mut gpu, &g, &data, &[kk, v, out], 2e-3, &format!("block n={n} sub-norm {sub} {act:?}"));
+        eprintln!("fused block n={n} sub-norm {sub} {act:?}: {e:.1e}");
     }
 }
 
