@@ -10,7 +10,7 @@ use crate::launch::Launch;
 
 impl Lower<'_> {
     /// Whether a ternary matmul reads `id` (so its int8 form is wanted).
-    pub(super) fn read_by_ternary(&self, id: NodeId) -> bool {
+    fn read_by_ternary(&self, id: NodeId) -> bool {
         self.readers[id.index()].iter().any(|&r| {
             let n = self.graph.node(r);
             matches!(n.op, Op::MulMat { .. })
@@ -21,7 +21,7 @@ impl Lower<'_> {
 
     /// Whether only ternary matmuls of this split read `id` (through its
     /// int8 levels), so its f32 values need not be written at all.
-    pub(super) fn only_levels_read(&self, id: NodeId) -> bool {
+    fn only_levels_read(&self, id: NodeId) -> bool {
         let readers = &self.readers[id.index()];
         readers.len() == self.uses[id.index()] as usize
             && readers.iter().all(|&r| {
