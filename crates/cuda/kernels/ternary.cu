@@ -7,7 +7,8 @@
 // c*256 + 32*(2w + j/2) + 16*(j%2) + 4*tig + b. So `(word >> 2j) & 0x03030303`
 // is four consecutive weights, matching activation word (w*4 + j) of the same
 // lane block (quantize.cu), and also exactly one m16n8k32 A-fragment register
-// of thread tig. Rows are padded to a multiple of 128 with zero codes.
+// of thread tig. Rows are padded to a multiple of 128 with zero codes (the
+// prompt GEMM, whose tiles may pass that, checks its rows).
 //
 // Codes are unsigned, so Σ c·q = Σ t·q + Σ q; the activation lane sums remove
 // the second term. Rows with one scale sum exactly in i32 and scale once;
@@ -285,34 +286,38 @@ __device__ __forceinline__ u32 word_of(uint4 v, int w) {
     return w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w;
 }
 
-// Block: 4 warps stacked in rows, 128 rows × 32 tokens; each warp 32 rows
-// (MMA_MT m-tiles of 16) × 32 tokens (MMA_NT n-tiles of 8). The activation
-// tile of a chunk (32 tokens × 256 bytes) is staged in shared memory with lane
-// blocks padded to 72 bytes, which keeps the 8-byte fragment loads of a
-// half-warp on distinct banks. Each chunk's tile and the warp's weight words
-// are loaded into registers one chunk ahead, and the tile is stored into the
-// other of two buffers after the current chunk's products: the loads' latency
-// hides under the MMAs, and a chunk takes one block barrier.
-// grid: (Σ rows_pad / 128, ceil(n_tok / 32)); `block_start` counts 128-row
+// Block: WARPS warps stacked in rows, 32·WARPS rows × 32 tokens; each warp
+// 32 rows (MMA_MT m-tiles of 16) × 32 tokens (MMA_NT n-tiles of 8). The
+// activation tile of a chunk (32 tokens × 256 bytes) is staged in shared
+// memory with lane blocks padded to 72 bytes, which keeps the 8-byte fragment
+// loads of a half-warp on distinct banks. Each chunk's tile and the warp's
+// weight words are loaded into registers one chunk ahead, and the tile is
+// stored into the other of two buffers after the current chunk's products:
+// the loads' latency hides under the MMAs, and a chunk takes one block
+// barrier.
+// grid: (Σ ceil(rows / 32·WARPS), ceil(n_tok / 32)); `block_start` counts
 // blocks, so matrices sharing the input (q/k/v, gate/up) fill one grid.
-// Two kernels below run this body with different register bounds.
+// Without GROUPED every matrix has one scale a row (the lowering checks).
+template <int WARPS, bool GROUPED>
 __device__ __forceinline__ void gemm_body(const TernaryBatch& b, int k_pad, const i8* q, const float* d,
                                           const int* lsum, int n_tok) {
-    __shared__ __align__(16) u8 sb[2][B_TOK * B_ROW];
-    __shared__ int tsum[B_TOK];
-    __shared__ int csum[2][B_TOK];
+    constexpr int THREADS = 32 * WARPS, TOK = B_TOK, PIECES = TOK * 16 / THREADS;
+    static_assert(PIECES * THREADS == TOK * 16 && TOK <= THREADS, "tile shape");
+    __shared__ __align__(16) u8 sb[2][TOK * B_ROW];
+    __shared__ int tsum[TOK];
+    __shared__ int csum[GROUPED ? 2 : 1][TOK];
     pdl_wait();
     pdl_launch();
     int mi = pick(b, blockIdx.x);
     const TernaryMat& m = b.m[mi];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
-    int row0 = (blockIdx.x - b.block_start[mi]) * 128 + warp * 32;
-    int tok0 = blockIdx.y * B_TOK;
+    int row0 = (blockIdx.x - b.block_start[mi]) * (32 * WARPS) + warp * 32;
+    int tok0 = blockIdx.y * TOK;
     int n_chunks = k_pad >> 8, nls = k_pad >> 6;
     u64 row_bytes = k_pad >> 2;
-    bool grouped = m.groups != 1;
+    bool grouped = GROUPED && m.groups != 1;
 
-    if (threadIdx.x < B_TOK) {
+    if (threadIdx.x < TOK) {
         int t = tok0 + threadIdx.x, s = 0;
         if (t < n_tok)
             for (int i = 0; i < nls; ++i) s += lsum[(u64)t * nls + i];
@@ -320,7 +325,7 @@ __device__ __forceinline__ void gemm_body(const TernaryBatch& b, int k_pad, cons
     }
 
     int acc[MMA_MT][MMA_NT][4];
-    float facc[MMA_MT][MMA_NT][4];
+    float facc[GROUPED ? MMA_MT : 1][GROUPED ? MMA_NT : 1][4];
 #pragma unroll
     for (int i = 0; i < MMA_MT; ++i)
 #pragma unroll
@@ -328,33 +333,38 @@ __device__ __forceinline__ void gemm_body(const TernaryBatch& b, int k_pad, cons
 #pragma unroll
             for (int r = 0; r < 4; ++r) {
                 acc[i][j][r] = 0;
-                facc[i][j][r] = 0.0f;
+                if constexpr (GROUPED) facc[i][j][r] = 0.0f;
             }
 
-    // Chunk c's activation tile, 32 tokens × 16 pieces of 16 bytes: four
+    // Chunk c's activation tile, TOK tokens × 16 pieces of 16 bytes: PIECES
     // pieces a thread, loaded, then stored in the padded layout.
     auto load_acts = [&](int c, uint4* v) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            int idx = threadIdx.x + 128 * i, t = tok0 + (idx >> 4);
+        for (int i = 0; i < PIECES; ++i) {
+            int idx = threadIdx.x + THREADS * i, t = tok0 + (idx >> 4);
             v[i] = t < n_tok ? *(const uint4*)(q + (u64)t * k_pad + c * 256 + (idx & 15) * 16) : make_uint4(0, 0, 0, 0);
         }
     };
     auto store_acts = [&](const uint4* v, u8* buf) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            int idx = threadIdx.x + 128 * i, tok = idx >> 4, piece = idx & 15;
+        for (int i = 0; i < PIECES; ++i) {
+            int idx = threadIdx.x + THREADS * i, tok = idx >> 4, piece = idx & 15;
             u64* dst = (u64*)(buf + tok * B_ROW + (piece >> 2) * B_LANE + (piece & 3) * 16);
             dst[0] = ((u64)v[i].y << 32) | v[i].x;
             dst[1] = ((u64)v[i].w << 32) | v[i].z;
         }
     };
+    // Rows past the matrix (a block wider than its padding) read as zeros;
+    // their outputs are dropped.
     auto load_w = [&](int c, uint4 (*a)[2]) {
 #pragma unroll
         for (int i = 0; i < MMA_MT; ++i)
 #pragma unroll
-            for (int h = 0; h < 2; ++h)
-                a[i][h] = ld_stream((const uint4*)(m.w + (u64)(row0 + i * 16 + g + 8 * h) * row_bytes + c * 64 + tig * 16));
+            for (int h = 0; h < 2; ++h) {
+                int row = row0 + i * 16 + g + 8 * h;
+                a[i][h] = row < m.rows ? ld_stream((const uint4*)(m.w + (u64)row * row_bytes + c * 64 + tig * 16))
+                                       : make_uint4(0, 0, 0, 0);
+            }
     };
     // Per-block scales: chunk c's level sum of token tok0 + threadIdx.x.
     auto chunk_sum = [&](int c) {
@@ -363,12 +373,13 @@ __device__ __forceinline__ void gemm_body(const TernaryBatch& b, int k_pad, cons
             for (int i = 0; i < 4; ++i) s += lsum[(u64)t * nls + c * 4 + i];
         return s;
     };
-    bool sums = grouped && threadIdx.x < B_TOK;
-    uint4 v[4], a[MMA_MT][2], an[MMA_MT][2];
+    bool sums = grouped && threadIdx.x < TOK;
+    uint4 v[PIECES], a[MMA_MT][2], an[MMA_MT][2];
     int cs = 0;
     load_acts(0, v);
     load_w(0, a);
-    if (sums) csum[0][threadIdx.x] = chunk_sum(0);
+    if constexpr (GROUPED)
+        if (sums) csum[0][threadIdx.x] = chunk_sum(0);
     store_acts(v, sb[0]);
     __syncthreads();
 
@@ -399,24 +410,27 @@ __device__ __forceinline__ void gemm_body(const TernaryBatch& b, int k_pad, cons
                 for (int j = 0; j < MMA_NT; ++j) mma_u8s8(acc[i][j], a0, a1, a2, a3, bf[j][0], bf[j][1]);
             }
         }
-        if (grouped) {
+        if constexpr (GROUPED) {
+            if (grouped) {
 #pragma unroll
-            for (int i = 0; i < MMA_MT; ++i)
+                for (int i = 0; i < MMA_MT; ++i)
 #pragma unroll
-                for (int j = 0; j < MMA_NT; ++j)
+                    for (int j = 0; j < MMA_NT; ++j)
 #pragma unroll
-                    for (int r = 0; r < 4; ++r) {
-                        int row = row0 + i * 16 + g + 8 * (r >> 1), tok = j * 8 + tig * 2 + (r & 1);
-                        float sc = row < m.rows ? m.scales[(u64)row * m.groups + c] : 0.0f;
-                        facc[i][j][r] += (float)(acc[i][j][r] - csum[cur][tok]) * sc;
-                        acc[i][j][r] = 0;
-                    }
+                        for (int r = 0; r < 4; ++r) {
+                            int row = row0 + i * 16 + g + 8 * (r >> 1), tok = j * 8 + tig * 2 + (r & 1);
+                            float sc = row < m.rows ? m.scales[(u64)row * m.groups + c] : 0.0f;
+                            facc[i][j][r] += (float)(acc[i][j][r] - csum[cur][tok]) * sc;
+                            acc[i][j][r] = 0;
+                        }
+            }
         }
         // The other buffer was last read in chunk c − 1, before the barrier
         // that ended it.
         if (more) {
             store_acts(v, sb[cur ^ 1]);
-            if (sums) csum[cur ^ 1][threadIdx.x] = cs;
+            if constexpr (GROUPED)
+                if (sums) csum[cur ^ 1][threadIdx.x] = cs;
 #pragma unroll
             for (int i = 0; i < MMA_MT; ++i) {
                 a[i][0] = an[i][0];
@@ -434,23 +448,28 @@ __device__ __forceinline__ void gemm_body(const TernaryBatch& b, int k_pad, cons
             for (int r = 0; r < 4; ++r) {
                 int row = row0 + i * 16 + g + 8 * (r >> 1), tl = j * 8 + tig * 2 + (r & 1), t = tok0 + tl;
                 if (row >= m.rows || t >= n_tok) continue;
-                float y = grouped ? facc[i][j][r] * d[t] : (float)(acc[i][j][r] - tsum[tl]) * m.scales[row] * d[t];
+                float y;
+                if constexpr (GROUPED)
+                    y = grouped ? facc[i][j][r] * d[t] : (float)(acc[i][j][r] - tsum[tl]) * m.scales[row] * d[t];
+                else
+                    y = (float)(acc[i][j][r] - tsum[tl]) * m.scales[row] * d[t];
                 u64 o = (u64)t * m.rows + row;
                 m.out[o] = m.res ? y + m.res[o] : y;
             }
 }
 
-// Registers unbounded (168: 3 blocks an SM). On an H100, against the bounded
-// kernel below: pp512 +6%, pp2048 −4% (8-layer 2B-4T-shaped model).
-extern "C" __global__ void __launch_bounds__(128) ternary_gemm(TernaryBatch b, int k_pad, const i8* q, const float* d,
+// 256 rows × 32 tokens, one scale a row: the prompt GEMM of every ternary
+// format as repacked (118 registers, 2 blocks an SM). On an H200, at the
+// 2B-4T shapes against the 128 × 32 tiles below: −16% at 2,048 tokens, −11% at
+// 512; 256 × 64 (one block an SM), 128 × 64 and 512 × 32 tiles were slower.
+extern "C" __global__ void __launch_bounds__(256) ternary_gemm(TernaryBatch b, int k_pad, const i8* q, const float* d,
                                                               const int* lsum, int n_tok) {
-    gemm_body(b, k_pad, q, d, lsum, n_tok);
+    gemm_body<8, false>(b, k_pad, q, d, lsum, n_tok);
 }
 
-// At most 128 registers (4 blocks an SM, a few bytes spilled), for long
-// prompts (tern_cuda::lower::GEMM_LONG_TOKENS): their many waves of blocks
-// gain more from the fourth block than from the registers.
-extern "C" __global__ void __launch_bounds__(128, 4) ternary_gemm_long(TernaryBatch b, int k_pad, const i8* q,
-                                                                     const float* d, const int* lsum, int n_tok) {
-    gemm_body(b, k_pad, q, d, lsum, n_tok);
+// 128 rows × 32 tokens for matrices with a scale per 256-chunk (TQ files
+// whose blocks disagree); 168 registers, 3 blocks an SM.
+extern "C" __global__ void __launch_bounds__(128) ternary_gemm_grouped(TernaryBatch b, int k_pad, const i8* q,
+                                                                      const float* d, const int* lsum, int n_tok) {
+    gemm_body<4, true>(b, k_pad, q, d, lsum, n_tok);
 }

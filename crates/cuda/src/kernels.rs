@@ -62,9 +62,10 @@ pub enum Kernel {
     TernaryGemv1,
     /// gate/up for one token at `k_pad` ≤ `PAIR_MAX_K_PAD`: two row pairs a warp.
     TernaryGemv1Pair,
+    /// The prompt GEMM, 256-row tiles, one scale a row.
     TernaryGemm,
-    /// `ternary_gemm` bounded to 4 blocks an SM, for long prompts.
-    TernaryGemmLong,
+    /// The prompt GEMM for a scale per 256-chunk, 128-row tiles.
+    TernaryGemmGrouped,
     FmatGemv,
     Q8Gemv,
     /// `Q8Gemv` for one token, with fewer registers (more warps in flight).
@@ -107,7 +108,7 @@ impl Kernel {
         Kernel::TernaryGemv1,
         Kernel::TernaryGemv1Pair,
         Kernel::TernaryGemm,
-        Kernel::TernaryGemmLong,
+        Kernel::TernaryGemmGrouped,
         Kernel::FmatGemv,
         Kernel::Q8Gemv,
         Kernel::Q8Gemv1,
@@ -142,7 +143,7 @@ impl Kernel {
             Kernel::TernaryGemv1 => ("ternary", "ternary_gemv1"),
             Kernel::TernaryGemv1Pair => ("ternary", "ternary_gemv1_pair"),
             Kernel::TernaryGemm => ("ternary", "ternary_gemm"),
-            Kernel::TernaryGemmLong => ("ternary", "ternary_gemm_long"),
+            Kernel::TernaryGemmGrouped => ("ternary", "ternary_gemm_grouped"),
             Kernel::FmatGemv => ("fmat", "fmat_gemv"),
             Kernel::Q8Gemv => ("fmat", "q8_gemv"),
             Kernel::Q8Gemv1 => ("fmat", "q8_gemv1"),

@@ -8,13 +8,14 @@
 //! give four consecutive weights that pair with one activation word of the
 //! same permutation (kernels/quantize.cu), and that are exactly one
 //! m16n8k32 A-fragment register of thread `tig` (kernels/ternary.cu).
-//! Rows are padded to a multiple of [`ROW_ALIGN`] with zero codes, so the GEMM
-//! reads whole tiles without bounds checks.
+//! Rows are padded to a multiple of [`ROW_ALIGN`] with zero codes, so
+//! decoding's 16-row tensor-core tiles read whole tiles without bounds checks
+//! (the prompt GEMM's tiles of up to 256 rows check their rows).
 
 use tern_quant::ternary::rows::{self, Packing};
 use tern_quant::{GgmlType, TensorScale};
 
-/// Rows per GEMM block tile.
+/// Rows are padded to a multiple of this.
 pub const ROW_ALIGN: usize = 128;
 /// Weights per chunk.
 pub const CHUNK: usize = 256;

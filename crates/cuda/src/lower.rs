@@ -45,11 +45,11 @@ const ATT_MAX_SPLITS_DECODE: usize = 128;
 /// Keys a tile of the prompt attention on tensor cores (`FA_BK` in
 /// attention.cu).
 const FA_KEYS: usize = 32;
-/// Prompts longer than this take `ternary_gemm_long` (4 blocks an SM)
-/// rather than `ternary_gemm` (3, with more registers). On an H100 the
-/// first was 4.6% faster at 2,048 tokens and the second 6% at 512; the
-/// threshold lies between the two measured sizes.
-const GEMM_LONG_TOKENS: usize = 1024;
+/// Rows a block of the prompt GEMM computes: one scale a row, and a scale
+/// per 256-chunk (`ternary_gemm` and `ternary_gemm_grouped`); 32 tokens each.
+const GEMM_ROWS: usize = 256;
+const GEMM_ROWS_GROUPED: usize = 128;
+const GEMM_TOKENS: usize = 32;
 
 /// Scratch memory one lowering needs beyond the graph's own tensors.
 #[derive(Clone, Copy, Debug, Default)]
@@ -489,8 +489,13 @@ impl Lower<'_> {
                 // In pair mode the blocks cover the first matrix; each warp does both rows.
                 (kernel, 8, if pair.is_some() { 1 } else { mats.len() }, 1, 256)
             } else {
-                let kernel = if n_tok > GEMM_LONG_TOKENS { Kernel::TernaryGemmLong } else { Kernel::TernaryGemm };
-                (kernel, crate::layout::ROW_ALIGN, mats.len(), n_tok.div_ceil(32), 128)
+                let (kernel, rows) = if mats.iter().all(|m| m.groups == 1) {
+                    (Kernel::TernaryGemm, GEMM_ROWS)
+                } else {
+                    (Kernel::TernaryGemmGrouped, GEMM_ROWS_GROUPED)
+                };
+                // A warp a 32-row slice of the block: as many threads as rows.
+                (kernel, rows, mats.len(), n_tok.div_ceil(GEMM_TOKENS), rows as u32)
             };
         let mut b = TernaryBatch { n: mats.len() as i32, ..Default::default() };
         let mut blocks = 0;
@@ -510,7 +515,7 @@ impl Lower<'_> {
             .ptr(q.lsum)
             .i32(n_tok as i32);
         // The GEMV also takes the paired activation (-1: none).
-        let gemm = matches!(kernel, Kernel::TernaryGemm | Kernel::TernaryGemmLong);
+        let gemm = matches!(kernel, Kernel::TernaryGemm | Kernel::TernaryGemmGrouped);
         let l = if gemm { l } else { l.i32(pair.map_or(-1, |(_, a)| a)) };
         self.out.push(if streamed { l.serial() } else { l });
         Ok(consumed)

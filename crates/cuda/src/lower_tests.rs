@@ -70,6 +70,9 @@ fn layer(n: usize) -> Layer {
     Layer { g, x, norm_out: h }
 }
 
+/// Ternary weights labelled with this prefix have a scale per 256-chunk.
+const GROUPED: &str = "grouped ";
+
 /// Fake device memory: every node its own range of buffer 0, weights their
 /// own buffers with GPU-layout metadata. `alias` puts one node's bytes on another's.
 fn bind(g: &Graph, alias: Option<(NodeId, NodeId)>, staged: &[&str]) -> (Buffers, Vec<Option<TensorLoc>>) {
@@ -85,9 +88,10 @@ fn bind(g: &Graph, alias: Option<(NodeId, NodeId)>, staged: &[&str]) -> (Buffers
                     tern_graph::DType::Ggml(t) => t,
                     tern_graph::DType::I32 => unreachable!(),
                 };
-                let ternary = ty.is_ternary().then_some(TernaryShape { k_pad: n.ne[0], rows: n.ne[1], groups: 1 });
-                let ptr = (1 << 41) + (id.0 as u64) * (1 << 24);
                 let name = n.label.as_deref().unwrap_or_default();
+                let groups = if name.starts_with(GROUPED) { n.ne[0] / 256 } else { 1 };
+                let ternary = ty.is_ternary().then_some(TernaryShape { k_pad: n.ne[0], rows: n.ne[1], groups });
+                let ptr = (1 << 41) + (id.0 as u64) * (1 << 24);
                 let staged = staged.contains(&name).then_some(1 << 20);
                 let quant = (ty == GgmlType::Q6_K).then_some(QLayout::Q6K);
                 let weight = Weight { ty, ptr_codes: ptr, ptr_scales: ptr + 4096, ternary, quant, staged };
@@ -268,11 +272,12 @@ fn a_prompt_uses_the_gemm_and_tensor_core_attention() {
     assert_eq!(batch(&ls[7]).n, 2);
     // relu², then ffn_sub_norm's norm and weight.
     assert_eq!((&ls[8].args[2], &ls[8].args[9]), (&Arg::I32(1), &Arg::I32(1)));
-    // 128-row tiles (q: 2, k: 1, v: 1) by 32-token tiles; the GEMM takes no activation argument.
-    assert_eq!(ls[1].grid, (4, 2, 1));
-    assert_eq!(batch(&ls[1]).block_start, [0, 2, 3, 4]);
-    assert_eq!((ls[1].block, ls[1].args.last()), (128, Some(&Arg::I32(64))));
-    assert_eq!(ls[7].grid, (8, 2, 1));
+    // 256-row tiles (q: 1, k: 1, v: 1) by 32-token tiles, a thread a row;
+    // the GEMM takes no activation argument.
+    assert_eq!(ls[1].grid, (3, 2, 1));
+    assert_eq!(batch(&ls[1]).block_start, [0, 1, 2, 3]);
+    assert_eq!((ls[1].block, ls[1].args.last()), (256, Some(&Arg::I32(64))));
+    assert_eq!(ls[7].grid, (4, 2, 1));
 }
 
 /// llama's FFN: gate and up, their SiLU product, down; `keep` also makes
@@ -311,12 +316,27 @@ fn a_prompts_gated_product_is_quantized_as_it_loads() {
     assert!(!kernels(&launches(&ffn(4, false), None)).contains(&GatedNormQuant));
 }
 
-/// Past GEMM_LONG_TOKENS the GEMM takes its 4-blocks-an-SM build.
+/// Matrices with a scale per 256-chunk take the GEMM that folds them, on
+/// 128-row tiles; a batch with one such matrix takes it for all.
 #[test]
-fn long_prompts_take_the_long_gemm() {
+fn per_chunk_scales_take_the_grouped_gemm() {
     use Kernel::*;
-    let at = |n| kernels(&launches(&ffn(n, false), None))[1];
-    assert_eq!((at(1024), at(1025), at(2048)), (TernaryGemm, TernaryGemmLong, TernaryGemmLong));
+    let mut g = Graph::new();
+    let t = GgmlType::TQ2_0;
+    let x = g.weight(0, "x", GgmlType::F32, [F, 64, 1, 1]);
+    let (wa, wb) = (g.weight(1, "a", t, [F, F, 1, 1]), g.weight(2, "grouped b", t, [F, F, 1, 1]));
+    let wc = g.weight(3, "c", t, [F, 384, 1, 1]);
+    let p = Precision::Paired;
+    let outs = [g.mul_mat(wa, x, p), g.mul_mat(wb, x, p)];
+    let lone = g.mul_mat(wc, outs[0], p);
+    for o in [outs[1], lone] {
+        g.mark_output(o);
+    }
+    let ls = launches(&Layer { g, x, norm_out: x }, None);
+    let gemms: Vec<_> = ls.iter().filter(|l| matches!(l.kernel, TernaryGemm | TernaryGemmGrouped)).collect();
+    let shape = |l: &crate::launch::Launch| (l.kernel, l.grid, l.block);
+    assert_eq!(shape(gemms[0]), (TernaryGemmGrouped, (8, 2, 1), 128), "a and b: 512 rows each");
+    assert_eq!(shape(gemms[1]), (TernaryGemm, (2, 2, 1), 256), "c: 384 rows");
 }
 
 #[test]
