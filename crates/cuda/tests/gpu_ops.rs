@@ -521,9 +521,9 @@ impl Built {
 /// activation by one at a rounding tie, and attention merges in another
 /// order: bound 5e-3 of the largest output. Heads of 64 dims (two V dims a
 /// lane in `att_head`) at four cache positions, and of 128 (the 2B-4T's:
-/// four a lane, a group of four q heads) at three; at 600 and 700 keys
-/// `att_head` cuts the cache into three chunks that the last of a KV
-/// group's blocks merges.
+/// four a lane, a group of four q heads) at three. Past 256 keys
+/// `att_head` cuts the cache into chunks that the last of a KV group's
+/// blocks merges (at 600, 700, 400 and 600 keys: groups of 4, 4, 2 and 8).
 #[test]
 fn fused_decoding_layers_match_cpu() {
     let Some(mut plain) = gpu_with(false, true) else { return };
@@ -536,6 +536,8 @@ fn fused_decoding_layers_match_cpu() {
         (128, 4, 1, 3, 256),
         (128, 4, 1, 130, 256),
         (128, 4, 1, 700, 1024),
+        (128, 4, 2, 400, 512),
+        (64, 8, 1, 600, 1024),
     ];
     for (hd, nh, nkv, kv_pos, n_ctx) in cases {
         let row = hd * nkv;
