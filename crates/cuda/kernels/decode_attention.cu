@@ -286,18 +286,20 @@ __device__ __forceinline__ void att_head_units(const Phase& ph, int blk, int nbl
             }
         }
         if constexpr (CHUNKS) {
-            __threadfence();
+            // The block's rows of `part` go out with one release: the barrier
+            // orders every thread's stores before thread 0's atomic, whose
+            // gpu-scope release covers them, and its acquire covers the
+            // merge's loads of the other blocks' rows (256 threads each
+            // fencing waited for their own stores and the SM's ring copies).
             __syncthreads();
             if (threadIdx.x == 0) {
-                int* ctr = a.counters + kvh;
-                last = atomicAdd(ctr, 1) == G * C - 1;
+                int* ctr = a.counters + kvh, old;
+                asm volatile("atom.add.acq_rel.gpu.global.s32 %0, [%1], 1;" : "=r"(old) : "l"(ctr) : "memory");
+                last = old == G * C - 1;
                 if (last) *ctr = 0;
             }
             __syncthreads();
-            if (last) {
-                __threadfence();
-                att_group_merge(ph, kvh, C, xw, ss, am);
-            }
+            if (last) att_group_merge(ph, kvh, C, xw, ss, am);
         }
         __syncthreads();
     }
