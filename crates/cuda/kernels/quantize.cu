@@ -299,13 +299,12 @@ extern "C" __global__ void __launch_bounds__(1024) norm_quant(const float* x, co
 // 2,048 tokens for the 2B-4T ffn_down) is never written to global memory
 // and read back. grid: tokens, block: 256. gate, up: [ne0, n_tok]
 // f32; the rest as norm_quant's, with no f32 output. Dynamic shared
-// memory: ne0 floats. At most 56 registers (80 bytes spilled): 4 blocks an
-// SM instead of 3 at 74. On an H200 at the 2B-4T shape: 21.7 → 18.4 µs a
-// call at 512 tokens, 63.9 → 62.0 at 2,048 (norm_quant at 48 registers, 5
-// blocks, went 20.0 → 21.0 there and stays unbounded).
-extern "C" __global__ void __maxnreg__(56) gated_norm_quant(const float* gate, const float* up, int act,
-                                                                  const float* w, i8* q, float* d, int* lsum,
-                                                                  int ne0, int k_pad, int norm, float eps) {
+// memory: ne0 floats. Bounded to 4 blocks an SM (64 registers, a few bytes
+// spilled) instead of 3 at 74; `__launch_bounds__`, not `__maxnreg__`, which
+// NVRTC before 12.4 rejects.
+extern "C" __global__ void __launch_bounds__(256, 4) gated_norm_quant(const float* gate, const float* up, int act,
+                                                                    const float* w, i8* q, float* d, int* lsum,
+                                                                    int ne0, int k_pad, int norm, float eps) {
     extern __shared__ __align__(16) float xs[];
     __shared__ double dscratch[32];
     __shared__ float scratch[32];
