@@ -314,10 +314,21 @@ __device__ __forceinline__ void att_head_units(const Phase& ph, int blk, int nbl
 #ifndef DEC_LONG_CACHES
 #define DEC_LONG_CACHES 0
 #endif
+// The kv path for grouped-query heads (decode_attention_kv.cu, after this file).
+__device__ __forceinline__ int akv_chunks(const AttArgs& a, int nblk, int n, int* S);
+__device__ __forceinline__ void att_kv(const Phase& ph, int blk, int nblk, float* sm, const Angles* an, int p, int C,
+                                       int S, float* xw_rows, float* ss, float* am, u64* tr);
+
 __device__ __forceinline__ void att_head(const Phase& ph, int blk, int nblk, float* sm, const Angles* an, int p,
                                          float* xw_rows, float* ss, float* am, u64* tr) {
     int n = p + 1;
 #if DEC_LONG_CACHES
+    int kv_keys;
+    int kv_chunks = akv_chunks(ph.a, nblk, n, &kv_keys);
+    if (kv_chunks >= 2) {
+        att_kv(ph, blk, nblk, sm, an, p, kv_chunks, kv_keys, xw_rows, ss, am, tr);
+        return;
+    }
     const AttArgs& a = ph.a;
     int C = a.part ? min(min(a.n_split, nblk / a.n_head), (n + ATH_CHUNK_MIN - 1) / ATH_CHUNK_MIN) : 1;
     if (C >= 2) {

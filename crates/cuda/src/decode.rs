@@ -503,14 +503,14 @@ fn phases_at(launches: &[Launch], i: usize, prev: Option<&mut Phase>, cfg: &Conf
 
 /// Dynamic shared memory `decode_run` needs for `phases` before its weight
 /// ring (its layout), the ring's alignment slack included.
-fn smem_fixed(phases: &[Phase]) -> usize {
+fn smem_fixed(phases: &[Phase], long_cache: bool) -> usize {
     let (ne0, k_pad) = staged_sizes(phases);
     let n_copies = phases.iter().filter(|p| p.kind == PhaseKind::Gemv).count();
     let fixed = RING * std::mem::size_of::<Phase>()
         + 4 * ne0.next_multiple_of(4)
         + k_pad
         + k_pad / 16
-        + 4 * att_floats(phases)
+        + 4 * att_floats(phases, long_cache)
         + n_copies * std::mem::size_of::<Copy>();
     fixed + RING_ALIGN
 }
@@ -611,13 +611,28 @@ fn block_attention(phases: &mut [Phase]) {
     }
 }
 
+/// Chunks a KV head's cache may be cut into on the kv path (AKV_MAX_CHUNKS).
+const KV_MAX_CHUNKS: usize = 128;
+
+/// Floats of scratch the kv path (decode_attention_kv.cu, long caches with
+/// `g` = 2, 4 or 8 q heads a KV head) needs for heads of `d` dims: q of the
+/// group, the new k and v as f16, each of 8 warps' max, sum and V sums of
+/// each head; and what its merge of up to `n_split` chunks needs.
+fn att_kv_floats(g: usize, d: usize, n_split: usize) -> Option<usize> {
+    let units = g * d + d + 2 * 8 * g + 8 * g * d;
+    let merge = 2 * g * n_split.min(KV_MAX_CHUNKS) + g;
+    matches!(g, 2 | 4 | 8).then_some(units.max(merge))
+}
+
 /// decode_run's `att_floats`: the attention region, the units' q heads or
-/// the largest `att_head` scratch.
-fn att_floats(phases: &[Phase]) -> usize {
-    let block = phases
-        .iter()
-        .filter(|p| p.kind == PhaseKind::Attention && p.att_block == 1)
-        .map(|p| att_head_floats(p.a.head_dim as usize));
+/// the largest `att_head` scratch (the kv path's, where the launch runs the
+/// long-cache module).
+fn att_floats(phases: &[Phase], long_cache: bool) -> usize {
+    let block = phases.iter().filter(|p| p.kind == PhaseKind::Attention && p.att_block == 1).map(|p| {
+        let (d, g) = (p.a.head_dim as usize, (p.a.n_head / p.a.n_head_kv.max(1)) as usize);
+        let kv = if long_cache { att_kv_floats(g, d, p.a.n_split.max(0) as usize) } else { None };
+        kv.unwrap_or(0).max(att_head_floats(d))
+    });
     block.fold(WARPS * MAX_HEAD_DIM, usize::max).next_multiple_of(4)
 }
 
@@ -634,7 +649,7 @@ fn shared_pos(phases: &[Phase]) -> u64 {
 fn fused_launch(phases: &[Phase], cfg: &Config) -> Option<Launch> {
     // The ring takes the rest of what a block may have, and must hold the
     // largest segment (decode.cu would wait for it forever).
-    let fixed = smem_fixed(phases);
+    let fixed = smem_fixed(phases, cfg.long_cache);
     let mut ring = cfg.smem_max.saturating_sub(fixed) / 16 * 16;
     if cfg.ring_max > 0 {
         ring = ring.min(cfg.ring_max / 16 * 16);
@@ -665,7 +680,7 @@ fn fused_launch(phases: &[Phase], cfg: &Config) -> Option<Launch> {
         .i32(ring as i32)
         .i32(copies(phases).len() as i32)
         .i32(cfg.spin_ns)
-        .i32(att_floats(phases) as i32)
+        .i32(att_floats(phases, cfg.long_cache) as i32)
         .i32(cfg.refill_bytes as i32),
     )
 }

@@ -223,11 +223,22 @@ fn block_attention_takes_f16_caches_with_rope_in_the_kernel() {
     let f = fuse(launches.clone(), &cfg);
     assert_eq!(f.tables[0].1[1].att_block, 1, "rope on, f16 caches, head_dim 128");
     // Its scratch: q of 128, the new k and v as f16, 8 warps' max, sum and sums.
-    assert_eq!(att_floats(&f.tables[0].1), 128 + 128 + 16 + 8 * 128);
+    assert_eq!(att_floats(&f.tables[0].1, false), 128 + 128 + 16 + 8 * 128);
     assert_eq!(f.launches[0].args[11], Arg::I32(128 + 128 + 16 + 8 * 128));
+    // Past LONG_CACHE_KEYS a group of 4 q heads takes the kv path's scratch:
+    // the group's q, the new k and v, 8 warps' max and sum a head and V sums.
+    let long = fuse(launches.clone(), &Config { long_cache: true, ..cfg });
+    let kv = 4 * 128 + 128 + 2 * 8 * 4 + 8 * 4 * 128;
+    assert_eq!(f.tables[0].1[1].a.n_head / f.tables[0].1[1].a.n_head_kv, 4);
+    assert_eq!(long.launches[0].args[11], Arg::I32(kv));
+    let ring = |f: &Fused| match f.launches[0].args[8] {
+        Arg::I32(v) => v,
+        _ => panic!("the ring's bytes"),
+    };
+    assert_eq!(ring(&f) - ring(&long), 4 * (kv - (128 + 128 + 16 + 8 * 128)), "the ring makes room");
     let f = fuse(layer(), &Config { refill_bytes: 32 << 10, ..cfg });
     assert_eq!(f.launches[0].args[12], Arg::I32(32 << 10), "the producer's budget a barrier");
-    assert_eq!(att_floats(&fuse(layer(), &cfg).tables[0].1), 8 * 128, "the units' q heads");
+    assert_eq!(att_floats(&fuse(layer(), &cfg).tables[0].1, false), 8 * 128, "the units' q heads");
     // Rope done before the attention, an f32 cache, or the switch off: units.
     let f = fuse(layer(), &cfg);
     assert_eq!(f.tables[0].1[1].att_block, 0);

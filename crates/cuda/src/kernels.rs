@@ -21,6 +21,7 @@ macro_rules! decode_sources {
             include_str!("../kernels/decode_ring.cu"),
             include_str!("../kernels/decode_gemv.cu"),
             include_str!("../kernels/decode_attention.cu"),
+            include_str!("../kernels/decode_attention_kv.cu"),
             include_str!("../kernels/decode.cu")
         )
     };
