@@ -95,12 +95,6 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, 1)
         if (p == n - 1) pdl_launch();
         const Phase& ph = ring[p % DEC_RING];
         bool gemv = ph.kind == PH_GEMV;
-#if DEC_LONG_CACHES && AKV_EARLY
-        if (p + 1 < n && look >= 1) {
-            const Phase& nx = ring[(p + 1) % DEC_RING];
-            if (nx.kind == PH_ATT && nx.att_block) akv_prefetch(nx.a, blk, nblk, nx.a.pos == pos ? pos0 : nx.a.pos[0]);
-        }
-#endif
         if (gemv) {
             u32 slot = gi % WR_SLOTS;
             gemv_phase(ph.g, blk, nblk, wring + wr.seg[slot], &wr.mbar[slot], (gi / WR_SLOTS) & 1, xs, qs, ls, stats,
@@ -144,11 +138,7 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, 1)
             }
             // The next GEMV phase is number gi: its weights must all be on
             // their way before the barrier opens.
-            u32 b = budget;
-#if DEC_LONG_CACHES && AKV_HOLD
-            if (ring[(p + 1) % DEC_RING].kind == PH_ATT) b = 0;
-#endif
-            issue_ahead(copies, n_copies, &pr, &wr, wring, ring_cap, blk, nblk, b, gi);
+            issue_ahead(copies, n_copies, &pr, &wr, wring, ring_cap, blk, nblk, budget, gi);
             if (stamp) stamp[TR_ISSUED] = now_ns();
         }
         if (p + 1 < n) __syncthreads();

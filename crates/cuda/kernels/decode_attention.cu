@@ -94,13 +94,19 @@ __device__ __forceinline__ void att_head_loads(const u16* kc, const u16* vc, con
 #define ATH_CHUNK_MIN 256
 
 // One output of the phase: written, counted in the statistics of the next
-// norm, and left times that norm's weight.
-__device__ __forceinline__ void att_out(const Phase& ph, u64 at, float o, float* xw, float* ss, float* am) {
+// norm, and left times that norm's weight `w` (1: no norm weight).
+__device__ __forceinline__ void att_out_w(const Phase& ph, u64 at, float o, float w, float* xw, float* ss,
+                                          float* am) {
     ph.a.out[at] = o;
-    float ow = ph.g.stat_w ? o * __ldg(ph.g.stat_w + at) : o;
+    float ow = o * w;
     *ss += o * o;
     *am = fmaxf(*am, fabsf(ow));
     if (xw) xw[at] = ow;
+}
+
+// The same, loading the weight of output `at`.
+__device__ __forceinline__ void att_out(const Phase& ph, u64 at, float o, float* xw, float* ss, float* am) {
+    att_out_w(ph, at, o, ph.g.stat_w ? __ldg(ph.g.stat_w + at) : 1.0f, xw, ss, am);
 }
 
 // The last unit of KV group `kvh` merges its heads' chunk rows, an output a
@@ -307,14 +313,16 @@ __device__ __forceinline__ void att_head_units(const Phase& ph, int blk, int nbl
 
 // Chunks of S keys (a multiple of a pass), C of them: as many as make
 // each at least ATH_CHUNK_MIN keys, up to the lowering's partial rows
-// (n_split) and the blocks the grid has for every head. Only the module
-// built with DEC_LONG_CACHES (kernels.rs "decode_long", which the lowering
-// picks once a cache passes ATH_CHUNK_MIN keys) has the chunked path: its
-// code alone costs the other module 1–3% of tg128.
+// (n_split) and the blocks the grid has for every head. Each range of
+// cache lengths has a module of its own (kernels.rs), built with
+// DEC_LONG_CACHES 0 (one chunk a head), 1 (att_head_units' chunks, from
+// LONG_CACHE_KEYS keys) or 2 (att_kv's, a block per KV head and chunk,
+// from AKV_MIN_KEYS keys with grouped q heads): a path's code alone, even
+// unused, costs the others' kernels registers and 1–5% of tg.
 #ifndef DEC_LONG_CACHES
 #define DEC_LONG_CACHES 0
 #endif
-// The kv path for grouped-query heads (decode_attention_kv.cu, after this file).
+// The grouped path (decode_attention_kv.cu, after this file).
 __device__ __forceinline__ int akv_chunks(const AttArgs& a, int nblk, int n, int* S);
 __device__ __forceinline__ void att_kv(const Phase& ph, int blk, int nblk, float* sm, const Angles* an, int p, int C,
                                        int S, float* xw_rows, float* ss, float* am, u64* tr);
@@ -322,13 +330,14 @@ __device__ __forceinline__ void att_kv(const Phase& ph, int blk, int nblk, float
 __device__ __forceinline__ void att_head(const Phase& ph, int blk, int nblk, float* sm, const Angles* an, int p,
                                          float* xw_rows, float* ss, float* am, u64* tr) {
     int n = p + 1;
-#if DEC_LONG_CACHES
-    int kv_keys;
-    int kv_chunks = akv_chunks(ph.a, nblk, n, &kv_keys);
-    if (kv_chunks >= 2) {
-        att_kv(ph, blk, nblk, sm, an, p, kv_chunks, kv_keys, xw_rows, ss, am, tr);
+#if DEC_LONG_CACHES == 2
+    int S;
+    int C = akv_chunks(ph.a, nblk, n, &S);
+    if (C >= 2) {
+        att_kv(ph, blk, nblk, sm, an, p, C, S, xw_rows, ss, am, tr);
         return;
     }
+#elif DEC_LONG_CACHES == 1
     const AttArgs& a = ph.a;
     int C = a.part ? min(min(a.n_split, nblk / a.n_head), (n + ATH_CHUNK_MIN - 1) / ATH_CHUNK_MIN) : 1;
     if (C >= 2) {

@@ -1,7 +1,9 @@
-// decode_run's one-token attention over long caches for grouped-query heads
-// (G = 2, 4 or 8 q heads a KV head): a block per (KV head, chunk of keys)
-// takes the group's G heads together, so that each K and V row crosses from
-// L2 once (att_head's units, a block per q head, read it G times), and the
+// decode_run's one-token attention over caches of AKV_MIN_KEYS keys or more
+// for grouped-query heads (G = 2, 4 or 8 q heads a KV head): a block per
+// (KV head, chunk of keys) takes the group's G heads together, so that each
+// K and V row crosses from L2 once (att_head's units, a block per q head,
+// read it G times) and a chunk is a few passes (a q head's chunks are
+// several times longer, as the grid has G times fewer of them), and the
 // last block of a KV group to finish merges the chunks' rows.
 //
 // A warp takes KS = 32 / G keys a step (8 for G = 2); lane l holds dims
@@ -56,12 +58,9 @@ __device__ __forceinline__ void akv_zero(uint2 r[KS]) {
     for (int kk = 0; kk < KS; ++kk) r[kk] = make_uint2(0, 0);
 }
 
-// Sums each of NV values over the warp and scatters the sums: lane l keeps
-// values [l·NV/32, (l+1)·NV/32) in v[0..] (NV ≥ 32), or value l / (32/NV)
-// in v[0] (NV < 32). A stage halves what a lane holds: it keeps the half its
-// bit of the offset selects and adds its partner's copy of that half.
-// Stage ST (offset 16 >> ST) of reduce_scatter, then the rest; templates
-// so that every index is a constant and the values stay in registers.
+// Stage ST (offset 16 >> ST) of reduce_scatter, then the rest: templates,
+// so that every index is a constant and the values stay in registers (a
+// loop over the stages left them in local memory).
 template <int NV, int ST>
 __device__ __forceinline__ void reduce_scatter_from(float (&v)[NV], int lane) {
     if constexpr (ST < 5) {
@@ -81,6 +80,10 @@ __device__ __forceinline__ void reduce_scatter_from(float (&v)[NV], int lane) {
     }
 }
 
+// Sums each of NV values over the warp and scatters the sums: lane l keeps
+// value l·NV/32 in v[0] (NV = 32), or value l / (32/NV) (NV < 32). A stage
+// halves what a lane holds: it keeps the half its bit of the offset selects
+// and adds its partner's copy of that half.
 template <int NV>
 __device__ __forceinline__ void reduce_scatter(float (&v)[NV]) {
     reduce_scatter_from<NV, 0>(v, threadIdx.x & 31);
@@ -182,17 +185,28 @@ __device__ __forceinline__ void akv_merge(const Phase& ph, int kvh, int C, float
         wm[i] = __ldcg(r);
         wl[i] = __ldcg(r + 1);
     }
+    // The next norm's weights of this thread's outputs, for att_out.
+    float sw[MAXO];
+#pragma unroll
+    for (int o = 0; o < MAXO; ++o) {
+        int at = threadIdx.x + o * DEC_THREADS;
+        sw[o] = ph.g.stat_w && at < G * D ? __ldg(ph.g.stat_w + (u64)kvh * G * D + at) : 1.0f;
+    }
     __syncthreads();
-    if (threadIdx.x < G) {
-        int h = threadIdx.x;
-        float big = -INFINITY, dn = 0.0f;
-        for (int c = 0; c < C; ++c) big = fmaxf(big, wm[h * C + c]);
-        for (int c = 0; c < C; ++c) {
-            float e = expf(wm[h * C + c] - big);
-            wm[h * C + c] = e;
-            dn += wl[h * C + c] * e;
+    // A warp a head: its chunks' weights and their sum, a lane a chunk.
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (warp < G) {
+        float big = -INFINITY;
+        for (int c = lane; c < C; c += 32) big = fmaxf(big, wm[warp * C + c]);
+        big = warp_max(big);
+        float dn = 0.0f;
+        for (int c = lane; c < C; c += 32) {
+            float e = expf(wm[warp * C + c] - big);
+            wm[warp * C + c] = e;
+            dn += wl[warp * C + c] * e;
         }
-        den[h] = dn;
+        dn = warp_sum(dn);
+        if (lane == 0) den[warp] = dn;
     }
     __syncthreads();
     float num[MAXO];
@@ -211,32 +225,8 @@ __device__ __forceinline__ void akv_merge(const Phase& ph, int kvh, int C, float
 #pragma unroll
     for (int o = 0; o < MAXO; ++o) {
         int at = threadIdx.x + o * DEC_THREADS, h = at / D;
-        if (at < G * D) att_out(ph, (u64)kvh * G * D + at, num[o] / den[h], xw, ss, am);
+        if (at < G * D) att_out_w(ph, (u64)kvh * G * D + at, num[o] / den[h], sw[o], xw, ss, am);
     }
-}
-
-// The earlier K and V rows [k0, kend) of KV head kvh into L2, a 128-byte
-// line a thread.
-__device__ __forceinline__ void akv_prefetch_rows(const AttArgs& a, int kvh, int k0, int kend) {
-    int D = a.head_dim, row = D * a.n_head_kv, lines = (D * 2 + 127) / 128, per = max(kend - k0, 0) * lines;
-    const u16* kc = (const u16*)a.kc;
-    const u16* vc = (const u16*)a.vc;
-    for (int i = threadIdx.x; i < 2 * per; i += blockDim.x) {
-        int which = i >= per, rest = which ? i - per : i;
-        const u16* at = (which ? vc : kc) + (u64)(k0 + rest / lines) * row + kvh * D + (rest % lines) * 64;
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(at));
-    }
-}
-
-__device__ __forceinline__ int akv_chunks(const AttArgs& a, int nblk, int n, int* S);
-
-// What this block's unit of the attention phase `a` at position p will
-// read, asked into L2 a phase ahead.
-__device__ __forceinline__ void akv_prefetch(const AttArgs& a, int blk, int nblk, int p) {
-    int S, C = akv_chunks(a, nblk, p + 1, &S);
-    if (C < 2 || blk >= a.n_head_kv * C) return;
-    int ch = blk / a.n_head_kv;
-    akv_prefetch_rows(a, blk % a.n_head_kv, ch * S, min(ch * S + S, p));
 }
 
 // Floats of scratch a block needs (tern_cuda::decode::att_kv_floats): q
@@ -263,16 +253,6 @@ __device__ void att_kv_units(const Phase& ph, int blk, int nblk, float* sm, cons
     for (int u = blk; u < a.n_head_kv * C; u += nblk) {
         int kvh = u % a.n_head_kv, ch = u / a.n_head_kv, koff = kvh * D;
         int k0 = ch * S, k1 = min(n, k0 + S);
-#if !AKV_EARLY
-        akv_prefetch_rows(a, kvh, k0, min(k1, p));
-#endif
-        // The first step's earlier keys do not depend on this token: their
-        // loads go out with q, k and v's.
-        uint2 kr[KS], vr[KS];
-        akv_zero<KS>(kr);
-        akv_zero<KS>(vr);
-        akv_rows<KS>(kc, cur, row, koff, k0 + warp * KS, p, k1, dpl, true, false, kr);
-        akv_rows<KS>(vc, cur + D, row, koff, k0 + warp * KS, p, k1, dpl, true, false, vr);
         for (int idx = threadIdx.x; idx < (G + 1) * hp + D; idx += blockDim.x) {
             if (idx < (G + 1) * hp) {
                 int which = idx / hp, i = idx % hp, x, y;
@@ -292,6 +272,19 @@ __device__ void att_kv_units(const Phase& ph, int blk, int nblk, float* sm, cons
                 cur[D + idx - (G + 1) * hp] = f2h(__ldcg(r.v + (u64)kvh * D + idx - (G + 1) * hp));
             }
         }
+        // The next norm's weights of the group's outputs, which the merging
+        // block reads, into L2 (a line a thread): they were last read a
+        // token ago. Then the first step's K and V rows: they do not depend
+        // on this token, but going out before q, k and v's (or with the
+        // chunk asked into L2 ahead of them) they slowed the stage more
+        // than they saved.
+        if (ph.g.stat_w && threadIdx.x < G * D / 32)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(ph.g.stat_w + (u64)kvh * G * D + threadIdx.x * 32));
+        uint2 kr[KS], vr[KS];
+        akv_zero<KS>(kr);
+        akv_zero<KS>(vr);
+        akv_rows<KS>(kc, cur, row, koff, k0 + warp * KS, p, k1, dpl, true, false, kr);
+        akv_rows<KS>(vc, cur + D, row, koff, k0 + warp * KS, p, k1, dpl, true, false, vr);
         __syncthreads();
         if (tr && threadIdx.x == 0 && u == blk) tr[TR_STAGED] = now_ns();
         if (ch == 0) {
@@ -367,12 +360,20 @@ __device__ void att_kv_units(const Phase& ph, int blk, int nblk, float* sm, cons
     }
 }
 
-// Chunks of the kv path for a cache of n keys (1: the path does not take
+// Keys from which the grouped path takes a cache (tern_cuda::decode::
+// GROUP_CACHE_KEYS, where the host picks its module). Below, att_head's
+// units (a block per q head and chunk) won on the 2B-4T shape on an H200:
+// this path's merge of more chunks costs more than reading each row once
+// saves (tg at 512 / 1,024 / 1,536 keys 1–3% lower, from 2,560 5–10%
+// higher; BENCHMARKS.md).
+#define AKV_MIN_KEYS 2048
+
+// Chunks of the grouped path for a cache of n keys (1: the path does not take
 // it): as many as the grid has blocks for every KV head, each a whole
 // number of passes, within the lowering's partial rows; S gets their keys.
 __device__ __forceinline__ int akv_chunks(const AttArgs& a, int nblk, int n, int* S) {
     int G = a.n_head / a.n_head_kv;
-    if (!a.part || !(G == 2 || G == 4 || G == 8)) return 1;
+    if (!a.part || n < AKV_MIN_KEYS || !(G == 2 || G == 4 || G == 8)) return 1;
     int pass = G == 8 ? Akv<8>::PASS : Akv<4>::PASS;
     int C = min(min(min(a.n_split, AKV_MAX_CHUNKS), nblk / a.n_head_kv), (n + pass - 1) / pass);
     if (C < 2) return 1;

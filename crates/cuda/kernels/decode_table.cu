@@ -2,12 +2,6 @@
 // producer reads, and the words in front of a table (decode.cu says how
 // the module fits together).
 
-#ifndef AKV_EARLY
-#define AKV_EARLY 0
-#endif
-#ifndef AKV_HOLD
-#define AKV_HOLD 0
-#endif
 #define PH_NQ 0
 #define PH_GEMV 1
 #define PH_ATT 2

@@ -208,20 +208,48 @@ pub struct Config {
     /// Bytes of weights a block's producer may copy at one barrier (a
     /// multiple of 16; 0: no limit), beyond the next GEMV phase's own.
     pub refill_bytes: u32,
-    /// A cache of this step holds more than `LONG_CACHE_KEYS` keys: the
-    /// launch runs the module whose attention cuts caches into chunks.
-    pub long_cache: bool,
+    /// How many keys this step's attention reads: which module the launch
+    /// runs.
+    pub span: CacheSpan,
 }
 
 /// Keys past which `att_head` cuts a cache into chunks (decode_attention.cu
 /// `ATH_CHUNK_MIN`), and steps run `DecodeRunLong`.
 pub const LONG_CACHE_KEYS: usize = 256;
+/// Keys from which a block takes a KV head's whole group of q heads
+/// (decode_attention_kv.cu `AKV_MIN_KEYS`), and steps run `DecodeRunGrouped`.
+pub const GROUP_CACHE_KEYS: usize = 2048;
 
-/// Whether an attention of `n_tok` tokens is a decoding step (the one-token
-/// attention `decode_run` takes) that reads more than `LONG_CACHE_KEYS`
-/// keys: the lowering's report and the plan key both ask this.
-pub fn reads_long_cache(p: &tern_graph::AttentionParams, n_tok: usize) -> bool {
-    n_tok == 1 && p.kv_pos + n_tok > LONG_CACHE_KEYS
+/// How far back a decoding step's attention reads, in the three ranges
+/// whose attention code `decode_run` is built three times for: each
+/// module holds only its own, as the code of another, even unused, costs
+/// registers and 1–5% of tg.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum CacheSpan {
+    /// Up to LONG_CACHE_KEYS keys (or no one-token attention): a block a
+    /// q head.
+    #[default]
+    Short,
+    /// More: the cache cut into chunks, a block per q head and chunk.
+    Chunked,
+    /// GROUP_CACHE_KEYS keys or more with 2, 4 or 8 q heads a KV head: a
+    /// block per KV head and chunk, for the group's q heads together.
+    Grouped,
+}
+
+/// The span of an attention of `n_tok` tokens (one token: a decoding step,
+/// the attention `decode_run` takes): the lowering's report and the plan
+/// key both ask this.
+pub fn cache_span(p: &tern_graph::AttentionParams, n_tok: usize) -> CacheSpan {
+    let keys = p.kv_pos + n_tok;
+    let group = p.n_head / p.n_head_kv.max(1);
+    if n_tok != 1 || keys <= LONG_CACHE_KEYS {
+        CacheSpan::Short
+    } else if keys >= GROUP_CACHE_KEYS && p.n_head == group * p.n_head_kv && matches!(group, 2 | 4 | 8) {
+        CacheSpan::Grouped
+    } else {
+        CacheSpan::Chunked
+    }
 }
 
 /// The launches with each fused run as one `decode_run` launch, and the
@@ -503,14 +531,14 @@ fn phases_at(launches: &[Launch], i: usize, prev: Option<&mut Phase>, cfg: &Conf
 
 /// Dynamic shared memory `decode_run` needs for `phases` before its weight
 /// ring (its layout), the ring's alignment slack included.
-fn smem_fixed(phases: &[Phase], long_cache: bool) -> usize {
+fn smem_fixed(phases: &[Phase], span: CacheSpan) -> usize {
     let (ne0, k_pad) = staged_sizes(phases);
     let n_copies = phases.iter().filter(|p| p.kind == PhaseKind::Gemv).count();
     let fixed = RING * std::mem::size_of::<Phase>()
         + 4 * ne0.next_multiple_of(4)
         + k_pad
         + k_pad / 16
-        + 4 * att_floats(phases, long_cache)
+        + 4 * att_floats(phases, span)
         + n_copies * std::mem::size_of::<Copy>();
     fixed + RING_ALIGN
 }
@@ -611,13 +639,13 @@ fn block_attention(phases: &mut [Phase]) {
     }
 }
 
-/// Chunks a KV head's cache may be cut into on the kv path (AKV_MAX_CHUNKS).
+/// Chunks a KV head's cache may be cut into on the grouped path (AKV_MAX_CHUNKS).
 const KV_MAX_CHUNKS: usize = 128;
 
-/// Floats of scratch the kv path (decode_attention_kv.cu, long caches with
-/// `g` = 2, 4 or 8 q heads a KV head) needs for heads of `d` dims: q of the
-/// group, the new k and v as f16, each of 8 warps' max, sum and V sums of
-/// each head; and what its merge of up to `n_split` chunks needs.
+/// Floats of scratch the grouped path (decode_attention_kv.cu, with `g` = 2,
+/// 4 or 8 q heads a KV head) needs for heads of `d` dims: q of the group,
+/// the new k and v as f16, each of 8 warps' max, sum and V sums of each
+/// head; and what its merge of up to `n_split` chunks needs.
 fn att_kv_floats(g: usize, d: usize, n_split: usize) -> Option<usize> {
     let units = g * d + d + 2 * 8 * g + 8 * g * d;
     let merge = 2 * g * n_split.min(KV_MAX_CHUNKS) + g;
@@ -625,12 +653,12 @@ fn att_kv_floats(g: usize, d: usize, n_split: usize) -> Option<usize> {
 }
 
 /// decode_run's `att_floats`: the attention region, the units' q heads or
-/// the largest `att_head` scratch (the kv path's, where the launch runs the
-/// long-cache module).
-fn att_floats(phases: &[Phase], long_cache: bool) -> usize {
+/// the largest `att_head` scratch (the grouped path's, where the launch
+/// runs its module).
+fn att_floats(phases: &[Phase], span: CacheSpan) -> usize {
     let block = phases.iter().filter(|p| p.kind == PhaseKind::Attention && p.att_block == 1).map(|p| {
         let (d, g) = (p.a.head_dim as usize, (p.a.n_head / p.a.n_head_kv.max(1)) as usize);
-        let kv = if long_cache { att_kv_floats(g, d, p.a.n_split.max(0) as usize) } else { None };
+        let kv = if span == CacheSpan::Grouped { att_kv_floats(g, d, p.a.n_split.max(0) as usize) } else { None };
         kv.unwrap_or(0).max(att_head_floats(d))
     });
     block.fold(WARPS * MAX_HEAD_DIM, usize::max).next_multiple_of(4)
@@ -649,7 +677,7 @@ fn shared_pos(phases: &[Phase]) -> u64 {
 fn fused_launch(phases: &[Phase], cfg: &Config) -> Option<Launch> {
     // The ring takes the rest of what a block may have, and must hold the
     // largest segment (decode.cu would wait for it forever).
-    let fixed = smem_fixed(phases, cfg.long_cache);
+    let fixed = smem_fixed(phases, cfg.span);
     let mut ring = cfg.smem_max.saturating_sub(fixed) / 16 * 16;
     if cfg.ring_max > 0 {
         ring = ring.min(cfg.ring_max / 16 * 16);
@@ -664,7 +692,11 @@ fn fused_launch(phases: &[Phase], cfg: &Config) -> Option<Launch> {
     let (ne0, k_pad) = staged_sizes(phases);
     Some(
         Launch::new(
-            if cfg.long_cache { Kernel::DecodeRunLong } else { Kernel::DecodeRun },
+            match cfg.span {
+                CacheSpan::Short => Kernel::DecodeRun,
+                CacheSpan::Chunked => Kernel::DecodeRunLong,
+                CacheSpan::Grouped => Kernel::DecodeRunGrouped,
+            },
             (cfg.blocks, 1, 1),
             THREADS,
         )
@@ -680,7 +712,7 @@ fn fused_launch(phases: &[Phase], cfg: &Config) -> Option<Launch> {
         .i32(ring as i32)
         .i32(copies(phases).len() as i32)
         .i32(cfg.spin_ns)
-        .i32(att_floats(phases, cfg.long_cache) as i32)
+        .i32(att_floats(phases, cfg.span) as i32)
         .i32(cfg.refill_bytes as i32),
     )
 }

@@ -17,7 +17,7 @@ const CFG: Config = Config {
     spin_ns: 0,
     att_block: false,
     refill_bytes: 0,
-    long_cache: false,
+    span: CacheSpan::Short,
 };
 
 fn nq(x: u64, q: u64, ne0: i32) -> Launch {
@@ -122,13 +122,40 @@ fn a_layer_becomes_five_phases_of_one_launch() {
 }
 
 /// A step whose cache has passed LONG_CACHE_KEYS runs the module whose
-/// attention cuts caches into chunks; the phases are the same.
+/// attention cuts caches into chunks, and from GROUP_CACHE_KEYS the one
+/// that takes a KV head's q heads together; the phases are the same.
 #[test]
 fn a_long_cache_runs_the_long_module() {
     let short = fuse(layer(), &CFG);
-    let long = fuse(layer(), &Config { long_cache: true, ..CFG });
-    assert_eq!(long.launches[0].kernel, Kernel::DecodeRunLong);
-    assert_eq!(long.tables, short.tables);
+    for (span, kernel) in [(CacheSpan::Chunked, Kernel::DecodeRunLong), (CacheSpan::Grouped, Kernel::DecodeRunGrouped)]
+    {
+        let long = fuse(layer(), &Config { span, ..CFG });
+        assert_eq!(long.launches[0].kernel, kernel);
+        assert_eq!(long.tables, short.tables);
+    }
+}
+
+/// Which module a step's attention picks: by the keys it reads, and the
+/// grouped one only for 2, 4 or 8 q heads a KV head.
+#[test]
+fn cache_spans_follow_keys_and_groups() {
+    let p = |kv_pos: usize, n_head: usize, n_head_kv: usize| tern_graph::AttentionParams {
+        layer: 0,
+        n_head,
+        n_head_kv,
+        head_dim: 128,
+        scale: 0.088,
+        kv_pos,
+    };
+    use CacheSpan::*;
+    assert_eq!(cache_span(&p(255, 20, 5), 1), Short);
+    assert_eq!(cache_span(&p(256, 20, 5), 1), Chunked);
+    assert_eq!(cache_span(&p(2046, 20, 5), 1), Chunked);
+    assert_eq!(cache_span(&p(2047, 20, 5), 1), Grouped);
+    assert_eq!(cache_span(&p(4000, 32, 32), 1), Chunked, "no grouped q heads");
+    assert_eq!(cache_span(&p(4000, 24, 8), 1), Chunked, "groups of 3");
+    assert_eq!(cache_span(&p(4000, 64, 8), 1), Grouped);
+    assert_eq!(cache_span(&p(4000, 20, 5), 2), Short, "not a decoding step");
 }
 
 #[test]
@@ -223,11 +250,11 @@ fn block_attention_takes_f16_caches_with_rope_in_the_kernel() {
     let f = fuse(launches.clone(), &cfg);
     assert_eq!(f.tables[0].1[1].att_block, 1, "rope on, f16 caches, head_dim 128");
     // Its scratch: q of 128, the new k and v as f16, 8 warps' max, sum and sums.
-    assert_eq!(att_floats(&f.tables[0].1, false), 128 + 128 + 16 + 8 * 128);
+    assert_eq!(att_floats(&f.tables[0].1, CacheSpan::Short), 128 + 128 + 16 + 8 * 128);
     assert_eq!(f.launches[0].args[11], Arg::I32(128 + 128 + 16 + 8 * 128));
-    // Past LONG_CACHE_KEYS a group of 4 q heads takes the kv path's scratch:
-    // the group's q, the new k and v, 8 warps' max and sum a head and V sums.
-    let long = fuse(launches.clone(), &Config { long_cache: true, ..cfg });
+    // The grouped path's scratch for a group of 4 q heads: the group's q,
+    // the new k and v, 8 warps' max and sum a head and V sums.
+    let long = fuse(launches.clone(), &Config { span: CacheSpan::Grouped, ..cfg });
     let kv = 4 * 128 + 128 + 2 * 8 * 4 + 8 * 4 * 128;
     assert_eq!(f.tables[0].1[1].a.n_head / f.tables[0].1[1].a.n_head_kv, 4);
     assert_eq!(long.launches[0].args[11], Arg::I32(kv));
@@ -238,7 +265,7 @@ fn block_attention_takes_f16_caches_with_rope_in_the_kernel() {
     assert_eq!(ring(&f) - ring(&long), 4 * (kv - (128 + 128 + 16 + 8 * 128)), "the ring makes room");
     let f = fuse(layer(), &Config { refill_bytes: 32 << 10, ..cfg });
     assert_eq!(f.launches[0].args[12], Arg::I32(32 << 10), "the producer's budget a barrier");
-    assert_eq!(att_floats(&fuse(layer(), &cfg).tables[0].1, false), 8 * 128, "the units' q heads");
+    assert_eq!(att_floats(&fuse(layer(), &cfg).tables[0].1, CacheSpan::Short), 8 * 128, "the units' q heads");
     // Rope done before the attention, an f32 cache, or the switch off: units.
     let f = fuse(layer(), &cfg);
     assert_eq!(f.tables[0].1[1].att_block, 0);

@@ -40,6 +40,9 @@ pub const SOURCES: &[(&str, &str)] = &[
     // (decode_attention.cu). A module of its own because that path's code,
     // even unused, costs the short-cache kernel 1–3% of tg128.
     (DECODE_LONG_MODULE, concat!("#define DEC_LONG_CACHES 1\n", decode_sources!())),
+    // And from GROUP_CACHE_KEYS keys with grouped q heads: a block per KV
+    // head and chunk (decode_attention_kv.cu).
+    (DECODE_GROUPED_MODULE, concat!("#define DEC_LONG_CACHES 2\n", decode_sources!())),
 ];
 
 /// The full text NVRTC compiles for source `name`: the prelude, then the file.
@@ -93,10 +96,13 @@ pub enum Kernel {
     DecodeRun,
     /// `DecodeRun` for caches past `decode::LONG_CACHE_KEYS`.
     DecodeRunLong,
+    /// `DecodeRun` for caches of `decode::GROUP_CACHE_KEYS` keys or more
+    /// with grouped q heads.
+    DecodeRunGrouped,
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 30] = [
+    pub const ALL: [Kernel; 31] = [
         Kernel::GetRows,
         Kernel::RmsNorm,
         Kernel::Binary,
@@ -127,6 +133,7 @@ impl Kernel {
         Kernel::HostWrite,
         Kernel::DecodeRun,
         Kernel::DecodeRunLong,
+        Kernel::DecodeRunGrouped,
     ];
 
     /// (source module, entry point).
@@ -161,6 +168,7 @@ impl Kernel {
             Kernel::CopyIn | Kernel::HostWrite => ("elementwise", "copy_in"),
             Kernel::DecodeRun => (DECODE_MODULE, "decode_run"),
             Kernel::DecodeRunLong => (DECODE_LONG_MODULE, "decode_run"),
+            Kernel::DecodeRunGrouped => (DECODE_GROUPED_MODULE, "decode_run"),
         }
     }
 }
@@ -179,6 +187,7 @@ unsafe impl Send for Kernels {}
 /// compile: ~5× the others together).
 const DECODE_MODULE: &str = "decode";
 const DECODE_LONG_MODULE: &str = "decode_long";
+const DECODE_GROUPED_MODULE: &str = "decode_grouped";
 
 impl Kernels {
     /// Compiles (or reads from the cache) and loads every module, the
@@ -189,7 +198,9 @@ impl Kernels {
         let arch = format!("sm_{major}{minor}");
         let wanted: Vec<_> = SOURCES
             .iter()
-            .filter(|(name, _)| with_decode_run || ![DECODE_MODULE, DECODE_LONG_MODULE].contains(name))
+            .filter(|(name, _)| {
+                with_decode_run || ![DECODE_MODULE, DECODE_LONG_MODULE, DECODE_GROUPED_MODULE].contains(name)
+            })
             .collect();
         let images: Vec<Result<nvrtc::Compiled, String>> = std::thread::scope(|s| {
             let jobs: Vec<_> = wanted

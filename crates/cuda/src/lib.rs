@@ -134,7 +134,7 @@ fn fuse_config(gpu: &Gpu, kernels: &Kernels) -> std::result::Result<Option<decod
     let var = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<i32>().ok());
     // Static shared memory (descriptor scratch, reductions) is well under 4 KiB.
     let smem_max = (gpu.info.smem_optin as usize).saturating_sub(4096);
-    for k in [kernels::Kernel::DecodeRun, kernels::Kernel::DecodeRunLong] {
+    for k in [kernels::Kernel::DecodeRun, kernels::Kernel::DecodeRunLong, kernels::Kernel::DecodeRunGrouped] {
         if gpu.occupancy(kernels.get(k), decode::THREADS, smem_max)? < 1 {
             return Ok(None);
         }
@@ -151,7 +151,7 @@ fn fuse_config(gpu: &Gpu, kernels: &Kernels) -> std::result::Result<Option<decod
         spin_ns: var("TERN_CUDA_SPIN_NS").unwrap_or(0).clamp(0, 1000),
         att_block: env_flag("TERN_CUDA_ATT_BLOCK", true),
         refill_bytes: var("TERN_CUDA_REFILL_KB").unwrap_or(0).clamp(0, 1 << 20) as u32 * 1024,
-        long_cache: false,
+        span: decode::CacheSpan::Short,
     }))
 }
 
@@ -370,9 +370,9 @@ impl CudaBackend {
     fn fuse_launches(
         &mut self,
         launches: Vec<Launch>,
-        long_cache: bool,
+        span: decode::CacheSpan,
     ) -> Result<(Vec<Launch>, Vec<u64>, Vec<(u64, Vec<decode::Phase>)>)> {
-        let Some(cfg) = self.fuse.map(|c| decode::Config { long_cache, ..c }) else {
+        let Some(cfg) = self.fuse.map(|c| decode::Config { span, ..c }) else {
             return Ok((launches, Vec::new(), Vec::new()));
         };
         let mut fused = decode::fuse(launches, &cfg);
@@ -689,7 +689,7 @@ impl Backend for CudaBackend {
                     Err(Need::Error(m)) => return Err(self.dev_err(m)),
                 }
             };
-            let (launches, tables, traces) = self.fuse_launches(lowered.launches, lowered.long_cache)?;
+            let (launches, tables, traces) = self.fuse_launches(lowered.launches, lowered.span)?;
             let (mut steps, exports) = match self.io_steps(io) {
                 Ok(s) => s,
                 Err(e) => {

@@ -18,6 +18,7 @@ use tern_graph::{Activation, DType, Graph, NodeId, Op, RopeMode};
 use tern_quant::GgmlType;
 
 use crate::buffers::Buffers;
+use crate::decode::CacheSpan;
 use crate::kernels::Kernel;
 use crate::launch::{Arg, AttRope, Launch, TernaryBatch, TernaryMat};
 use crate::qlayout::QLayout;
@@ -87,8 +88,8 @@ struct Quant {
 
 pub struct Lowered {
     pub launches: Vec<Launch>,
-    /// A one-token attention reads more than `decode::LONG_CACHE_KEYS` keys.
-    pub long_cache: bool,
+    /// The longest span of the one-token attentions (`decode::cache_span`).
+    pub span: CacheSpan,
 }
 
 struct Lower<'a> {
@@ -113,7 +114,7 @@ struct Lower<'a> {
     in_split: Vec<bool>,
     /// Multiprocessors of the device, for kernels whose blocks walk rows.
     sms: usize,
-    long_cache: bool,
+    span: CacheSpan,
     out: Vec<Launch>,
 }
 
@@ -160,7 +161,7 @@ pub fn lower(
         deferred_rope: Vec::new(),
         in_split,
         sms,
-        long_cache: false,
+        span: CacheSpan::Short,
         out: Vec::with_capacity(nodes.len()),
     };
     let mut i = 0;
@@ -176,7 +177,7 @@ pub fn lower(
     if l.stage_need > scratch.stage_cap {
         return Err(Need::Staging((2 * l.stage_need).max(STAGE_MIN)));
     }
-    Ok(Lowered { launches: l.out, long_cache: l.long_cache })
+    Ok(Lowered { launches: l.out, span: l.span })
 }
 
 fn grid1(n: usize, per: usize) -> (u32, u32, u32) {
@@ -523,7 +524,7 @@ impl Lower<'_> {
 
     fn attention(&mut self, id: NodeId, node: &tern_graph::Node, p: &tern_graph::AttentionParams) -> Result<(), Need> {
         let s = &node.srcs;
-        self.long_cache |= crate::decode::reads_long_cache(p, node.ne[1]);
+        self.span = self.span.max(crate::decode::cache_span(p, node.ne[1]));
         let (kc, vc) = (self.node_ref(s[3]), self.node_ref(s[4]));
         let type_id = |n: &tern_graph::Node| match n.dtype {
             DType::Ggml(t) => t.id() as i32,

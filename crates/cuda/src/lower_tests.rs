@@ -184,24 +184,27 @@ fn decoding_a_layer_takes_nine_launches() {
     assert_eq!(ls[1].block, 256);
 }
 
-/// The lowering says when a decoding step's cache has passed
-/// LONG_CACHE_KEYS keys (decode_run's module then cuts it into chunks).
+/// The lowering says how far a decoding step's attention reads (which of
+/// decode_run's modules runs it).
 #[test]
 fn a_step_past_long_cache_keys_says_so() {
+    use crate::decode::{cache_span, CacheSpan};
     let mut l = layer(1);
-    let long = |l: &Layer| {
+    let span = |l: &Layer| {
         let (bufs, locs) = bind(&l.g, None, &[]);
         let nodes: Vec<NodeId> = l.g.ids().filter(|id| !l.g.node(*id).op.is_leaf()).collect();
-        lower(&l.g, &nodes, &locs, &bufs, SCRATCH, 132).unwrap_or_else(|e| panic!("{e:?}")).long_cache
+        lower(&l.g, &nodes, &locs, &bufs, SCRATCH, 132).unwrap_or_else(|e| panic!("{e:?}")).span
     };
-    assert!(!long(&l));
-    for kv_pos in [255, 256] {
+    assert_eq!(span(&l), CacheSpan::Short);
+    // Two q heads a KV head: all three spans.
+    for (kv_pos, want) in [(255, CacheSpan::Short), (256, CacheSpan::Chunked), (2047, CacheSpan::Grouped)] {
         for n in &mut l.g.nodes {
             if let Op::Attention(p) = &mut n.op {
                 p.kv_pos = kv_pos;
+                assert_eq!(cache_span(p, 1), want, "kv_pos {kv_pos}");
             }
         }
-        assert_eq!(long(&l), kv_pos + 1 > crate::decode::LONG_CACHE_KEYS, "kv_pos {kv_pos}");
+        assert_eq!(span(&l), want, "kv_pos {kv_pos}");
     }
 }
 
@@ -412,7 +415,7 @@ fn plan_keys_change_with_every_location_and_shape() {
     let mut g = l.g.clone();
     g.nodes[mm.index()].op = Op::MulMat { precision: tern_graph::Precision::Float };
     assert_ne!(crate::plan_key::fingerprint(&g, &nodes, &locs), key, "a product's precision picks its kernel");
-    // The cache position matters only as whether it passed LONG_CACHE_KEYS.
+    // The cache position matters only as the span it puts the step in.
     let at = |kv_pos: usize| {
         let mut g = l.g.clone();
         for n in &mut g.nodes {
@@ -425,5 +428,7 @@ fn plan_keys_change_with_every_location_and_shape() {
     assert_eq!(at(200), key);
     assert_eq!(at(255), key);
     assert_ne!(at(256), key);
-    assert_eq!(at(256), at(3000));
+    assert_eq!(at(256), at(2046));
+    assert_ne!(at(2047), at(2046));
+    assert_eq!(at(2047), at(3000));
 }

@@ -7,7 +7,7 @@ use std::hash::{Hash, Hasher};
 use tern_backend::{HostIo, TensorLoc};
 use tern_graph::{Graph, NodeId, Op, Precision};
 
-use crate::decode::reads_long_cache;
+use crate::decode::{cache_span, CacheSpan};
 
 /// The plan key's hasher, on the host's critical path every step (a 2B-4T
 /// step hashes ~75 KB: 31 µs with SipHash, a few with this). Each word's
@@ -58,8 +58,11 @@ pub(crate) fn fingerprint(graph: &Graph, nodes: &[NodeId], locs: &[Option<Tensor
         let n = graph.node(id);
         // A product's precision picks its kernel.
         let paired = matches!(n.op, Op::MulMat { precision: Precision::Paired });
-        let long = matches!(&n.op, Op::Attention(p) if reads_long_cache(p, n.ne[1]));
-        (id.0, std::mem::discriminant(&n.op), paired, long, n.ne).hash(&mut h);
+        let span = match &n.op {
+            Op::Attention(p) => cache_span(p, n.ne[1]),
+            _ => CacheSpan::Short,
+        };
+        (id.0, std::mem::discriminant(&n.op), paired, span, n.ne).hash(&mut h);
         loc(&mut h, id);
         for &s in &n.srcs {
             s.0.hash(&mut h);
