@@ -89,8 +89,8 @@ __device__ __forceinline__ void att_head_loads(const u16* kc, const u16* vc, con
 
 #define ATH_WARPS 8
 #define ATH_KEYS (ATH_WARPS * 8)
-// Keys a chunk takes at least: below this one block's passes beat a merge
-// (tern_cuda::decode::LONG_CACHE_KEYS).
+// Keys a chunk takes at least (the chunked module runs from
+// tern_cuda::decode::LONG_CACHE_KEYS keys).
 #define ATH_CHUNK_MIN 256
 
 // One output of the phase: written, counted in the statistics of the next

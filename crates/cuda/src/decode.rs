@@ -213,9 +213,12 @@ pub struct Config {
     pub span: CacheSpan,
 }
 
-/// Keys past which `att_head` cuts a cache into chunks (decode_attention.cu
-/// `ATH_CHUNK_MIN`), and steps run `DecodeRunLong`.
-pub const LONG_CACHE_KEYS: usize = 256;
+/// Keys past which `att_head` cuts a cache into chunks of at least
+/// `ATH_CHUNK_MIN` (256, decode_attention.cu), and steps run
+/// `DecodeRunLong`. Below, one block a q head walking the whole cache won
+/// on the 2B-4T shape on an H200: +7% tg at 257–288 keys, +2% at 385–416,
+/// −5% at 513–544 (BENCHMARKS.md).
+pub const LONG_CACHE_KEYS: usize = 448;
 /// Keys from which a block takes a KV head's whole group of q heads
 /// (decode_attention_kv.cu `AKV_MIN_KEYS`), and steps run `DecodeRunGrouped`.
 pub const GROUP_CACHE_KEYS: usize = 2048;

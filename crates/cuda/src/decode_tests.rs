@@ -148,8 +148,8 @@ fn cache_spans_follow_keys_and_groups() {
         kv_pos,
     };
     use CacheSpan::*;
-    assert_eq!(cache_span(&p(255, 20, 5), 1), Short);
-    assert_eq!(cache_span(&p(256, 20, 5), 1), Chunked);
+    assert_eq!(cache_span(&p(447, 20, 5), 1), Short);
+    assert_eq!(cache_span(&p(448, 20, 5), 1), Chunked);
     assert_eq!(cache_span(&p(2046, 20, 5), 1), Chunked);
     assert_eq!(cache_span(&p(2047, 20, 5), 1), Grouped);
     assert_eq!(cache_span(&p(4000, 32, 32), 1), Chunked, "no grouped q heads");

@@ -197,7 +197,7 @@ fn a_step_past_long_cache_keys_says_so() {
     };
     assert_eq!(span(&l), CacheSpan::Short);
     // Two q heads a KV head: all three spans.
-    for (kv_pos, want) in [(255, CacheSpan::Short), (256, CacheSpan::Chunked), (2047, CacheSpan::Grouped)] {
+    for (kv_pos, want) in [(447, CacheSpan::Short), (448, CacheSpan::Chunked), (2047, CacheSpan::Grouped)] {
         for n in &mut l.g.nodes {
             if let Op::Attention(p) = &mut n.op {
                 p.kv_pos = kv_pos;
@@ -426,9 +426,9 @@ fn plan_keys_change_with_every_location_and_shape() {
         crate::plan_key::fingerprint(&g, &nodes, &locs)
     };
     assert_eq!(at(200), key);
-    assert_eq!(at(255), key);
-    assert_ne!(at(256), key);
-    assert_eq!(at(256), at(2046));
+    assert_eq!(at(447), key);
+    assert_ne!(at(448), key);
+    assert_eq!(at(448), at(2046));
     assert_ne!(at(2047), at(2046));
     assert_eq!(at(2047), at(3000));
 }

@@ -45,8 +45,8 @@ impl Hasher for KeyHasher {
 /// Identifies a compute call cheaply: the nodes, their ops and shapes, and
 /// where every node and source lives. Attention's cache position is left out
 /// on purpose (kernels read positions from device memory), so that decoding
-/// steps map to one plan, all but whether the cache has passed
-/// `LONG_CACHE_KEYS` keys, which picks `decode_run`'s module: two plans.
+/// steps map to one plan a `CacheSpan` (`decode::cache_span`), which picks
+/// `decode_run`'s module: up to three plans.
 pub(crate) fn fingerprint(graph: &Graph, nodes: &[NodeId], locs: &[Option<TensorLoc>]) -> u64 {
     let mut h = KeyHasher::default();
     let loc = |h: &mut KeyHasher, id: NodeId| {

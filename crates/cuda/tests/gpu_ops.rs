@@ -521,9 +521,9 @@ impl Built {
 /// activation by one at a rounding tie, and attention merges in another
 /// order: bound 5e-3 of the largest output. Heads of 64 dims (two V dims a
 /// lane in `att_head`) at four cache positions, and of 128 (the 2B-4T's:
-/// four a lane, a group of four q heads) at three. Past 256 keys
+/// four a lane, a group of four q heads) at three. Past 448 keys
 /// `att_head` cuts the cache into chunks that the last of a KV group's
-/// blocks merges (at 600, 700, 400 and 600 keys: groups of 4, 4, 2 and 8);
+/// blocks merges (at 600, 700, 500 and 600 keys: groups of 4, 4, 2 and 8);
 /// from 2,048 keys a block takes a KV head's whole group of q heads
 /// (decode_attention_kv.cu), in 33 or 66 chunks on a 132-SM GPU, so that the merge loads
 /// them in several rounds (at 2,100 keys: groups of 4, 2 and 8).
@@ -539,7 +539,7 @@ fn fused_decoding_layers_match_cpu() {
         (128, 4, 1, 3, 256),
         (128, 4, 1, 130, 256),
         (128, 4, 1, 700, 1024),
-        (128, 4, 2, 400, 512),
+        (128, 4, 2, 500, 512),
         (64, 8, 1, 600, 1024),
         (128, 4, 1, 2100, 4096),
         (128, 4, 2, 2100, 4096),
