@@ -317,7 +317,7 @@ __device__ __forceinline__ void att_head_units(const Phase& ph, int blk, int nbl
 // cache lengths has a module of its own (kernels.rs), built with
 // DEC_LONG_CACHES 0 (one chunk a head), 1 (att_head_units' chunks, from
 // LONG_CACHE_KEYS keys) or 2 (att_kv's, a block per KV head and chunk,
-// from AKV_MIN_KEYS keys with grouped q heads): a path's code alone, even
+// from GROUP_CACHE_KEYS keys with grouped q heads): a path's code alone, even
 // unused, costs the others' kernels registers and 1–5% of tg.
 #ifndef DEC_LONG_CACHES
 #define DEC_LONG_CACHES 0

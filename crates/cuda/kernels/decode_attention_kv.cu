@@ -1,4 +1,5 @@
-// decode_run's one-token attention over caches of AKV_MIN_KEYS keys or more
+// decode_run's one-token attention over caches of GROUP_CACHE_KEYS keys or
+// more (tern_cuda::decode; the host runs this module only for those)
 // for grouped-query heads (G = 2, 4 or 8 q heads a KV head): a block per
 // (KV head, chunk of keys) takes the group's G heads together, so that each
 // K and V row crosses from L2 once (att_head's units, a block per q head,
@@ -360,20 +361,12 @@ __device__ void att_kv_units(const Phase& ph, int blk, int nblk, float* sm, cons
     }
 }
 
-// Keys from which the grouped path takes a cache (tern_cuda::decode::
-// GROUP_CACHE_KEYS, where the host picks its module). Below, att_head's
-// units (a block per q head and chunk) won on the 2B-4T shape on an H200:
-// this path's merge of more chunks costs more than reading each row once
-// saves (tg at 512 / 1,024 / 1,536 keys 1–3% lower, from 2,560 5–10%
-// higher; BENCHMARKS.md).
-#define AKV_MIN_KEYS 2048
-
 // Chunks of the grouped path for a cache of n keys (1: the path does not take
 // it): as many as the grid has blocks for every KV head, each a whole
 // number of passes, within the lowering's partial rows; S gets their keys.
 __device__ __forceinline__ int akv_chunks(const AttArgs& a, int nblk, int n, int* S) {
     int G = a.n_head / a.n_head_kv;
-    if (!a.part || n < AKV_MIN_KEYS || !(G == 2 || G == 4 || G == 8)) return 1;
+    if (!a.part || !(G == 2 || G == 4 || G == 8)) return 1;
     int pass = G == 8 ? Akv<8>::PASS : Akv<4>::PASS;
     int C = min(min(min(a.n_split, AKV_MAX_CHUNKS), nblk / a.n_head_kv), (n + pass - 1) / pass);
     if (C < 2) return 1;

@@ -220,7 +220,10 @@ pub struct Config {
 /// −5% at 513–544 (BENCHMARKS.md).
 pub const LONG_CACHE_KEYS: usize = 448;
 /// Keys from which a block takes a KV head's whole group of q heads
-/// (decode_attention_kv.cu `AKV_MIN_KEYS`), and steps run `DecodeRunGrouped`.
+/// (decode_attention_kv.cu), and steps run `DecodeRunGrouped`. Below, a
+/// block per q head and chunk won on the 2B-4T shape on an H200: the
+/// grouped merge of more chunks costs more than reading each row once saves
+/// (tg 1–3% lower at 512–1,536 keys, 5–10% higher from 2,560; BENCHMARKS.md).
 pub const GROUP_CACHE_KEYS: usize = 2048;
 
 /// How far back a decoding step's attention reads, in the three ranges

@@ -188,6 +188,10 @@ unsafe impl Send for Kernels {}
 const DECODE_MODULE: &str = "decode";
 const DECODE_LONG_MODULE: &str = "decode_long";
 const DECODE_GROUPED_MODULE: &str = "decode_grouped";
+const DECODE_MODULES: [&str; 3] = [DECODE_MODULE, DECODE_LONG_MODULE, DECODE_GROUPED_MODULE];
+
+/// `decode_run` in each of its modules (`decode::CacheSpan` picks one).
+pub const DECODE_RUNS: [Kernel; 3] = [Kernel::DecodeRun, Kernel::DecodeRunLong, Kernel::DecodeRunGrouped];
 
 impl Kernels {
     /// Compiles (or reads from the cache) and loads every module, the
@@ -196,12 +200,8 @@ impl Kernels {
     pub fn load(gpu: &Gpu, cache: Option<&Path>, with_decode_run: bool) -> Result<Kernels, String> {
         let (major, minor) = gpu.info.arch;
         let arch = format!("sm_{major}{minor}");
-        let wanted: Vec<_> = SOURCES
-            .iter()
-            .filter(|(name, _)| {
-                with_decode_run || ![DECODE_MODULE, DECODE_LONG_MODULE, DECODE_GROUPED_MODULE].contains(name)
-            })
-            .collect();
+        let wanted: Vec<_> =
+            SOURCES.iter().filter(|(name, _)| with_decode_run || !DECODE_MODULES.contains(name)).collect();
         let images: Vec<Result<nvrtc::Compiled, String>> = std::thread::scope(|s| {
             let jobs: Vec<_> = wanted
                 .iter()

@@ -134,7 +134,7 @@ fn fuse_config(gpu: &Gpu, kernels: &Kernels) -> std::result::Result<Option<decod
     let var = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<i32>().ok());
     // Static shared memory (descriptor scratch, reductions) is well under 4 KiB.
     let smem_max = (gpu.info.smem_optin as usize).saturating_sub(4096);
-    for k in [kernels::Kernel::DecodeRun, kernels::Kernel::DecodeRunLong, kernels::Kernel::DecodeRunGrouped] {
+    for k in kernels::DECODE_RUNS {
         if gpu.occupancy(kernels.get(k), decode::THREADS, smem_max)? < 1 {
             return Ok(None);
         }
