@@ -26,6 +26,10 @@ for t in kernels_compile gpu_ops gpu_golden; do
     echo "=== $t"
     "$bin/$t" --nocapture --test-threads=1 || status=1
 done
+# The GPU ops again with the prompt GEMM on mma.sync (TERN_CUDA_WGMMA=0;
+# on sm_90 the default is ternary_gemm_wg): both GEMMs stay checked.
+echo "=== gpu_ops, TERN_CUDA_WGMMA=0"
+TERN_CUDA_WGMMA=0 "$bin/gpu_ops" --nocapture --test-threads=1 || status=1
 # The golden models again with decoding as separate launches
 # (TERN_CUDA_FUSE=0; on sm_90 the default is one persistent kernel,
 # decode_run): the same logits and greedy tokens as the CPU.

@@ -489,9 +489,15 @@ fn can_fold(nq: &NqArgs, g: &GemvArgs) -> bool {
     nq.k_pad == g.k_pad && writes.iter().all(|w| disjoint(x.0, x.1, w.0, w.1))
 }
 
-/// Whether any launch from `from` on reads pointer `p`.
+/// Whether any launch from `from` on reads pointer `p` (directly, or through
+/// a tensor map based there).
 fn read_later(launches: &[Launch], from: usize, p: u64) -> bool {
-    launches[from..].iter().any(|l| l.args.iter().any(|a| matches!(a, Arg::Ptr(v) if *v == p)))
+    let reads = |a: &Arg| match a {
+        Arg::Ptr(v) => *v == p,
+        Arg::Map(m) => m.ptr == p,
+        _ => false,
+    };
+    launches[from..].iter().any(|l| l.args.iter().any(reads))
 }
 
 /// The phases of launches[i..] that one step of the walk takes, and how

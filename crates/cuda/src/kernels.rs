@@ -31,7 +31,7 @@ macro_rules! decode_sources {
 pub const SOURCES: &[(&str, &str)] = &[
     ("elementwise", include_str!("../kernels/elementwise.cu")),
     ("quantize", include_str!("../kernels/quantize.cu")),
-    ("ternary", include_str!("../kernels/ternary.cu")),
+    ("ternary", concat!(include_str!("../kernels/ternary.cu"), include_str!("../kernels/ternary_wgmma.cu"))),
     ("fmat", include_str!("../kernels/fmat.cu")),
     ("attention", include_str!("../kernels/attention.cu")),
     // The persistent decoding kernel calls into the three files before it.
@@ -70,6 +70,9 @@ pub enum Kernel {
     TernaryGemm,
     /// The prompt GEMM for a scale per 256-chunk, 128-row tiles.
     TernaryGemmGrouped,
+    /// The prompt GEMM on sm_90a's warpgroup MMA, fed by bulk tensor
+    /// copies (`ternary_wgmma.cu`); one scale a row.
+    TernaryGemmWg,
     FmatGemv,
     Q8Gemv,
     /// `Q8Gemv` for one token, with fewer registers (more warps in flight).
@@ -102,7 +105,7 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 31] = [
+    pub const ALL: [Kernel; 32] = [
         Kernel::GetRows,
         Kernel::RmsNorm,
         Kernel::Binary,
@@ -116,6 +119,7 @@ impl Kernel {
         Kernel::TernaryGemv1Pair,
         Kernel::TernaryGemm,
         Kernel::TernaryGemmGrouped,
+        Kernel::TernaryGemmWg,
         Kernel::FmatGemv,
         Kernel::Q8Gemv,
         Kernel::Q8Gemv1,
@@ -152,6 +156,7 @@ impl Kernel {
             Kernel::TernaryGemv1Pair => ("ternary", "ternary_gemv1_pair"),
             Kernel::TernaryGemm => ("ternary", "ternary_gemm"),
             Kernel::TernaryGemmGrouped => ("ternary", "ternary_gemm_grouped"),
+            Kernel::TernaryGemmWg => ("ternary", "ternary_gemm_wg"),
             Kernel::FmatGemv => ("fmat", "fmat_gemv"),
             Kernel::Q8Gemv => ("fmat", "q8_gemv"),
             Kernel::Q8Gemv1 => ("fmat", "q8_gemv1"),
@@ -170,6 +175,17 @@ impl Kernel {
             Kernel::DecodeRunLong => (DECODE_LONG_MODULE, "decode_run"),
             Kernel::DecodeRunGrouped => (DECODE_GROUPED_MODULE, "decode_run"),
         }
+    }
+}
+
+/// The target NVRTC compiles for: the device's own architecture, with
+/// Hopper's arch-specific features (`sm_90a`: wgmma) on sm_90, where the
+/// cubin runs and nowhere else.
+pub fn arch_name((major, minor): (i32, i32)) -> String {
+    if (major, minor) == (9, 0) {
+        "sm_90a".into()
+    } else {
+        format!("sm_{major}{minor}")
     }
 }
 
@@ -198,8 +214,7 @@ impl Kernels {
     /// decoding kernel's only when `decode_run` will run: NVRTC compiles the
     /// modules side by side, so a first run waits for the slowest.
     pub fn load(gpu: &Gpu, cache: Option<&Path>, with_decode_run: bool) -> Result<Kernels, String> {
-        let (major, minor) = gpu.info.arch;
-        let arch = format!("sm_{major}{minor}");
+        let arch = arch_name(gpu.info.arch);
         let wanted: Vec<_> =
             SOURCES.iter().filter(|(name, _)| with_decode_run || !DECODE_MODULES.contains(name)).collect();
         let images: Vec<Result<nvrtc::Compiled, String>> = std::thread::scope(|s| {

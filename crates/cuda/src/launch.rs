@@ -7,6 +7,7 @@ use std::ffi::c_void;
 
 use crate::driver::{DResult, Gpu};
 use crate::kernels::{Kernel, Kernels};
+use crate::tma::{MatrixMap, TmaMap};
 
 /// One ternary matrix of a batched launch (`struct TernaryMat` in ternary.cu).
 #[repr(C)]
@@ -61,6 +62,9 @@ pub enum Arg {
     F32(u32),
     Batch(TernaryBatch),
     Rope(AttRope),
+    /// A tensor map, encoded at launch and passed by value
+    /// (`__grid_constant__`).
+    Map(MatrixMap),
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
@@ -118,7 +122,17 @@ impl Launch {
     }
 
     pub fn run(&self, gpu: &Gpu, kernels: &Kernels, pdl: bool) -> DResult<()> {
-        // The driver copies the argument values at launch; `args` outlives the call.
+        let maps: Vec<TmaMap> = self
+            .args
+            .iter()
+            .filter_map(|a| match a {
+                Arg::Map(m) => Some(m.encode()),
+                _ => None,
+            })
+            .collect::<Result<_, _>>()?;
+        let mut next_map = maps.iter();
+        // The driver copies the argument values at launch; `args` and `maps`
+        // outlive the call.
         let mut params: Vec<*mut c_void> = self
             .args
             .iter()
@@ -128,6 +142,7 @@ impl Launch {
                 Arg::F32(v) => v as *const u32 as *mut c_void,
                 Arg::Batch(v) => v as *const TernaryBatch as *mut c_void,
                 Arg::Rope(v) => v as *const AttRope as *mut c_void,
+                Arg::Map(_) => next_map.next().expect("one map per Map argument") as *const TmaMap as *mut c_void,
             })
             .collect();
         gpu.launch(kernels.get(self.kernel), self.grid, self.block, self.smem, &mut params, pdl && !self.serial)

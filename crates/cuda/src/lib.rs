@@ -27,6 +27,7 @@ pub mod nvrtc;
 mod plan_key;
 mod profile;
 pub mod qlayout;
+mod tma;
 mod weights;
 
 use std::collections::HashMap;
@@ -93,6 +94,9 @@ pub struct CudaBackend {
     plans: HashMap<u64, Plan>,
     use_graphs: bool,
     pdl: bool,
+    /// Prompt GEMMs on wgmma (`ternary_gemm_wg`): sm_90, unless
+    /// `TERN_CUDA_WGMMA=0`.
+    wgmma: bool,
     /// Runs of one-token launches become one persistent kernel
     /// (on by default on sm_90, `TERN_CUDA_FUSE=0` off; `decode.rs`).
     fuse: Option<decode::Config>,
@@ -173,6 +177,8 @@ impl CudaBackend {
         let want_fuse = fuse_wanted(&gpu);
         let kernels = Kernels::load(&gpu, cache.as_deref(), want_fuse)?;
         let pdl = gpu.info.arch.0 >= 9 && env_flag("TERN_CUDA_PDL", true);
+        // `TERN_CUDA_WGMMA=0` keeps the mma.sync prompt GEMM on sm_90 (its tests).
+        let wgmma = gpu.info.arch == (9, 0) && env_flag("TERN_CUDA_WGMMA", true);
         let fuse = if want_fuse { fuse_config(&gpu, &kernels)? } else { None };
         Ok(CudaBackend {
             id: BackendId::cuda(index),
@@ -186,6 +192,7 @@ impl CudaBackend {
             plans: HashMap::new(),
             use_graphs: env_flag("TERN_CUDA_GRAPHS", true),
             pdl,
+            wgmma,
             fuse,
             stats: Stats::default(),
             profile: env_flag("TERN_CUDA_PROFILE", false).then(Profile::default),
@@ -681,7 +688,15 @@ impl Backend for CudaBackend {
         let Some(plan) = self.plans.get(&key) else {
             // First sight: lower, run directly, and keep the launches.
             let lowered = loop {
-                match lower(graph, nodes, locs, &self.buffers, self.scratch, self.gpu.info.sm_count as usize) {
+                match lower(
+                    graph,
+                    nodes,
+                    locs,
+                    &self.buffers,
+                    self.scratch,
+                    self.gpu.info.sm_count as usize,
+                    self.wgmma,
+                ) {
                     Ok(l) => break l,
                     Err(Need::Workspace(n)) => self.grow_scratch(n)?,
                     Err(Need::Counters(n)) => self.grow_counters(n)?,

@@ -22,6 +22,7 @@ use crate::decode::CacheSpan;
 use crate::kernels::Kernel;
 use crate::launch::{Arg, AttRope, Launch, TernaryBatch, TernaryMat};
 use crate::qlayout::QLayout;
+use crate::tma::{MatrixMap, Swizzle};
 use crate::Weight;
 
 mod fmat;
@@ -51,6 +52,17 @@ const FA_KEYS: usize = 32;
 const GEMM_ROWS: usize = 256;
 const GEMM_ROWS_GROUPED: usize = 128;
 const GEMM_TOKENS: usize = 32;
+/// The prompt GEMM on wgmma (`ternary_gemm_wg`, sm_90a): a block multiplies
+/// WG_ROWS rows (64 a consumer warpgroup, `WG_CW` of them) by WG_TOKENS
+/// tokens, with WG_STAGES chunks of both operands in shared memory.
+const WG_ROWS: usize = 192;
+const WG_TOKENS: usize = 128;
+const WG_STAGES: usize = 4;
+/// The consumer warpgroups and the producer warp.
+const WG_THREADS: u32 = 2 * WG_ROWS as u32 + 32;
+/// A stage holds the chunk's levels (256 bytes a token) and codes (64 bytes
+/// a row); then 1 KiB for the mbarriers and 1 KiB to align the stages.
+const WG_SMEM: usize = WG_STAGES * (WG_TOKENS * 256 + WG_ROWS * 64) + 2048;
 
 /// Scratch memory one lowering needs beyond the graph's own tensors.
 #[derive(Clone, Copy, Debug, Default)]
@@ -114,8 +126,34 @@ struct Lower<'a> {
     in_split: Vec<bool>,
     /// Multiprocessors of the device, for kernels whose blocks walk rows.
     sms: usize,
+    /// Prompt GEMMs on wgmma (`ternary_gemm_wg`): an sm_90 device.
+    wgmma: bool,
     span: CacheSpan,
     out: Vec<Launch>,
+}
+
+/// `ternary_gemm_wg`'s launch: the batch `b` over `grid`, and the tensor maps
+/// its copies read: the levels of `q` in boxes of 128 bytes × WG_TOKENS
+/// tokens (128-byte swizzle), each matrix's codes in 64 bytes × WG_ROWS rows
+/// (64-byte swizzle); the unused map slots repeat the first.
+fn wg_gemm(b: TernaryBatch, q: Quant, n_tok: usize, grid: (u32, u32, u32)) -> Result<Launch, Need> {
+    let map = |ptr, row_bytes: usize, rows, box_bytes, box_rows, swizzle| {
+        let m = MatrixMap { ptr, row_bytes: row_bytes as u64, rows, box_bytes, box_rows, swizzle };
+        m.check().map(|()| Arg::Map(m)).map_err(Need::Error)
+    };
+    let mut l = Launch::new(Kernel::TernaryGemmWg, grid, WG_THREADS).smem(WG_SMEM).arg(Arg::Batch(b)).arg(map(
+        q.q,
+        q.k_pad,
+        n_tok as u64,
+        128,
+        WG_TOKENS as u32,
+        Swizzle::B128,
+    )?);
+    for k in 0..3 {
+        let m = &b.m[if k < b.n as usize { k } else { 0 }];
+        l = l.arg(map(m.w, q.k_pad / 4, m.rows as u64, 64, WG_ROWS as u32, Swizzle::B64)?);
+    }
+    Ok(l.i32(q.k_pad as i32).ptr(q.d).ptr(q.lsum).i32(n_tok as i32))
 }
 
 fn fail<T>(m: impl Into<String>) -> Result<T, Need> {
@@ -129,6 +167,7 @@ pub fn lower(
     bufs: &Buffers,
     scratch: Scratch,
     sms: usize,
+    wgmma: bool,
 ) -> Result<Lowered, Need> {
     let mut uses = vec![0u32; graph.nodes.len()];
     let mut readers = vec![Vec::new(); graph.nodes.len()];
@@ -161,6 +200,7 @@ pub fn lower(
         deferred_rope: Vec::new(),
         in_split,
         sms,
+        wgmma,
         span: CacheSpan::Short,
         out: Vec::with_capacity(nodes.len()),
     };
@@ -489,14 +529,16 @@ impl Lower<'_> {
                 let kernel = if n_tok == 1 { Kernel::TernaryGemv1 } else { Kernel::TernaryGemv };
                 // In pair mode the blocks cover the first matrix; each warp does both rows.
                 (kernel, 8, if pair.is_some() { 1 } else { mats.len() }, 1, 256)
-            } else {
-                let (kernel, rows) = if mats.iter().all(|m| m.groups == 1) {
-                    (Kernel::TernaryGemm, GEMM_ROWS)
+            } else if mats.iter().all(|m| m.groups == 1) {
+                if self.wgmma {
+                    (Kernel::TernaryGemmWg, WG_ROWS, mats.len(), n_tok.div_ceil(WG_TOKENS), WG_THREADS)
                 } else {
-                    (Kernel::TernaryGemmGrouped, GEMM_ROWS_GROUPED)
-                };
-                // A warp a 32-row slice of the block: as many threads as rows.
-                (kernel, rows, mats.len(), n_tok.div_ceil(GEMM_TOKENS), rows as u32)
+                    // A warp a 32-row slice of the block: as many threads as rows.
+                    (Kernel::TernaryGemm, GEMM_ROWS, mats.len(), n_tok.div_ceil(GEMM_TOKENS), GEMM_ROWS as u32)
+                }
+            } else {
+                let rows = GEMM_ROWS_GROUPED;
+                (Kernel::TernaryGemmGrouped, rows, mats.len(), n_tok.div_ceil(GEMM_TOKENS), rows as u32)
             };
         let mut b = TernaryBatch { n: mats.len() as i32, ..Default::default() };
         let mut blocks = 0;
@@ -508,16 +550,24 @@ impl Lower<'_> {
             }
         }
         b.block_start[mats.len()] = blocks;
-        let l = Launch::new(kernel, (blocks as u32, grid_y as u32, 1), threads)
-            .arg(Arg::Batch(b))
-            .i32(q.k_pad as i32)
-            .ptr(q.q)
-            .ptr(q.d)
-            .ptr(q.lsum)
-            .i32(n_tok as i32);
-        // The GEMV also takes the paired activation (-1: none).
-        let gemm = matches!(kernel, Kernel::TernaryGemm | Kernel::TernaryGemmGrouped);
-        let l = if gemm { l } else { l.i32(pair.map_or(-1, |(_, a)| a)) };
+        let l = if kernel == Kernel::TernaryGemmWg {
+            wg_gemm(b, q, n_tok, (blocks as u32, grid_y as u32, 1))?
+        } else {
+            let l = Launch::new(kernel, (blocks as u32, grid_y as u32, 1), threads)
+                .arg(Arg::Batch(b))
+                .i32(q.k_pad as i32)
+                .ptr(q.q)
+                .ptr(q.d)
+                .ptr(q.lsum)
+                .i32(n_tok as i32);
+            // The GEMV also takes the paired activation (-1: none).
+            let gemm = matches!(kernel, Kernel::TernaryGemm | Kernel::TernaryGemmGrouped);
+            if gemm {
+                l
+            } else {
+                l.i32(pair.map_or(-1, |(_, a)| a))
+            }
+        };
         self.out.push(if streamed { l.serial() } else { l });
         Ok(consumed)
     }
