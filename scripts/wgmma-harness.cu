@@ -1,26 +1,28 @@
-// Dev harness for kernels/ternary_wgmma.cu (branch wgmma-gemm, not on main):
-// nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Icrates/cuda/kernels scripts/wgmma-harness.cu
-// Dev harness (not in the repo): ternary_gemm_wg against a CPU reference and
-// against ternary_gemm, then timings at the 2B-4T shapes.
+// Dev harness for kernels/ternary_wgmma.cu on a GPU machine, outside the
+// engine: ternary_gemm_wg and a few other shapes of it (NT tokens, CW consumer
+// warpgroups, stages) against a CPU reference and against ternary_gemm
+// (bit-exact), then CUDA-event timings at the 2B-4T shapes. Build there:
+//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a \
+//        -Icrates/cuda/kernels scripts/wgmma-harness.cu -o /tmp/h -lcuda
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
 #include <cmath>
+#include <cuda.h>
 #include <cuda_runtime.h>
 #include "prelude.cuh"
 #include "ternary.cu"
 #include "ternary_wgmma.cu"
-extern "C" __global__ void __launch_bounds__(256, 1) wg128s3(TernaryBatch b, int k_pad, const i8* q, const float* d, const int* lsum, int n_tok) {
+#define VAR(NAME, NT, CW, ST) extern "C" __global__ void __launch_bounds__(128 * CW + 32, 1) NAME(TernaryBatch b, const __grid_constant__ TmaMap tq, const __grid_constant__ TmaMap tw0, int k_pad, const float* d, const int* lsum, int n_tok) { VBODY(NT, CW, ST) }
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
- wg_gemm<128>(b, k_pad, q, d, lsum, n_tok);
+#define VBODY(NT, CW, ST) wg_gemm<NT, CW, ST>(b, 0, &tq, &tw0, k_pad, d, lsum, n_tok);
+#else
+#define VBODY(NT, CW, ST)
 #endif
-}
-extern "C" __global__ void __launch_bounds__(256, 1) wg64s3(TernaryBatch b, int k_pad, const i8* q, const float* d, const int* lsum, int n_tok) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
- wg_gemm<64>(b, k_pad, q, d, lsum, n_tok);
-#endif
-}
+VAR(v_128_3_4, 128, 3, 4)
+VAR(v_256_2_3, 256, 2, 3)
+VAR(v_128_2_5, 128, 2, 5)
 #define CK(x) do { cudaError_t e = (x); if (e) { printf("CUDA %s at %d\n", cudaGetErrorString(e), __LINE__); exit(1);} } while (0)
 static unsigned long long rs = 12345;
 static unsigned rnd() { rs ^= rs << 13; rs ^= rs >> 7; rs ^= rs << 17; return (unsigned)rs; }
@@ -54,17 +56,32 @@ int main(int argc, char** argv) {
     size_t on = (size_t)n * rows;
     CK(cudaMalloc(&o1, on * 4)); CK(cudaMalloc(&o2, on * 4)); CK(cudaMalloc(&o3, on * 4));
     auto batch = [&](float* out, int per) { TernaryBatch b; memset(&b, 0, sizeof b); b.n = 1; b.m[0].w = dW; b.m[0].scales = dS; b.m[0].out = out; b.m[0].res = nullptr; b.m[0].rows = rows; b.m[0].groups = 1; b.block_start[0] = 0; b.block_start[1] = (rows + per - 1) / per; return b; };
-    int sm128 = wg_smem_bytes<128>(), sm64 = wg_smem_bytes<64>(), s3_128 = wg_smem_bytes<128>(), s3_64 = wg_smem_bytes<64>();
-    CK(cudaFuncSetAttribute(wg128s3, cudaFuncAttributeMaxDynamicSharedMemorySize, s3_128)); CK(cudaFuncSetAttribute(wg64s3, cudaFuncAttributeMaxDynamicSharedMemorySize, s3_64));
+    int sm128 = wg_smem_bytes<WG_NT, WG_CW, WG_STAGES>();
     CK(cudaFuncSetAttribute(ternary_gemm_wg, cudaFuncAttributeMaxDynamicSharedMemorySize, sm128));
-    CK(cudaFuncSetAttribute(ternary_gemm_wg64, cudaFuncAttributeMaxDynamicSharedMemorySize, sm64));
+    auto enc = [&](TmaMap* m, void* ptr, int inner, int outer, int bx, int by, CUtensorMapSwizzle sw) {
+      cuuint64_t dims[2] = {(cuuint64_t)inner, (cuuint64_t)outer}, str[1] = {(cuuint64_t)inner}; cuuint32_t box[2] = {(cuuint32_t)bx, (cuuint32_t)by}, es[2] = {1, 1};
+      CUresult r = cuTensorMapEncodeTiled((CUtensorMap*)m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, ptr, dims, str, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE, sw, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+      if (r) { printf("encode %d\n", r); exit(1); } };
+    TmaMap tq, tw, tq256, tw192, twm;
+    enc(&twm, dW, rb, rows, 64, 64 * WG_CW, CU_TENSOR_MAP_SWIZZLE_64B);
+    enc(&tq256, dA, k, n, 128, 256, CU_TENSOR_MAP_SWIZZLE_128B); enc(&tw192, dW, rb, rows, 64, 192, CU_TENSOR_MAP_SWIZZLE_64B);
+    int smA = wg_smem_bytes<128, 3, 4>(), smB = wg_smem_bytes<256, 2, 3>(), smC = wg_smem_bytes<128, 2, 5>();
+    CK(cudaFuncSetAttribute(v_128_3_4, cudaFuncAttributeMaxDynamicSharedMemorySize, smA));
+    CK(cudaFuncSetAttribute(v_256_2_3, cudaFuncAttributeMaxDynamicSharedMemorySize, smB));
+    CK(cudaFuncSetAttribute(v_128_2_5, cudaFuncAttributeMaxDynamicSharedMemorySize, smC));
+    { cuuint64_t dims[2] = {(cuuint64_t)k, (cuuint64_t)n}, str[1] = {(cuuint64_t)k}; cuuint32_t box[2] = {128, 128}, es[2] = {1, 1};
+      CUresult r = cuTensorMapEncodeTiled((CUtensorMap*)&tq, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, dA, dims, str, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+      if (r) { printf("tq encode %d\n", r); exit(1); } }
+    { cuuint64_t dims[2] = {(cuuint64_t)rb, (cuuint64_t)rows}, str[1] = {(cuuint64_t)rb}; cuuint32_t box[2] = {64, 128}, es[2] = {1, 1};
+      CUresult r = cuTensorMapEncodeTiled((CUtensorMap*)&tw, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, dW, dims, str, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_64B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+      if (r) { printf("tw encode %d\n", r); exit(1); } }
     auto run_old = [&]() { ternary_gemm<<<dim3((rows + 255) / 256, (n + 31) / 32), 256>>>(batch(o1, 256), k, dA, dD, dL, n); };
-    auto run_wg = [&]() { ternary_gemm_wg<<<dim3((rows + 127) / 128, (n + 127) / 128), 256, sm128>>>(batch(o2, 128), k, dA, dD, dL, n); };
-    auto run_a = [&]() { wg128s3<<<dim3((rows + 127) / 128, (n + 127) / 128), 256, s3_128>>>(batch(o2, 128), k, dA, dD, dL, n); };
-    auto run_b = [&]() { wg64s3<<<dim3((rows + 127) / 128, (n + 63) / 64), 256, s3_64>>>(batch(o3, 128), k, dA, dD, dL, n); };
-    auto run_wg64 = [&]() { ternary_gemm_wg64<<<dim3((rows + 127) / 128, (n + 63) / 64), 256, sm64>>>(batch(o3, 128), k, dA, dD, dL, n); };
+    auto run_a = [&]() { v_128_3_4<<<dim3((rows + 191) / 192, (n + 127) / 128), 416, smA>>>(batch(o3, 192), tq, tw192, k, dD, dL, n); };
+    auto run_b = [&]() { v_256_2_3<<<dim3((rows + 127) / 128, (n + 255) / 256), 288, smB>>>(batch(o3, 128), tq256, tw, k, dD, dL, n); };
+    auto run_c = [&]() { v_128_2_5<<<dim3((rows + 127) / 128, (n + 127) / 128), 288, smC>>>(batch(o3, 128), tq, tw, k, dD, dL, n); };
+    auto run_wg = [&]() { ternary_gemm_wg<<<dim3((rows + 64 * WG_CW - 1) / (64 * WG_CW), (n + WG_NT - 1) / WG_NT), WG_THREADS, sm128>>>(batch(o2, 64 * WG_CW), tq, twm, twm, twm, k, dD, dL, n); };
     CK(cudaMemset(o1, 0xff, on * 4)); CK(cudaMemset(o2, 0xff, on * 4)); CK(cudaMemset(o3, 0xff, on * 4));
-    run_old(); run_wg(); run_wg64(); CK(cudaGetLastError()); CK(cudaDeviceSynchronize());
+    run_old(); run_wg(); CK(cudaGetLastError()); CK(cudaDeviceSynchronize());
     std::vector<float> h1(on), h2(on), h3(on);
     CK(cudaMemcpy(h1.data(), o1, on * 4, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(h2.data(), o2, on * 4, cudaMemcpyDeviceToHost));
@@ -86,14 +103,13 @@ int main(int argc, char** argv) {
       printf("\n"); fails += bad != 0; };
     printf("rows %d k %d n %d\n", rows, k, n);
     if (cs.cpu) cmp("old", h1);
-    cmp("wg128", h2); cmp("wg64", h3);
-    run_a(); run_b(); CK(cudaDeviceSynchronize());
-    CK(cudaMemcpy(h2.data(), o2, on * 4, cudaMemcpyDeviceToHost)); CK(cudaMemcpy(h3.data(), o3, on * 4, cudaMemcpyDeviceToHost));
-    cmp("128s3", h2); cmp("64s3", h3);
+    cmp("wg128", h2);
+    for (int v = 0; v < 3; ++v) { CK(cudaMemset(o3, 0xff, on * 4)); if (v == 0) run_a(); else if (v == 1) run_b(); else run_c(); CK(cudaGetLastError()); CK(cudaDeviceSynchronize());
+      CK(cudaMemcpy(h3.data(), o3, on * 4, cudaMemcpyDeviceToHost)); cmp(v == 0 ? "128x3x4" : v == 1 ? "256x2x3" : "128x2x5", h3); }
     if (!cs.cpu) {
       cudaEvent_t e0, e1; cudaEventCreate(&e0); cudaEventCreate(&e1);
       auto timeit = [&](const char* name, auto fn) { for (int i = 0; i < 3; ++i) fn(); cudaEventRecord(e0); for (int i = 0; i < 20; ++i) fn(); cudaEventRecord(e1); cudaEventSynchronize(e1); float ms; cudaEventElapsedTime(&ms, e0, e1); double us = ms * 1000 / 20; printf("  %-6s %8.1f us  %6.0f TOPS\n", name, us, 2.0 * rows * k * (double)n / us / 1e6); };
-      timeit("old", run_old); timeit("wg128", run_wg); timeit("wg64", run_wg64); timeit("128s3", run_a); timeit("64s3", run_b);
+      timeit("old", run_old); timeit("wg128", run_wg); timeit("128x3x4", run_a); timeit("256x2x3", run_b); timeit("128x2x5", run_c); timeit("old", run_old); timeit("wg128", run_wg);
     }
     cudaFree(dW); cudaFree(dA); cudaFree(dS); cudaFree(dD); cudaFree(dL); cudaFree(o1); cudaFree(o2); cudaFree(o3);
   }

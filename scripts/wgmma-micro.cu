@@ -1,4 +1,6 @@
-// wgmma throughput micro: RS vs SS, N 64/128/256, int8.
+// wgmma throughput on a GPU machine: A in registers or shared memory, N 64
+// or 128, u8 x s8 and s8 x s8 (nvcc -gencode=arch=compute_90a,code=sm_90a
+// scripts/wgmma-micro.cu). Operands fixed: the tensor pipe alone.
 #include <cstdio>
 #include <cuda_runtime.h>
 typedef unsigned int u32; typedef unsigned long long u64;

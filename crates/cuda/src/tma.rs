@@ -44,10 +44,10 @@ impl MatrixMap {
             Swizzle::B64 => 64,
             Swizzle::B128 => 128,
         };
-        let ok = self.ptr % 16 == 0
-            && self.row_bytes % 16 == 0
+        let ok = self.ptr.is_multiple_of(16)
+            && self.row_bytes.is_multiple_of(16)
             && self.rows > 0
-            && self.box_bytes % 16 == 0
+            && self.box_bytes.is_multiple_of(16)
             && (16..=span).contains(&self.box_bytes)
             && (1..=256).contains(&self.box_rows);
         if ok {

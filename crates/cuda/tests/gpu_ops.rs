@@ -37,7 +37,9 @@ fn ternary_matmuls_match_cpu_for_every_format_and_shape() {
     let Some(mut gpu) = gpu() else { return };
     let mut rng = Rng(11);
     // (k, rows, tokens): odd rows, k not a multiple of 256, GEMV (≤ 8 tokens)
-    // and GEMM sizes (256-row tiles: 129 and 300 rows end inside a tile).
+    // and GEMM sizes: 129, 200 and 300 rows end inside a tile of 256 rows
+    // (mma.sync) and of 192 (wgmma, sm_90: 1,100 tokens are 9 tiles of 128,
+    // the last partial; k 2,560 is 10 chunks, more than its 4 stages).
     let shapes = [
         (256, 1, 1),
         (512, 7, 3),
