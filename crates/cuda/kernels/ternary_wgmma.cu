@@ -240,24 +240,28 @@ __device__ __forceinline__ void wg_gemm(const TernaryBatch& b, int mi, const Tma
 }
 #endif
 
-// The kernel's shape: NT tokens, CW consumer warpgroups (64 rows each),
-// STAGES stages (tern_cuda::lower::WG_*). On an H200 at the 2B-4T shapes,
-// against 2 warpgroups: 175.5 against 228.7 µs for gate/up at 2,048
-// tokens, 75.5 against 94.2 for ffn_down; 256 tokens a warpgroup (more
-// registers than one block an SM has for two) lost.
-#define WG_NT 128
-#define WG_CW 3
-#define WG_STAGES 4
-#define WG_THREADS (128 * WG_CW + 32)
-
-// tq: the levels [n_tok][k_pad] as 128-byte × WG_NT boxes; tw0..2: the
-// batch's codes [rows][k_pad / 4] as 64-byte × 64·WG_CW boxes (tern_cuda::tma).
-extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
-    ternary_gemm_wg(TernaryBatch b, const __grid_constant__ TmaMap tq, const __grid_constant__ TmaMap tw0,
-                    const __grid_constant__ TmaMap tw1, const __grid_constant__ TmaMap tw2, int k_pad, const float* d,
-                    const int* lsum, int n_tok) {
+// Two shapes, 128 tokens a block (tern_cuda::lower::WgShape): three
+// consumer warpgroups (192 rows, 4 stages), and for grids too small to
+// fill the SMs with those, two (128 rows, 5 stages). On an H200 at the
+// 2B-4T shapes, three against two: gate/up at 2,048 tokens 175.5 against
+// 228.7 µs, ffn_down 75.5 against 94.2; o at 512 tokens (56 blocks of
+// three) 19.3 against 17.1. 256 tokens a warpgroup (more registers than
+// one block an SM has for two) lost.
+// tq: the levels [n_tok][k_pad] as 128-byte × 128-token boxes; tw0..2: the
+// batch's codes [rows][k_pad / 4] as 64-byte × 64·CW-row boxes.
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    int mi = pick(b, blockIdx.x);
-    wg_gemm<WG_NT, WG_CW, WG_STAGES>(b, mi, &tq, mi == 0 ? &tw0 : mi == 1 ? &tw1 : &tw2, k_pad, d, lsum, n_tok);
+#define WG_BODY(CW, STAGES)      \
+    int mi = pick(b, blockIdx.x); \
+    wg_gemm<128, CW, STAGES>(b, mi, &tq, mi == 0 ? &tw0 : mi == 1 ? &tw1 : &tw2, k_pad, d, lsum, n_tok);
+#else
+#define WG_BODY(CW, STAGES)
 #endif
-}
+#define WG_KERNEL(NAME, CW, STAGES)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(128 * CW + 32, 1)                                                   \
+        NAME(TernaryBatch b, const __grid_constant__ TmaMap tq, const __grid_constant__ TmaMap tw0,                  \
+             const __grid_constant__ TmaMap tw1, const __grid_constant__ TmaMap tw2, int k_pad, const float* d,      \
+             const int* lsum, int n_tok) {                                                                           \
+        WG_BODY(CW, STAGES)                                                                                          \
+    }
+WG_KERNEL(ternary_gemm_wg, 3, 4)
+WG_KERNEL(ternary_gemm_wg_narrow, 2, 5)

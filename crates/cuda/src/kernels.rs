@@ -71,8 +71,10 @@ pub enum Kernel {
     /// The prompt GEMM for a scale per 256-chunk, 128-row tiles.
     TernaryGemmGrouped,
     /// The prompt GEMM on sm_90a's warpgroup MMA, fed by bulk tensor
-    /// copies (`ternary_wgmma.cu`); one scale a row.
+    /// copies (`ternary_wgmma.cu`); one scale a row. 192-row blocks.
     TernaryGemmWg,
+    /// `TernaryGemmWg` on 128-row blocks, for grids that would not fill the SMs.
+    TernaryGemmWgNarrow,
     FmatGemv,
     Q8Gemv,
     /// `Q8Gemv` for one token, with fewer registers (more warps in flight).
@@ -105,7 +107,7 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 32] = [
+    pub const ALL: [Kernel; 33] = [
         Kernel::GetRows,
         Kernel::RmsNorm,
         Kernel::Binary,
@@ -120,6 +122,7 @@ impl Kernel {
         Kernel::TernaryGemm,
         Kernel::TernaryGemmGrouped,
         Kernel::TernaryGemmWg,
+        Kernel::TernaryGemmWgNarrow,
         Kernel::FmatGemv,
         Kernel::Q8Gemv,
         Kernel::Q8Gemv1,
@@ -157,6 +160,7 @@ impl Kernel {
             Kernel::TernaryGemm => ("ternary", "ternary_gemm"),
             Kernel::TernaryGemmGrouped => ("ternary", "ternary_gemm_grouped"),
             Kernel::TernaryGemmWg => ("ternary", "ternary_gemm_wg"),
+            Kernel::TernaryGemmWgNarrow => ("ternary", "ternary_gemm_wg_narrow"),
             Kernel::FmatGemv => ("fmat", "fmat_gemv"),
             Kernel::Q8Gemv => ("fmat", "q8_gemv"),
             Kernel::Q8Gemv1 => ("fmat", "q8_gemv1"),

@@ -52,17 +52,39 @@ const FA_KEYS: usize = 32;
 const GEMM_ROWS: usize = 256;
 const GEMM_ROWS_GROUPED: usize = 128;
 const GEMM_TOKENS: usize = 32;
-/// The prompt GEMM on wgmma (`ternary_gemm_wg`, sm_90a): a block multiplies
-/// WG_ROWS rows (64 a consumer warpgroup, `WG_CW` of them) by WG_TOKENS
-/// tokens, with WG_STAGES chunks of both operands in shared memory.
-const WG_ROWS: usize = 192;
+/// The prompt GEMM on wgmma (`ternary_gemm_wg*`, sm_90a): a block
+/// multiplies 64 rows a consumer warpgroup by WG_TOKENS tokens, with
+/// `stages` chunks of both operands in shared memory.
 const WG_TOKENS: usize = 128;
-const WG_STAGES: usize = 4;
-/// The consumer warpgroups and the producer warp.
-const WG_THREADS: u32 = 2 * WG_ROWS as u32 + 32;
-/// A stage holds the chunk's levels (256 bytes a token) and codes (64 bytes
-/// a row); then 1 KiB for the mbarriers and 1 KiB to align the stages.
-const WG_SMEM: usize = WG_STAGES * (WG_TOKENS * 256 + WG_ROWS * 64) + 2048;
+#[derive(Clone, Copy)]
+struct WgShape {
+    kernel: Kernel,
+    warpgroups: usize,
+    stages: usize,
+}
+/// Three consumer warpgroups; two where three would leave SMs idle
+/// (measured in `ternary_wgmma.cu`).
+const WG_WIDE: WgShape = WgShape { kernel: Kernel::TernaryGemmWg, warpgroups: 3, stages: 4 };
+const WG_NARROW: WgShape = WgShape { kernel: Kernel::TernaryGemmWgNarrow, warpgroups: 2, stages: 5 };
+
+impl WgShape {
+    fn of(kernel: Kernel) -> Option<WgShape> {
+        [WG_WIDE, WG_NARROW].into_iter().find(|s| s.kernel == kernel)
+    }
+    fn rows(self) -> usize {
+        64 * self.warpgroups
+    }
+    /// The consumer warpgroups and the producer warp.
+    fn threads(self) -> u32 {
+        128 * self.warpgroups as u32 + 32
+    }
+    /// A stage holds the chunk's levels (256 bytes a token) and codes (64
+    /// bytes a row); then 1 KiB for the mbarriers and 1 KiB to align the
+    /// stages.
+    fn smem(self) -> usize {
+        self.stages * (WG_TOKENS * 256 + self.rows() * 64) + 2048
+    }
+}
 
 /// Scratch memory one lowering needs beyond the graph's own tensors.
 #[derive(Clone, Copy, Debug, Default)]
@@ -132,26 +154,27 @@ struct Lower<'a> {
     out: Vec<Launch>,
 }
 
-/// `ternary_gemm_wg`'s launch: the batch `b` over `grid`, and the tensor maps
-/// its copies read: the levels of `q` in boxes of 128 bytes × WG_TOKENS
-/// tokens (128-byte swizzle), each matrix's codes in 64 bytes × WG_ROWS rows
-/// (64-byte swizzle); the unused map slots repeat the first.
-fn wg_gemm(b: TernaryBatch, q: Quant, n_tok: usize, grid: (u32, u32, u32)) -> Result<Launch, Need> {
-    let map = |ptr, row_bytes: usize, rows, box_bytes, box_rows, swizzle| {
-        let m = MatrixMap { ptr, row_bytes: row_bytes as u64, rows, box_bytes, box_rows, swizzle };
+/// `ternary_gemm_wg*`'s launch: the batch `b` over `grid`, and the tensor
+/// maps its copies read: the levels of `q` in boxes of 128 bytes ×
+/// WG_TOKENS tokens (128-byte swizzle), each matrix's codes in 64 bytes ×
+/// the block's rows (64-byte swizzle); the unused map slots repeat the
+/// first.
+fn wg_gemm(shape: WgShape, b: TernaryBatch, q: Quant, n_tok: usize, grid: (u32, u32, u32)) -> Result<Launch, Need> {
+    let map = |ptr, row_bytes: usize, rows, box_bytes, box_rows: usize, swizzle| {
+        let m = MatrixMap { ptr, row_bytes: row_bytes as u64, rows, box_bytes, box_rows: box_rows as u32, swizzle };
         m.check().map(|()| Arg::Map(m)).map_err(Need::Error)
     };
-    let mut l = Launch::new(Kernel::TernaryGemmWg, grid, WG_THREADS).smem(WG_SMEM).arg(Arg::Batch(b)).arg(map(
+    let mut l = Launch::new(shape.kernel, grid, shape.threads()).smem(shape.smem()).arg(Arg::Batch(b)).arg(map(
         q.q,
         q.k_pad,
         n_tok as u64,
         128,
-        WG_TOKENS as u32,
+        WG_TOKENS,
         Swizzle::B128,
     )?);
     for k in 0..3 {
         let m = &b.m[if k < b.n as usize { k } else { 0 }];
-        l = l.arg(map(m.w, q.k_pad / 4, m.rows as u64, 64, WG_ROWS as u32, Swizzle::B64)?);
+        l = l.arg(map(m.w, q.k_pad / 4, m.rows as u64, 64, shape.rows(), Swizzle::B64)?);
     }
     Ok(l.i32(q.k_pad as i32).ptr(q.d).ptr(q.lsum).i32(n_tok as i32))
 }
@@ -531,7 +554,10 @@ impl Lower<'_> {
                 (kernel, 8, if pair.is_some() { 1 } else { mats.len() }, 1, 256)
             } else if mats.iter().all(|m| m.groups == 1) {
                 if self.wgmma {
-                    (Kernel::TernaryGemmWg, WG_ROWS, mats.len(), n_tok.div_ceil(WG_TOKENS), WG_THREADS)
+                    let grid_y = n_tok.div_ceil(WG_TOKENS);
+                    let blocks = |s: WgShape| mats.iter().map(|m| (m.rows as usize).div_ceil(s.rows())).sum::<usize>();
+                    let s = if blocks(WG_WIDE) * grid_y >= self.sms { WG_WIDE } else { WG_NARROW };
+                    (s.kernel, s.rows(), mats.len(), grid_y, s.threads())
                 } else {
                     // A warp a 32-row slice of the block: as many threads as rows.
                     (Kernel::TernaryGemm, GEMM_ROWS, mats.len(), n_tok.div_ceil(GEMM_TOKENS), GEMM_ROWS as u32)
@@ -550,8 +576,8 @@ impl Lower<'_> {
             }
         }
         b.block_start[mats.len()] = blocks;
-        let l = if kernel == Kernel::TernaryGemmWg {
-            wg_gemm(b, q, n_tok, (blocks as u32, grid_y as u32, 1))?
+        let l = if let Some(shape) = WgShape::of(kernel) {
+            wg_gemm(shape, b, q, n_tok, (blocks as u32, grid_y as u32, 1))?
         } else {
             let l = Launch::new(kernel, (blocks as u32, grid_y as u32, 1), threads)
                 .arg(Arg::Batch(b))

@@ -132,20 +132,21 @@ fn lowered(
     staged: &[&str],
     scratch: Scratch,
 ) -> Result<Vec<crate::launch::Launch>, crate::lower::Need> {
-    lowered_on(l, alias, staged, scratch, false)
+    lowered_on(l, alias, staged, scratch, 132, false)
 }
 
-/// `lowered` for a device with wgmma (sm_90) or without.
+/// `lowered` for a device of `sms` multiprocessors, with wgmma (sm_90) or without.
 fn lowered_on(
     l: &Layer,
     alias: Option<(NodeId, NodeId)>,
     staged: &[&str],
     scratch: Scratch,
+    sms: usize,
     wgmma: bool,
 ) -> Result<Vec<crate::launch::Launch>, crate::lower::Need> {
     let (bufs, locs) = bind(&l.g, alias, staged);
     let nodes: Vec<NodeId> = l.g.ids().filter(|id| !l.g.node(*id).op.is_leaf()).collect();
-    lower(&l.g, &nodes, &locs, &bufs, scratch, 132, wgmma).map(|l| l.launches)
+    lower(&l.g, &nodes, &locs, &bufs, scratch, sms, wgmma).map(|l| l.launches)
 }
 
 fn kernels(ls: &[crate::launch::Launch]) -> Vec<Kernel> {
@@ -354,9 +355,9 @@ fn per_chunk_scales_take_the_grouped_gemm() {
 }
 
 /// On sm_90 the prompt GEMMs with one scale a row take wgmma: 192-row
-/// tiles of 128 tokens, the levels and each matrix's codes as tensor maps
-/// (a batch of two repeats the first matrix's in the third slot); per-chunk
-/// scales keep the grouped GEMM and a few tokens the GEMV.
+/// tiles of 128 tokens where they fill the SMs, else 128-row tiles; the
+/// levels and each matrix's codes go as tensor maps (a batch of two repeats
+/// the first matrix's in the third slot); a few tokens keep the GEMV.
 #[test]
 fn sm_90_prompts_take_the_wgmma_gemm_with_its_tensor_maps() {
     use crate::lower::GEMV_MAX_TOKENS;
@@ -365,33 +366,39 @@ fn sm_90_prompts_take_the_wgmma_gemm_with_its_tensor_maps() {
     // Two tiles of tokens, the second partial (the layer's cache holds 256).
     let n = 200;
     let l = layer(n);
-    let ls = lowered_on(&l, None, &[], SCRATCH, true).unwrap_or_else(|e| panic!("{e:?}"));
-    let wg: Vec<_> = ls.iter().filter(|l| l.kernel == TernaryGemmWg).collect();
-    assert_eq!(wg.len(), 4, "q/k/v, o, gate/up, down: {:?}", kernels(&ls));
-    assert!(!kernels(&ls).contains(&TernaryGemm));
-    let qkv = wg[0];
-    // q: E rows (3 tiles), k and v 128 rows (one each).
-    assert_eq!(
-        (qkv.grid, qkv.block, qkv.smem),
-        ((E.div_ceil(192) as u32 + 2, 2, 1), 416, 4 * (128 * 256 + 192 * 64) + 2048)
-    );
-    let Arg::Batch(b) = qkv.args[0] else { panic!("{:?}", qkv.args[0]) };
-    let maps: Vec<_> = qkv.args[1..5].iter().map(|a| if let Arg::Map(m) = a { *m } else { panic!("{a:?}") }).collect();
     let k_pad = E.next_multiple_of(256) as u64;
-    assert_eq!((maps[0].row_bytes, maps[0].rows, maps[0].box_bytes, maps[0].box_rows), (k_pad, n as u64, 128, 128));
-    assert_eq!(maps[0].swizzle, Swizzle::B128);
-    for (i, m) in maps[1..].iter().enumerate() {
-        assert_eq!((m.ptr, m.rows), (b.m[i].w, b.m[i].rows as u64), "matrix {i}");
-        assert_eq!((m.row_bytes, m.box_bytes, m.box_rows, m.swizzle), (k_pad / 4, 64, 192, Swizzle::B64));
+    // (SMs, kernel, rows a block, threads, stages): on one SM the wide shape
+    // fills it; on 132 this layer's 16 wide blocks would not.
+    for (sms, kernel, rows, threads, stages) in
+        [(1, TernaryGemmWg, 192, 416, 4), (132, TernaryGemmWgNarrow, 128, 288, 5)]
+    {
+        let ls = lowered_on(&l, None, &[], SCRATCH, sms, true).unwrap_or_else(|e| panic!("{e:?}"));
+        let wg: Vec<_> = ls.iter().filter(|l| l.kernel == kernel).collect();
+        assert_eq!(wg.len(), 4, "q/k/v, o, gate/up, down: {:?}", kernels(&ls));
+        assert!(!kernels(&ls).contains(&TernaryGemm));
+        let qkv = wg[0];
+        // q: E rows; k and v 128 rows (one block each).
+        let blocks = E.div_ceil(rows) as u32 + 2;
+        let smem = stages * (128 * 256 + rows * 64) + 2048;
+        assert_eq!((qkv.grid, qkv.block, qkv.smem as usize), ((blocks, 2, 1), threads, smem), "{kernel:?}");
+        let Arg::Batch(b) = qkv.args[0] else { panic!("{:?}", qkv.args[0]) };
+        let maps: Vec<_> =
+            qkv.args[1..5].iter().map(|a| if let Arg::Map(m) = a { *m } else { panic!("{a:?}") }).collect();
+        assert_eq!((maps[0].row_bytes, maps[0].rows, maps[0].box_bytes, maps[0].box_rows), (k_pad, n as u64, 128, 128));
+        assert_eq!(maps[0].swizzle, Swizzle::B128);
+        for (i, m) in maps[1..].iter().enumerate() {
+            assert_eq!((m.ptr, m.rows), (b.m[i].w, b.m[i].rows as u64), "matrix {i}");
+            assert_eq!((m.row_bytes, m.box_bytes, m.box_rows, m.swizzle), (k_pad / 4, 64, rows as u32, Swizzle::B64));
+        }
+        assert_eq!(qkv.args[5..], [Arg::I32(k_pad as i32), qkv.args[6], qkv.args[7], Arg::I32(n as i32)]);
+        let gate_up = wg[2];
+        let Arg::Batch(b) = gate_up.args[0] else { panic!() };
+        assert_eq!(b.n, 2);
+        assert_eq!(gate_up.args[4], gate_up.args[2], "the unused slot repeats matrix 0's map");
     }
-    assert_eq!(qkv.args[5..], [Arg::I32(k_pad as i32), qkv.args[6], qkv.args[7], Arg::I32(n as i32)]);
-    let gate_up = wg[2];
-    let Arg::Batch(b) = gate_up.args[0] else { panic!() };
-    assert_eq!(b.n, 2);
-    assert_eq!(gate_up.args[4], gate_up.args[2], "the unused slot repeats matrix 0's map");
     // A few tokens stay on the GEMV, with or without wgmma.
-    let few = lowered_on(&layer(GEMV_MAX_TOKENS), None, &[], SCRATCH, true).unwrap();
-    assert!(kernels(&few).iter().all(|k| *k != TernaryGemmWg && *k != TernaryGemm));
+    let few = lowered_on(&layer(GEMV_MAX_TOKENS), None, &[], SCRATCH, 132, true).unwrap();
+    assert!(kernels(&few).iter().all(|k| !matches!(k, TernaryGemmWg | TernaryGemmWgNarrow | TernaryGemm)));
 }
 
 #[test]

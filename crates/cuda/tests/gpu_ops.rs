@@ -37,9 +37,11 @@ fn ternary_matmuls_match_cpu_for_every_format_and_shape() {
     let Some(mut gpu) = gpu() else { return };
     let mut rng = Rng(11);
     // (k, rows, tokens): odd rows, k not a multiple of 256, GEMV (≤ 8 tokens)
-    // and GEMM sizes: 129, 200 and 300 rows end inside a tile of 256 rows
-    // (mma.sync) and of 192 (wgmma, sm_90: 1,100 tokens are 9 tiles of 128,
-    // the last partial; k 2,560 is 10 chunks, more than its 4 stages).
+    // and GEMM sizes: 129, 200, 300 and 4,000 rows end inside a tile of 256
+    // rows (mma.sync) and of 128 or 192 (wgmma, sm_90: 4,000 × 1,100 tokens
+    // is the only shape with enough blocks for 192-row tiles; 1,100 tokens
+    // are 9 tiles of 128, the last partial; k 2,560 is 10 chunks, more than
+    // the stages).
     let shapes = [
         (256, 1, 1),
         (512, 7, 3),
@@ -49,6 +51,7 @@ fn ternary_matmuls_match_cpu_for_every_format_and_shape() {
         (768, 129, 33),
         (2560, 2560, 100),
         (768, 200, 1100),
+        (256, 4000, 1100),
     ];
     let mut report = Vec::new();
     for ty in TERNARY {
