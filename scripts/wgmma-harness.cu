@@ -21,7 +21,6 @@
 #define VBODY(NT, CW, ST)
 #endif
 VAR(v_128_3_4, 128, 3, 4)
-VAR(v_256_2_3, 256, 2, 3)
 VAR(v_128_2_5, 128, 2, 5)
 #define CK(x) do { cudaError_t e = (x); if (e) { printf("CUDA %s at %d\n", cudaGetErrorString(e), __LINE__); exit(1);} } while (0)
 static unsigned long long rs = 12345;
@@ -62,12 +61,11 @@ int main(int argc, char** argv) {
       cuuint64_t dims[2] = {(cuuint64_t)inner, (cuuint64_t)outer}, str[1] = {(cuuint64_t)inner}; cuuint32_t box[2] = {(cuuint32_t)bx, (cuuint32_t)by}, es[2] = {1, 1};
       CUresult r = cuTensorMapEncodeTiled((CUtensorMap*)m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, ptr, dims, str, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE, sw, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
       if (r) { printf("encode %d\n", r); exit(1); } };
-    TmaMap tq, tw, tq256, tw192, twm;
+    TmaMap tq, tw, tw192, twm;
     enc(&twm, dW, rb, rows, 64, 64 * WG_CW, CU_TENSOR_MAP_SWIZZLE_64B);
-    enc(&tq256, dA, k, n, 128, 256, CU_TENSOR_MAP_SWIZZLE_128B); enc(&tw192, dW, rb, rows, 64, 192, CU_TENSOR_MAP_SWIZZLE_64B);
-    int smA = wg_smem_bytes<128, 3, 4>(), smB = wg_smem_bytes<256, 2, 3>(), smC = wg_smem_bytes<128, 2, 5>();
+    enc(&tw192, dW, rb, rows, 64, 192, CU_TENSOR_MAP_SWIZZLE_64B);
+    int smA = wg_smem_bytes<128, 3, 4>(), smC = wg_smem_bytes<128, 2, 5>();
     CK(cudaFuncSetAttribute(v_128_3_4, cudaFuncAttributeMaxDynamicSharedMemorySize, smA));
-    CK(cudaFuncSetAttribute(v_256_2_3, cudaFuncAttributeMaxDynamicSharedMemorySize, smB));
     CK(cudaFuncSetAttribute(v_128_2_5, cudaFuncAttributeMaxDynamicSharedMemorySize, smC));
     { cuuint64_t dims[2] = {(cuuint64_t)k, (cuuint64_t)n}, str[1] = {(cuuint64_t)k}; cuuint32_t box[2] = {128, 128}, es[2] = {1, 1};
       CUresult r = cuTensorMapEncodeTiled((CUtensorMap*)&tq, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, dA, dims, str, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
@@ -77,7 +75,6 @@ int main(int argc, char** argv) {
       if (r) { printf("tw encode %d\n", r); exit(1); } }
     auto run_old = [&]() { ternary_gemm<<<dim3((rows + 255) / 256, (n + 31) / 32), 256>>>(batch(o1, 256), k, dA, dD, dL, n); };
     auto run_a = [&]() { v_128_3_4<<<dim3((rows + 191) / 192, (n + 127) / 128), 416, smA>>>(batch(o3, 192), tq, tw192, k, dD, dL, n); };
-    auto run_b = [&]() { v_256_2_3<<<dim3((rows + 127) / 128, (n + 255) / 256), 288, smB>>>(batch(o3, 128), tq256, tw, k, dD, dL, n); };
     auto run_c = [&]() { v_128_2_5<<<dim3((rows + 127) / 128, (n + 127) / 128), 288, smC>>>(batch(o3, 128), tq, tw, k, dD, dL, n); };
     auto run_wg = [&]() { ternary_gemm_wg<<<dim3((rows + 64 * WG_CW - 1) / (64 * WG_CW), (n + WG_NT - 1) / WG_NT), WG_THREADS, sm128>>>(batch(o2, 64 * WG_CW), tq, twm, twm, twm, k, dD, dL, n); };
     CK(cudaMemset(o1, 0xff, on * 4)); CK(cudaMemset(o2, 0xff, on * 4)); CK(cudaMemset(o3, 0xff, on * 4));
@@ -104,12 +101,12 @@ int main(int argc, char** argv) {
     printf("rows %d k %d n %d\n", rows, k, n);
     if (cs.cpu) cmp("old", h1);
     cmp("wg128", h2);
-    for (int v = 0; v < 3; ++v) { CK(cudaMemset(o3, 0xff, on * 4)); if (v == 0) run_a(); else if (v == 1) run_b(); else run_c(); CK(cudaGetLastError()); CK(cudaDeviceSynchronize());
-      CK(cudaMemcpy(h3.data(), o3, on * 4, cudaMemcpyDeviceToHost)); cmp(v == 0 ? "128x3x4" : v == 1 ? "256x2x3" : "128x2x5", h3); }
+    for (int v = 0; v < 2; ++v) { CK(cudaMemset(o3, 0xff, on * 4)); if (v == 0) run_a(); else run_c(); CK(cudaGetLastError()); CK(cudaDeviceSynchronize());
+      CK(cudaMemcpy(h3.data(), o3, on * 4, cudaMemcpyDeviceToHost)); cmp(v == 0 ? "128x3x4" : "128x2x5", h3); }
     if (!cs.cpu) {
       cudaEvent_t e0, e1; cudaEventCreate(&e0); cudaEventCreate(&e1);
       auto timeit = [&](const char* name, auto fn) { for (int i = 0; i < 3; ++i) fn(); cudaEventRecord(e0); for (int i = 0; i < 20; ++i) fn(); cudaEventRecord(e1); cudaEventSynchronize(e1); float ms; cudaEventElapsedTime(&ms, e0, e1); double us = ms * 1000 / 20; printf("  %-6s %8.1f us  %6.0f TOPS\n", name, us, 2.0 * rows * k * (double)n / us / 1e6); };
-      timeit("old", run_old); timeit("wg128", run_wg); timeit("128x3x4", run_a); timeit("256x2x3", run_b); timeit("128x2x5", run_c); timeit("old", run_old); timeit("wg128", run_wg);
+      timeit("old", run_old); timeit("wg128", run_wg); timeit("128x3x4", run_a); timeit("128x2x5", run_c); timeit("old", run_old); timeit("wg128", run_wg);
     }
     cudaFree(dW); cudaFree(dA); cudaFree(dS); cudaFree(dD); cudaFree(dL); cudaFree(o1); cudaFree(o2); cudaFree(o3);
   }
