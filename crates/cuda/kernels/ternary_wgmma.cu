@@ -7,8 +7,7 @@
 // tokens with one `wgmma` per 32 k: each code is decoded once per NT
 // tokens, and the levels go from shared memory to the tensor cores.
 //
-// Block: two consumer warpgroups (64 rows each: a 128-row tile) and one
-// producer warp. The producer's bulk tensor copies fill STAGES stages,
+// Block: CW consumer warpgroups (64 rows each) and one producer warp. The producer's bulk tensor copies fill STAGES stages,
 // each a chunk (256 k) of both operands, and signal a stage's `full`
 // mbarrier; the consumers release it on its `empty` mbarrier once their
 // products of it are done. No block barrier: copies run as far ahead as
@@ -17,15 +16,14 @@
 //   128 bytes, 128-byte swizzled by the copy (wgmma's K-major layout).
 //   Product i of a chunk reads bytes 32i..32i+31 of the chunk: pieces 2i
 //   and 2i + 1 of 16 bytes.
-// * Codes: the tile's 128 rows of 64 bytes, 64-byte swizzled (the 8 rows a
-//   warp reads at once fall on distinct banks).
+// * Codes: the tile's 64·CW rows of 64 bytes, 64-byte swizzled (the 8 rows
+//   a warp reads at once fall on distinct banks).
 // Local k 4j + b of piece 4·lb + w is activation word 4w + j of lane block
 // lb, whose weight is plane j of word w of the row's lane block lb
 // (ternary.cu's pairing), so thread (g, tig) of warp w holds A[16w + g]
 // [4·tig + b] (and rows + 8, and k + 16) as plane tig of those words.
 // grid: (Σ ceil(rows / 64·CW), ceil(n_tok / NT)), block 128·CW + 32,
 // dynamic shared memory wg_smem_bytes(NT, CW, STAGES).
-
 
 // A tensor map (CUtensorMap), built on the host by cuTensorMapEncodeTiled.
 struct __align__(64) TmaMap {
@@ -133,9 +131,7 @@ __device__ __forceinline__ void wg_gemm(const TernaryBatch& b, int mi, const Tma
             wg_bar_init(bars + 16 * s + 8, 4 * CW);
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-    // The maps never depend on the previous kernel; the level sums do.
-    if (threadIdx.x == PRODUCER) {
+        // The maps never depend on the previous kernel; the level sums do.
         asm volatile("prefetch.tensormap [%0];" ::"l"((u64)tq) : "memory");
         asm volatile("prefetch.tensormap [%0];" ::"l"((u64)tw) : "memory");
     }
