@@ -643,7 +643,8 @@ fn timing_table_for_2b4t_shapes() {
             ]);
             let ms = time(&mut gpu, &g, &data);
             let bytes = (k * rows / 4 + k * n + rows * n * 4) as f64;
-            let what = if n == 1 { "W2A8 GEMV (+quantize)" } else { "int8 mma GEMM (+quantize)" };
+            // The prompt GEMM is wgmma on sm_90 unless TERN_CUDA_WGMMA=0.
+            let what = if n == 1 { "W2A8 GEMV (+quantize)" } else { "int8 tensor-core GEMM (+quantize)" };
             let tops = 2.0 * (k * rows * n) as f64 / (ms * 1e-3) / 1e12;
             lines.push(format!(
                 "| {what} {name} | {k}×{rows} | {n} | {:.1} | {:.0} ({tops:.1} TOPS) |",
