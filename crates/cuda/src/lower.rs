@@ -553,7 +553,9 @@ impl Lower<'_> {
                 // In pair mode the blocks cover the first matrix; each warp does both rows.
                 (kernel, 8, if pair.is_some() { 1 } else { mats.len() }, 1, 256)
             } else if mats.iter().all(|m| m.groups == 1) {
-                if self.wgmma {
+                // The copy engine reads 16-byte aligned matrices (the
+                // workspace and weights are; anything else takes mma.sync).
+                if self.wgmma && q.q % 16 == 0 && mats.iter().all(|m| m.w % 16 == 0) {
                     let grid_y = n_tok.div_ceil(WG_TOKENS);
                     let blocks = |s: WgShape| mats.iter().map(|m| (m.rows as usize).div_ceil(s.rows())).sum::<usize>();
                     let s = if blocks(WG_WIDE) * grid_y >= self.sms { WG_WIDE } else { WG_NARROW };

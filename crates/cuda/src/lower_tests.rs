@@ -396,6 +396,10 @@ fn sm_90_prompts_take_the_wgmma_gemm_with_its_tensor_maps() {
         assert_eq!(b.n, 2);
         assert_eq!(gate_up.args[4], gate_up.args[2], "the unused slot repeats matrix 0's map");
     }
+    // Levels the copy engine cannot read (a workspace off 16 bytes) take mma.sync.
+    let odd = Scratch { base: SCRATCH.base + 8, ..SCRATCH };
+    let ls = lowered_on(&l, None, &[], odd, 132, true).unwrap_or_else(|e| panic!("{e:?}"));
+    assert!(kernels(&ls).contains(&TernaryGemm) && !kernels(&ls).contains(&TernaryGemmWgNarrow));
     // A few tokens stay on the GEMV, with or without wgmma.
     let few = lowered_on(&layer(GEMV_MAX_TOKENS), None, &[], SCRATCH, 132, true).unwrap();
     assert!(kernels(&few).iter().all(|k| !matches!(k, TernaryGemmWg | TernaryGemmWgNarrow | TernaryGemm)));
