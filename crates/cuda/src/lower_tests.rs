@@ -347,11 +347,17 @@ fn per_chunk_scales_take_the_grouped_gemm() {
     for o in [outs[1], lone] {
         g.mark_output(o);
     }
-    let ls = launches(&Layer { g, x, norm_out: x }, None);
+    let l = Layer { g, x, norm_out: x };
+    let ls = launches(&l, None);
     let gemms: Vec<_> = ls.iter().filter(|l| matches!(l.kernel, TernaryGemm | TernaryGemmGrouped)).collect();
     let shape = |l: &crate::launch::Launch| (l.kernel, l.grid, l.block);
     assert_eq!(shape(gemms[0]), (TernaryGemmGrouped, (8, 2, 1), 128), "a and b: 512 rows each");
     assert_eq!(shape(gemms[1]), (TernaryGemm, (2, 2, 1), 256), "c: 384 rows");
+    // On sm_90 too the scales per chunk keep the grouped GEMM (wgmma sums a
+    // row in one scale); c takes wgmma.
+    let ls = lowered_on(&l, None, &[], SCRATCH, 132, true).unwrap_or_else(|e| panic!("{e:?}"));
+    let gemms: Vec<_> = ls.iter().map(|l| l.kernel).filter(|k| !matches!(k, NormQuant)).collect();
+    assert_eq!(gemms, [TernaryGemmGrouped, TernaryGemmWgNarrow]);
 }
 
 /// On sm_90 the prompt GEMMs with one scale a row take wgmma: 192-row
