@@ -164,14 +164,8 @@ fn wg_gemm(shape: WgShape, b: TernaryBatch, q: Quant, n_tok: usize, grid: (u32, 
         let m = MatrixMap { ptr, row_bytes: row_bytes as u64, rows, box_bytes, box_rows: box_rows as u32, swizzle };
         m.check().map(|()| Arg::Map(m)).map_err(Need::Error)
     };
-    let mut l = Launch::new(shape.kernel, grid, shape.threads()).smem(shape.smem()).arg(Arg::Batch(b)).arg(map(
-        q.q,
-        q.k_pad,
-        n_tok as u64,
-        128,
-        WG_TOKENS,
-        Swizzle::B128,
-    )?);
+    let levels = map(q.q, q.k_pad, n_tok as u64, 128, WG_TOKENS, Swizzle::B128)?;
+    let mut l = Launch::new(shape.kernel, grid, shape.threads()).smem(shape.smem()).arg(Arg::Batch(b)).arg(levels);
     for k in 0..3 {
         let m = &b.m[if k < b.n as usize { k } else { 0 }];
         l = l.arg(map(m.w, q.k_pad / 4, m.rows as u64, 64, shape.rows(), Swizzle::B64)?);
