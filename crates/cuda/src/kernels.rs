@@ -182,11 +182,18 @@ impl Kernel {
     }
 }
 
+/// Whether a device of this architecture runs wgmma (`ternary_gemm_wg*`):
+/// sm_90 only (its arch-specific `sm_90a` features; later architectures
+/// dropped the instruction).
+pub fn has_wgmma(arch: (i32, i32)) -> bool {
+    arch == (9, 0)
+}
+
 /// The target NVRTC compiles for: the device's own architecture, with
-/// Hopper's arch-specific features (`sm_90a`: wgmma) on sm_90, where the
-/// cubin runs and nowhere else.
+/// Hopper's arch-specific features (`sm_90a`) where it runs wgmma; such a
+/// cubin runs on sm_90 and nowhere else.
 pub fn arch_name((major, minor): (i32, i32)) -> String {
-    if (major, minor) == (9, 0) {
+    if has_wgmma((major, minor)) {
         "sm_90a".into()
     } else {
         format!("sm_{major}{minor}")
@@ -263,6 +270,14 @@ impl Kernels {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Only sm_90 compiles for its arch-specific target and runs wgmma.
+    #[test]
+    fn sm_90_alone_takes_sm_90a_and_wgmma() {
+        let names: Vec<_> = [(8, 0), (8, 9), (9, 0), (10, 0), (12, 0)].map(arch_name).into();
+        assert_eq!(names, ["sm_80", "sm_89", "sm_90a", "sm_100", "sm_120"]);
+        assert!(has_wgmma((9, 0)) && !has_wgmma((8, 9)) && !has_wgmma((10, 0)));
+    }
 
     /// `Kernels::get` indexes by discriminant: ALL must list the variants in order.
     #[test]

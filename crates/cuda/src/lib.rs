@@ -178,7 +178,7 @@ impl CudaBackend {
         let kernels = Kernels::load(&gpu, cache.as_deref(), want_fuse)?;
         let pdl = gpu.info.arch.0 >= 9 && env_flag("TERN_CUDA_PDL", true);
         // `TERN_CUDA_WGMMA=0` keeps the mma.sync prompt GEMM on sm_90 (its tests).
-        let wgmma = gpu.info.arch == (9, 0) && env_flag("TERN_CUDA_WGMMA", true);
+        let wgmma = kernels::has_wgmma(gpu.info.arch) && env_flag("TERN_CUDA_WGMMA", true);
         let fuse = if want_fuse { fuse_config(&gpu, &kernels)? } else { None };
         Ok(CudaBackend {
             id: BackendId::cuda(index),

@@ -68,9 +68,6 @@ const WG_WIDE: WgShape = WgShape { kernel: Kernel::TernaryGemmWg, warpgroups: 3,
 const WG_NARROW: WgShape = WgShape { kernel: Kernel::TernaryGemmWgNarrow, warpgroups: 2, stages: 5 };
 
 impl WgShape {
-    fn of(kernel: Kernel) -> Option<WgShape> {
-        [WG_WIDE, WG_NARROW].into_iter().find(|s| s.kernel == kernel)
-    }
     fn rows(self) -> usize {
         64 * self.warpgroups
     }
@@ -539,6 +536,8 @@ impl Lower<'_> {
             mats[0].out = self.ptr(act)?;
             consumed += 1;
         }
+        // The wgmma shape, when the GEMM is one.
+        let mut wg = None;
         let (kernel, rows_per_block, covered, grid_y, threads) =
             if n_tok == 1 && pair.is_some() && q.k_pad <= PAIR_MAX_K_PAD {
                 (Kernel::TernaryGemv1Pair, 16, 1, 1, 256)
@@ -553,6 +552,7 @@ impl Lower<'_> {
                     let grid_y = n_tok.div_ceil(WG_TOKENS);
                     let blocks = |s: WgShape| mats.iter().map(|m| (m.rows as usize).div_ceil(s.rows())).sum::<usize>();
                     let s = if blocks(WG_WIDE) * grid_y >= self.sms { WG_WIDE } else { WG_NARROW };
+                    wg = Some(s);
                     (s.kernel, s.rows(), mats.len(), grid_y, s.threads())
                 } else {
                     // A warp a 32-row slice of the block: as many threads as rows.
@@ -572,7 +572,7 @@ impl Lower<'_> {
             }
         }
         b.block_start[mats.len()] = blocks;
-        let l = if let Some(shape) = WgShape::of(kernel) {
+        let l = if let Some(shape) = wg {
             wg_gemm(shape, b, q, n_tok, (blocks as u32, grid_y as u32, 1))?
         } else {
             let l = Launch::new(kernel, (blocks as u32, grid_y as u32, 1), threads)
