@@ -466,7 +466,12 @@ extern "C" __global__ void attention(const float* q, u8* kc, u8* vc, const int* 
 }
 
 // Prompt attention on tensor cores (FlashAttention-2 style) for f16 caches:
-// block = (KV head, 16 query tokens), one warp per query head of the group.
+// block = (KV head, 16 query tokens), one warp per query head of the group,
+// times S sets of warps: set s takes key tiles s, s + S, ... of the block's
+// range and the sets merge their (max, sum, output) rows at the end. A block
+// is the causal mask's unit of work, and the last query tiles have the most
+// keys: the split halves the longest block's chain of tiles, which is what
+// the launch waits for once the short blocks are gone.
 // Per tile of FA_BK keys: S = Q·Kᵀ with m16n8k16 f16 MMAs (f32 accumulate), the
 // causal mask and online softmax on the S fragments, which are repacked in
 // registers as the A operand of O += P·V. K and V tiles are staged row-major
@@ -474,11 +479,12 @@ extern "C" __global__ void attention(const float* q, u8* kc, u8* vc, const int* 
 // distinct banks; K's fragments come by `ldmatrix`, V's transposed by
 // `ldmatrix.trans`. Scores are kept in log2 units (q carries scale · log2 e),
 // so the softmax is exp2.
-// grid: (n_head_kv, ceil(n_tok / 16)), block: 32 * G (G ≤ 8); head_dim a
-// multiple of 16, at most 128; positions ascend within the batch. Blocks
-// start in order of blockIdx.y, which takes the last query tiles first: with
-// a causal mask they have the most keys, and starting them last left a tail
-// of long blocks on a few SMs.
+// grid: (n_head_kv, ceil(n_tok / 16)), block: 32 · G · S (G ≤ 8, G · S ≤ 8;
+// S is 1 for flash_attn, 2 for flash_attn_split); head_dim a multiple of
+// 16, at most 128;
+// positions ascend within the batch. Blocks start in order of blockIdx.y,
+// which takes the last query tiles first: with a causal mask they have the
+// most keys, and starting them last left a tail of long blocks on a few SMs.
 #define FA_BQ 16
 // Keys a tile (tern_cuda::lower::FA_KEYS).
 #define FA_BK 32
@@ -524,18 +530,22 @@ __device__ __forceinline__ void cp_async16(u16* dst, const u16* src, int bytes) 
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(bytes));
 }
 
-extern "C" __global__ void __launch_bounds__(256) flash_attn(const float* q, const u16* kc, const u16* vc,
-                                                            const int* pos, float* out, int n_tok, int n_head,
-                                                            int n_head_kv, int head_dim, float scale) {
+// The kernel for SETS sets of warps (flash_attn: 1, flash_attn_split: 2);
+// with one set the merge and the guards for rows with no key compile away.
+template <int SETS>
+__device__ __forceinline__ void flash_attn_sets(const float* q, const u16* kc, const u16* vc, const int* pos,
+                                                float* out, int n_tok, int n_head, int n_head_kv, int head_dim,
+                                                float scale) {
     extern __shared__ __align__(16) u16 sm[];
-    // Two buffers of a K tile and a V tile: the next tile's copies are in
+    // Two buffers of a round's K and V tiles: the next round's copies are in
     // flight while the current one is multiplied.
-    const int KS = head_dim + 8, TILE = FA_BK * KS;
+    const int group = n_head / n_head_kv, n_sets = SETS;
+    const int KS = head_dim + 8, TILE = n_sets * FA_BK * KS;
     pdl_wait();
     pdl_launch();
     int kvh = blockIdx.x, t0 = (gridDim.y - 1 - blockIdx.y) * FA_BQ;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
-    int h = kvh * (n_head / n_head_kv) + warp;
+    int set = warp / group, h = kvh * group + warp % group;
     int row = head_dim * n_head_kv;
     u64 off = (u64)kvh * head_dim;
     int nks = head_dim / 16, nnt = head_dim / 8;
@@ -566,7 +576,7 @@ extern "C" __global__ void __launch_bounds__(256) flash_attn(const float* q, con
     // Keys past pmax are zero-filled; their scores are masked below.
     auto load_tile = [&](int kb, u16* ks, u16* vs) {
         int per_row = head_dim / 8;
-        for (int idx = threadIdx.x; idx < FA_BK * per_row; idx += blockDim.x) {
+        for (int idx = threadIdx.x; idx < n_sets * FA_BK * per_row; idx += blockDim.x) {
             int key = idx / per_row, c = idx % per_row;
             bool in = kb + key <= pmax;
             u64 at = (u64)(in ? kb + key : 0) * row + off + c * 8;
@@ -575,20 +585,28 @@ extern "C" __global__ void __launch_bounds__(256) flash_attn(const float* q, con
         }
         asm volatile("cp.async.commit_group;");
     };
+    const int step = n_sets * FA_BK;
     load_tile(0, sm, sm + TILE);
-    for (int kb = 0; kb <= pmax; kb += FA_BK) {
-        int cur = (kb / FA_BK) & 1;
-        const u16* ks = sm + cur * 2 * TILE;
-        const u16* vs = ks + TILE;
-        // The other buffer was last read in the previous tile, which every
-        // warp finished before that tile's closing barrier.
-        if (kb + FA_BK <= pmax) {
-            load_tile(kb + FA_BK, sm + (cur ^ 1) * 2 * TILE, sm + (cur ^ 1) * 2 * TILE + TILE);
+    for (int kt = 0; kt <= pmax; kt += step) {
+        int cur = (kt / step) & 1;
+        // The other buffer was last read in the previous round, which every
+        // warp finished before that round's closing barrier.
+        if (kt + step <= pmax) {
+            load_tile(kt + step, sm + (cur ^ 1) * 2 * TILE, sm + (cur ^ 1) * 2 * TILE + TILE);
             asm volatile("cp.async.wait_group 1;" ::: "memory");
         } else {
             asm volatile("cp.async.wait_group 0;" ::: "memory");
         }
         __syncthreads();
+        // This warp's set's tile of the round; a tile wholly past pmax is
+        // zeros that every row masks.
+        int kb = kt + set * FA_BK;
+        if (kb > pmax) {
+            __syncthreads();
+            continue;
+        }
+        const u16* ks = sm + cur * 2 * TILE + set * FA_BK * KS;
+        const u16* vs = ks + TILE;
         float s[FA_BK / 8][4];
 #pragma unroll
         for (int j = 0; j < FA_BK / 8; ++j) {
@@ -621,15 +639,17 @@ extern "C" __global__ void __launch_bounds__(256) flash_attn(const float* q, con
             mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, o2));
             mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, o2));
         }
-        // Key kb ≤ every row's position, so the first tile makes both maxima finite.
+        // A row may have no key yet in a later set's tiles (all masked): its
+        // maximum stays −inf, and the exponents then take 0 in its place.
         float na = fmaxf(ma, mxa), nb = fmaxf(mb, mxb);
-        float ca = exp2f(ma - na), cb = exp2f(mb - nb);
+        float ua = SETS > 1 && na == -INFINITY ? 0.0f : na, ub = SETS > 1 && nb == -INFINITY ? 0.0f : nb;
+        float ca = exp2f(ma - ua), cb = exp2f(mb - ub);
         float sa = 0.0f, sb = 0.0f;
         u32 pf[FA_BK / 16][4];
 #pragma unroll
         for (int j = 0; j < FA_BK / 8; ++j) {
-            float e0 = exp2f(s[j][0] - na), e1 = exp2f(s[j][1] - na);
-            float e2 = exp2f(s[j][2] - nb), e3 = exp2f(s[j][3] - nb);
+            float e0 = exp2f(s[j][0] - ua), e1 = exp2f(s[j][1] - ua);
+            float e2 = exp2f(s[j][2] - ub), e3 = exp2f(s[j][3] - ub);
             sa += e0 + e1;
             sb += e2 + e3;
             int hi = j & 1;
@@ -664,6 +684,60 @@ extern "C" __global__ void __launch_bounds__(256) flash_attn(const float* q, con
             }
         __syncthreads();
     }
+    // Sets 1.. leave their rows in shared memory (the tiles are free now:
+    // every warp passed the last round's barrier); set 0 rescales all of
+    // them to the common maximum and adds. Set 0 always has key 0, which
+    // every row sees, so its maxima are finite.
+    if (SETS > 1) {
+        const int W = nnt * 4 + 4;
+        float* mg = (float*)sm;
+        if (set > 0) {
+            float* p = mg + (u64)((set - 1) * group + warp % group) * W * 32 + lane;
+#pragma unroll
+            for (int n = 0; n < FA_MAXD / 8; ++n) {
+                if (n >= nnt) break;
+#pragma unroll
+                for (int e = 0; e < 4; ++e) p[(n * 4 + e) * 32] = o[n][e];
+            }
+            p[(W - 4) * 32] = ma;
+            p[(W - 3) * 32] = mb;
+            p[(W - 2) * 32] = la;
+            p[(W - 1) * 32] = lb;
+        }
+        __syncthreads();
+        if (set > 0) return;
+        float Ma = ma, Mb = mb;
+        for (int s2 = 1; s2 < n_sets; ++s2) {
+            const float* p = mg + (u64)((s2 - 1) * group + warp) * W * 32 + lane;
+            Ma = fmaxf(Ma, p[(W - 4) * 32]);
+            Mb = fmaxf(Mb, p[(W - 3) * 32]);
+        }
+        float fa = exp2f(ma - Ma), fb = exp2f(mb - Mb);
+        la *= fa;
+        lb *= fb;
+#pragma unroll
+        for (int n = 0; n < FA_MAXD / 8; ++n) {
+            if (n >= nnt) break;
+            o[n][0] *= fa;
+            o[n][1] *= fa;
+            o[n][2] *= fb;
+            o[n][3] *= fb;
+        }
+        for (int s2 = 1; s2 < n_sets; ++s2) {
+            const float* p = mg + (u64)((s2 - 1) * group + warp) * W * 32 + lane;
+            float xa = exp2f(p[(W - 4) * 32] - Ma), xb = exp2f(p[(W - 3) * 32] - Mb);
+            la += p[(W - 2) * 32] * xa;
+            lb += p[(W - 1) * 32] * xb;
+#pragma unroll
+            for (int n = 0; n < FA_MAXD / 8; ++n) {
+                if (n >= nnt) break;
+                o[n][0] += p[(n * 4) * 32] * xa;
+                o[n][1] += p[(n * 4 + 1) * 32] * xa;
+                o[n][2] += p[(n * 4 + 2) * 32] * xb;
+                o[n][3] += p[(n * 4 + 3) * 32] * xb;
+            }
+        }
+    }
     float ia = 1.0f / la, ib = 1.0f / lb;
     float* oa = out + ((u64)ta * n_head + h) * head_dim;
     float* ob = out + ((u64)tb * n_head + h) * head_dim;
@@ -680,4 +754,16 @@ extern "C" __global__ void __launch_bounds__(256) flash_attn(const float* q, con
             ob[c + 1] = o[n][3] * ib;
         }
     }
+}
+
+extern "C" __global__ void __launch_bounds__(256) flash_attn(const float* q, const u16* kc, const u16* vc,
+                                                            const int* pos, float* out, int n_tok, int n_head,
+                                                            int n_head_kv, int head_dim, float scale) {
+    flash_attn_sets<1>(q, kc, vc, pos, out, n_tok, n_head, n_head_kv, head_dim, scale);
+}
+
+extern "C" __global__ void __launch_bounds__(256) flash_attn_split(const float* q, const u16* kc, const u16* vc,
+                                                                  const int* pos, float* out, int n_tok, int n_head,
+                                                                  int n_head_kv, int head_dim, float scale) {
+    flash_attn_sets<2>(q, kc, vc, pos, out, n_tok, n_head, n_head_kv, head_dim, scale);
 }

@@ -93,6 +93,8 @@ pub enum Kernel {
     RopeStore,
     Attention,
     FlashAttn,
+    /// FlashAttn with each block's key tiles split over two sets of warps.
+    FlashAttnSplit,
     CopyIn,
     /// A small copy from the device into mapped host memory, run as this
     /// kernel: its writes cross the link without a round trip each.
@@ -107,7 +109,7 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 33] = [
+    pub const ALL: [Kernel; 34] = [
         Kernel::GetRows,
         Kernel::RmsNorm,
         Kernel::Binary,
@@ -136,6 +138,7 @@ impl Kernel {
         Kernel::RopeStore,
         Kernel::Attention,
         Kernel::FlashAttn,
+        Kernel::FlashAttnSplit,
         Kernel::CopyIn,
         Kernel::HostWrite,
         Kernel::DecodeRun,
@@ -174,6 +177,7 @@ impl Kernel {
             Kernel::RopeStore => ("attention", "rope_store"),
             Kernel::Attention => ("attention", "attention"),
             Kernel::FlashAttn => ("attention", "flash_attn"),
+            Kernel::FlashAttnSplit => ("attention", "flash_attn_split"),
             Kernel::CopyIn | Kernel::HostWrite => ("elementwise", "copy_in"),
             Kernel::DecodeRun => (DECODE_MODULE, "decode_run"),
             Kernel::DecodeRunLong => (DECODE_LONG_MODULE, "decode_run"),

@@ -47,6 +47,16 @@ const ATT_MAX_SPLITS_DECODE: usize = 128;
 /// Keys a tile of the prompt attention on tensor cores (`FA_BK` in
 /// attention.cu).
 const FA_KEYS: usize = 32;
+/// Warp sets a prompt attention block splits its key tiles over, for groups
+/// of at most this many query heads (a block holds at most 8 warps), while
+/// the unsplit grid is at most FA_SPLIT_WAVES SMs' worth of blocks. A split
+/// block halves the longest causal chain but takes a whole SM (152
+/// registers a thread), where three unsplit blocks share one: on an H200 at
+/// 2B-4T's shape the split kernel took 0.75× the time at 256 tokens, 0.66×
+/// at 512, 0.92× at 1,024 (2.4 SMs' worth) and 1.16× at 1,536.
+const FA_SETS: usize = 2;
+const FA_SETS_MAX_GROUP: usize = 4;
+const FA_SPLIT_WAVES: f64 = 2.5;
 /// Rows a block of the prompt GEMM computes: one scale a row, and a scale
 /// per 256-chunk (`ternary_gemm` and `ternary_gemm_grouped`); 32 tokens each.
 const GEMM_ROWS: usize = 256;
@@ -61,15 +71,26 @@ struct WgShape {
     kernel: Kernel,
     warpgroups: usize,
     stages: usize,
+    /// A block's time, relative: an SM runs one block of either shape at a
+    /// time, and three warpgroups take ~1.25× two's (fitted on an H200 at
+    /// 256–2,048 tokens; the rows' ratio, 1.5, lost 3–4% at 512 and 768).
+    block_cost: usize,
 }
-/// Three consumer warpgroups; two where three would leave SMs idle
-/// (measured in `ternary_wgmma.cu`).
-const WG_WIDE: WgShape = WgShape { kernel: Kernel::TernaryGemmWg, warpgroups: 3, stages: 4 };
-const WG_NARROW: WgShape = WgShape { kernel: Kernel::TernaryGemmWgNarrow, warpgroups: 2, stages: 5 };
+/// Three consumer warpgroups, or two: each GEMM takes the shape whose
+/// rounds of blocks over the SMs cost less (`WgShape::rounds_cost`).
+const WG_WIDE: WgShape = WgShape { kernel: Kernel::TernaryGemmWg, warpgroups: 3, stages: 4, block_cost: 5 };
+const WG_NARROW: WgShape = WgShape { kernel: Kernel::TernaryGemmWgNarrow, warpgroups: 2, stages: 5, block_cost: 4 };
 
 impl WgShape {
     fn rows(self) -> usize {
         64 * self.warpgroups
+    }
+    /// `blocks` of this shape on `sms` SMs: rounds of one block an SM, times
+    /// a block's cost. A grid a little past the SMs pays a whole round (at
+    /// 1,024 tokens ffn_down's 160 two-warpgroup blocks took two rounds
+    /// where 112 three-warpgroup ones take one: pp1024 +19%).
+    fn rounds_cost(self, blocks: usize, sms: usize) -> usize {
+        blocks.div_ceil(sms) * self.block_cost
     }
     /// The consumer warpgroups and the producer warp.
     fn threads(self) -> u32 {
@@ -551,7 +572,8 @@ impl Lower<'_> {
                 if self.wgmma && q.q % 16 == 0 && mats.iter().all(|m| m.w % 16 == 0) {
                     let grid_y = n_tok.div_ceil(WG_TOKENS);
                     let blocks = |s: WgShape| mats.iter().map(|m| (m.rows as usize).div_ceil(s.rows())).sum::<usize>();
-                    let s = if blocks(WG_WIDE) * grid_y >= self.sms { WG_WIDE } else { WG_NARROW };
+                    let cost = |s: WgShape| s.rounds_cost(blocks(s) * grid_y, self.sms);
+                    let s = if cost(WG_WIDE) <= cost(WG_NARROW) { WG_WIDE } else { WG_NARROW };
                     wg = Some(s);
                     (s.kernel, s.rows(), mats.len(), grid_y, s.threads())
                 } else {
@@ -693,21 +715,28 @@ impl Lower<'_> {
             && p.head_dim <= 128
             && group <= 8;
         if tensor_cores {
-            // Two buffers of K and V tiles, rows padded by 8 halves.
-            let smem = 2 * 2 * FA_KEYS * (p.head_dim + 8) * 2;
-            let l =
-                Launch::new(Kernel::FlashAttn, (p.n_head_kv as u32, n_tok.div_ceil(16) as u32, 1), 32 * group as u32)
-                    .smem(smem)
-                    .ptr(self.ptr(s[0])?)
-                    .ptr(kcp)
-                    .ptr(vcp)
-                    .ptr(pos)
-                    .ptr(self.ptr(id)?)
-                    .i32(n_tok as i32)
-                    .i32(p.n_head as i32)
-                    .i32(p.n_head_kv as i32)
-                    .i32(p.head_dim as i32)
-                    .f32(p.scale);
+            let blocks = p.n_head_kv * n_tok.div_ceil(16);
+            let split = group <= FA_SETS_MAX_GROUP && blocks as f64 <= FA_SPLIT_WAVES * self.sms as f64;
+            let sets = if split { FA_SETS } else { 1 };
+            // Two buffers of a round's K and V tiles (a tile a set), rows
+            // padded by 8 halves; after the last round the same memory holds
+            // the later sets' rows for the merge (head_dim / 2 + 4 floats a lane).
+            let tiles = 2 * 2 * sets * FA_KEYS * (p.head_dim + 8) * 2;
+            let merge = (sets - 1) * group * (p.head_dim / 2 + 4) * 32 * 4;
+            let block = (32 * group * sets) as u32;
+            let kernel = if split { Kernel::FlashAttnSplit } else { Kernel::FlashAttn };
+            let l = Launch::new(kernel, (p.n_head_kv as u32, n_tok.div_ceil(16) as u32, 1), block)
+                .smem(tiles.max(merge))
+                .ptr(self.ptr(s[0])?)
+                .ptr(kcp)
+                .ptr(vcp)
+                .ptr(pos)
+                .ptr(self.ptr(id)?)
+                .i32(n_tok as i32)
+                .i32(p.n_head as i32)
+                .i32(p.n_head_kv as i32)
+                .i32(p.head_dim as i32)
+                .f32(p.scale);
             self.out.push(l);
             return Ok(());
         }

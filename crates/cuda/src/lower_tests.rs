@@ -274,7 +274,7 @@ fn a_prompt_uses_the_gemm_and_tensor_core_attention() {
         NormQuant,
         TernaryGemm,
         RopeStore,
-        FlashAttn,
+        FlashAttnSplit,
         NormQuant,
         TernaryGemm,
         NormQuant,
@@ -293,6 +293,22 @@ fn a_prompt_uses_the_gemm_and_tensor_core_attention() {
     assert_eq!(batch(&ls[1]).block_start, [0, 1, 2, 3]);
     assert_eq!((ls[1].block, ls[1].args.last()), (256, Some(&Arg::I32(64))));
     assert_eq!(ls[7].grid, (4, 2, 1));
+}
+
+/// A prompt attention block takes two sets of warps over its key tiles
+/// while the grid is small against the SMs, and one set beyond.
+#[test]
+fn prompt_attention_splits_its_keys_while_the_grid_is_small() {
+    // The layer has 2 KV heads of 2 query heads: 64 tokens are 8 blocks.
+    let l = layer(64);
+    let tiles = |sets: usize| 2 * 2 * sets * 32 * (HD + 8) * 2;
+    let merge = 2 * (HD / 2 + 4) * 32 * 4;
+    let split = (Kernel::FlashAttnSplit, 128, tiles(2).max(merge));
+    for (sms, (kernel, block, smem)) in [(132, split), (4, split), (3, (Kernel::FlashAttn, 64, tiles(1)))] {
+        let ls = lowered_on(&l, None, &[], SCRATCH, sms, false).unwrap_or_else(|e| panic!("{e:?}"));
+        let fa = ls.iter().find(|l| matches!(l.kernel, Kernel::FlashAttn | Kernel::FlashAttnSplit)).unwrap();
+        assert_eq!((fa.kernel, fa.grid, fa.block, fa.smem as usize), (kernel, (2, 4, 1), block, smem), "{sms} SMs");
+    }
 }
 
 /// llama's FFN: gate and up, their SiLU product, down; `keep` also makes
@@ -372,35 +388,49 @@ fn sm_90_prompts_take_the_wgmma_gemm_with_its_tensor_maps() {
     // Two tiles of tokens, the second partial (the layer's cache holds 256).
     let n = 200;
     let l = layer(n);
-    let k_pad = E.next_multiple_of(256) as u64;
-    // (SMs, kernel, rows a block, threads, stages): on one SM the wide shape
-    // fills it; on 132 this layer's 16 wide blocks would not.
-    for (sms, kernel, rows, threads, stages) in
-        [(1, TernaryGemmWg, 192, 416, 4), (132, TernaryGemmWgNarrow, 128, 288, 5)]
-    {
+    let k_pad = |k: usize| k.next_multiple_of(256) as u64;
+    // (kernel, rows a block, threads, stages) of the two shapes.
+    let (wide, narrow) = ((TernaryGemmWg, 192, 416, 4), (TernaryGemmWgNarrow, 128, 288, 5));
+    // Each GEMM takes the shape whose rounds over the SMs cost less (a wide
+    // block 5, a narrow one 4). gate/up is two 512-row matrices: 6 wide or 8
+    // narrow blocks a token tile, 12 or 16 in all; q/k/v (256 + 128 + 128
+    // rows) and o and down (256 rows) take as many blocks of either shape.
+    // On 132 SMs everything is one round: narrow. On 12, gate/up is one
+    // round wide (5) or two narrow (8).
+    for (sms, gate_up) in [(132, narrow), (12, wide)] {
         let ls = lowered_on(&l, None, &[], SCRATCH, sms, true).unwrap_or_else(|e| panic!("{e:?}"));
-        let wg: Vec<_> = ls.iter().filter(|l| l.kernel == kernel).collect();
+        let wg: Vec<_> = ls.iter().filter(|l| matches!(l.kernel, TernaryGemmWg | TernaryGemmWgNarrow)).collect();
         assert_eq!(wg.len(), 4, "q/k/v, o, gate/up, down: {:?}", kernels(&ls));
         assert!(!kernels(&ls).contains(&TernaryGemm));
-        let qkv = wg[0];
-        // q: E rows; k and v 128 rows (one block each).
-        let blocks = E.div_ceil(rows) as u32 + 2;
-        let smem = stages * (128 * 256 + rows * 64) + 2048;
-        assert_eq!((qkv.grid, qkv.block, qkv.smem as usize), ((blocks, 2, 1), threads, smem), "{kernel:?}");
-        let Arg::Batch(b) = qkv.args[0] else { panic!("{:?}", qkv.args[0]) };
-        let maps: Vec<_> =
-            qkv.args[1..5].iter().map(|a| if let Arg::Map(m) = a { *m } else { panic!("{a:?}") }).collect();
-        assert_eq!((maps[0].row_bytes, maps[0].rows, maps[0].box_bytes, maps[0].box_rows), (k_pad, n as u64, 128, 128));
-        assert_eq!(maps[0].swizzle, Swizzle::B128);
-        for (i, m) in maps[1..].iter().enumerate() {
-            assert_eq!((m.ptr, m.rows), (b.m[i].w, b.m[i].rows as u64), "matrix {i}");
-            assert_eq!((m.row_bytes, m.box_bytes, m.box_rows, m.swizzle), (k_pad / 4, 64, rows as u32, Swizzle::B64));
+        for (i, (launch, shape, k)) in
+            [(wg[0], narrow, E), (wg[1], narrow, E), (wg[2], gate_up, E), (wg[3], narrow, F)].into_iter().enumerate()
+        {
+            let (kernel, rows, threads, stages) = shape;
+            let Arg::Batch(b) = launch.args[0] else { panic!("{:?}", launch.args[0]) };
+            let blocks: usize = (0..b.n as usize).map(|m| (b.m[m].rows as usize).div_ceil(rows)).sum();
+            let smem = stages * (128 * 256 + rows * 64) + 2048;
+            assert_eq!(
+                (launch.kernel, launch.grid, launch.block, launch.smem as usize),
+                (kernel, (blocks as u32, 2, 1), threads, smem),
+                "GEMM {i} on {sms} SMs"
+            );
+            let maps: Vec<_> =
+                launch.args[1..5].iter().map(|a| if let Arg::Map(m) = a { *m } else { panic!("{a:?}") }).collect();
+            let kp = k_pad(k);
+            assert_eq!(
+                (maps[0].row_bytes, maps[0].rows, maps[0].box_bytes, maps[0].box_rows),
+                (kp, n as u64, 128, 128)
+            );
+            assert_eq!(maps[0].swizzle, Swizzle::B128);
+            for (j, m) in maps[1..=b.n as usize].iter().enumerate() {
+                assert_eq!((m.ptr, m.rows), (b.m[j].w, b.m[j].rows as u64), "GEMM {i} matrix {j}");
+                assert_eq!((m.row_bytes, m.box_bytes, m.box_rows, m.swizzle), (kp / 4, 64, rows as u32, Swizzle::B64));
+            }
+            assert_eq!(launch.args[5..], [Arg::I32(kp as i32), launch.args[6], launch.args[7], Arg::I32(n as i32)]);
         }
-        assert_eq!(qkv.args[5..], [Arg::I32(k_pad as i32), qkv.args[6], qkv.args[7], Arg::I32(n as i32)]);
-        let gate_up = wg[2];
-        let Arg::Batch(b) = gate_up.args[0] else { panic!() };
+        let Arg::Batch(b) = wg[2].args[0] else { panic!() };
         assert_eq!(b.n, 2);
-        assert_eq!(gate_up.args[4], gate_up.args[2], "the unused slot repeats matrix 0's map");
+        assert_eq!(wg[2].args[4], wg[2].args[2], "the unused slot repeats matrix 0's map");
     }
     // Levels the copy engine cannot read (a workspace off 16 bytes) take mma.sync.
     let odd = Scratch { base: SCRATCH.base + 8, ..SCRATCH };
@@ -435,7 +465,7 @@ fn staged_weights_are_streamed_in_before_their_matmul() {
         NormQuant,
         TernaryGemm,
         RopeStore,
-        FlashAttn,
+        FlashAttnSplit,
         NormQuant,
         TernaryGemm,
         NormQuant,
