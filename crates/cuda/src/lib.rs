@@ -682,11 +682,13 @@ impl Backend for CudaBackend {
         if !io.is_empty() {
             self.io_in_flight.set(true);
         }
-        let (locs, io) = self.in_place(graph, nodes, locs, io);
-        let (locs, io) = (&*locs, &*io);
         self.stats.computes += 1;
         let Some(plan) = self.plans.get(&key) else {
-            // First sight: lower, run directly, and keep the launches.
+            // First sight: lower, run directly, and keep the launches. Which
+            // host bytes are read in place is part of the plan (the key
+            // covers its inputs), so replays skip the scan.
+            let (locs, io) = self.in_place(graph, nodes, locs, io);
+            let (locs, io) = (&*locs, &*io);
             let lowered = loop {
                 match lower(
                     graph,
