@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Where decode_run's time goes, from the hardware (through `device`, carrying
+# Where a kernel's time goes, from the hardware (through `device`, carrying
 # .gpu from scripts/gpu-build.sh): makes the 2B-4T-shaped IQ2_BN model, then
-# Nsight Compute profiles one decode_run launch of a tg16 run (kernels carry
-# line info, nvrtc.rs). Prints the launch's summary, its warp stall reasons,
-# and the SASS instructions with the most stall samples; the report itself is
-# $OUT/decode_run.ncu-rep (open it with Nsight Compute). The clocks are left
+# Nsight Compute profiles one launch of KERNEL (default decode_run, the 10th
+# of a tg16 run; e.g. KERNEL=flash_attn SKIP=40 BENCH="-p 2048 -b 2048 -ub
+# 2048 -n 0 -r 2" for the prompt attention past the warm-up). Kernels carry
+# line info (nvrtc.rs). Prints the launch's summary, its warp stall reasons,
+# and the SASS instructions with the most stall samples; the report itself
+# is $OUT/KERNEL.ncu-rep (open it with Nsight Compute). The clocks are left
 # alone (--clock-control none, METHOD.md).
 set -u
 cd "$(dirname "$0")/.."
@@ -12,12 +14,14 @@ M=${MODELS:-/tmp/models}
 OUT=${OUT:-/tmp}
 MODELS=$M scripts/gpu-model.sh IQ2_BN || { echo "no model: $(tail -3 "$M/gen.log")"; exit 1; }
 ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
-# The 10th decode_run: past the warm-up, the capture and the first replays.
-timeout 420 "$ncu" --clock-control none --kernel-name decode_run --launch-skip 9 --launch-count 1 \
-    --set full --import-source yes --export "$OUT/decode_run" --force-overwrite \
-    .gpu/tern bench -m "$M/IQ2_BN.gguf" -ngl 99 -p 0 -n 16 -r 1 > "$OUT/ncu.log" 2>&1
+KERNEL=${KERNEL:-decode_run}
+# By default the 10th decode_run: past the warm-up, the capture and the
+# first replays.
+timeout 420 "$ncu" --clock-control none --kernel-name "$KERNEL" --launch-skip "${SKIP:-9}" --launch-count 1 \
+    --set full --import-source yes --export "$OUT/$KERNEL" --force-overwrite \
+    .gpu/tern bench -m "$M/IQ2_BN.gguf" -ngl 99 ${BENCH:--p 0 -n 16 -r 1} > "$OUT/ncu.log" 2>&1
 echo "ncu rc=$? ($(tail -c 300 "$OUT/ncu.log" | tr '\n' ' '))"
-rep="$OUT/decode_run.ncu-rep"
+rep="$OUT/$KERNEL.ncu-rep"
 "$ncu" --import "$rep" --page details --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis \
     2>&1 | head -120
 # The SASS view (the module's source is assembled at run time, so there is

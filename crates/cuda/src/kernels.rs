@@ -33,7 +33,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("quantize", include_str!("../kernels/quantize.cu")),
     ("ternary", concat!(include_str!("../kernels/ternary.cu"), include_str!("../kernels/ternary_wgmma.cu"))),
     ("fmat", include_str!("../kernels/fmat.cu")),
-    ("attention", include_str!("../kernels/attention.cu")),
+    ("attention", concat!(include_str!("../kernels/attention.cu"), include_str!("../kernels/flash_attn.cu"))),
     // The persistent decoding kernel calls into the three files before it.
     (DECODE_MODULE, decode_sources!()),
     // The same for caches past LONG_CACHE_KEYS: attention cut into chunks
@@ -95,6 +95,9 @@ pub enum Kernel {
     FlashAttn,
     /// FlashAttn with each block's key tiles split over two sets of warps.
     FlashAttnSplit,
+    /// The two for head_dim 128.
+    FlashAttn128,
+    FlashAttnSplit128,
     CopyIn,
     /// A small copy from the device into mapped host memory, run as this
     /// kernel: its writes cross the link without a round trip each.
@@ -109,7 +112,7 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 34] = [
+    pub const ALL: [Kernel; 36] = [
         Kernel::GetRows,
         Kernel::RmsNorm,
         Kernel::Binary,
@@ -139,6 +142,8 @@ impl Kernel {
         Kernel::Attention,
         Kernel::FlashAttn,
         Kernel::FlashAttnSplit,
+        Kernel::FlashAttn128,
+        Kernel::FlashAttnSplit128,
         Kernel::CopyIn,
         Kernel::HostWrite,
         Kernel::DecodeRun,
@@ -178,6 +183,8 @@ impl Kernel {
             Kernel::Attention => ("attention", "attention"),
             Kernel::FlashAttn => ("attention", "flash_attn"),
             Kernel::FlashAttnSplit => ("attention", "flash_attn_split"),
+            Kernel::FlashAttn128 => ("attention", "flash_attn_128"),
+            Kernel::FlashAttnSplit128 => ("attention", "flash_attn_split_128"),
             Kernel::CopyIn | Kernel::HostWrite => ("elementwise", "copy_in"),
             Kernel::DecodeRun => (DECODE_MODULE, "decode_run"),
             Kernel::DecodeRunLong => (DECODE_LONG_MODULE, "decode_run"),

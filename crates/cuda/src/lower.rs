@@ -50,13 +50,13 @@ const FA_KEYS: usize = 32;
 /// Warp sets a prompt attention block splits its key tiles over, for groups
 /// of at most this many query heads (a block holds at most 8 warps), while
 /// the unsplit grid is at most FA_SPLIT_WAVES SMs' worth of blocks. A split
-/// block halves the longest causal chain but takes a whole SM (152
-/// registers a thread), where three unsplit blocks share one: on an H200 at
-/// 2B-4T's shape the split kernel took 0.75× the time at 256 tokens, 0.66×
-/// at 512, 0.92× at 1,024 (2.4 SMs' worth) and 1.16× at 1,536.
+/// block halves the longest causal chain but takes a whole SM (170
+/// registers a thread at head_dim 128), where two unsplit ones share one:
+/// on an H200 at 2B-4T's shape (5 KV heads) the split kernel took 0.80× the
+/// time at 512 tokens (160 blocks), 0.91× at 768 (240), 1.12× at 1,024 (320).
 const FA_SETS: usize = 2;
 const FA_SETS_MAX_GROUP: usize = 4;
-const FA_SPLIT_WAVES: f64 = 2.5;
+const FA_SPLIT_WAVES: f64 = 2.0;
 /// Rows a block of the prompt GEMM computes: one scale a row, and a scale
 /// per 256-chunk (`ternary_gemm` and `ternary_gemm_grouped`); 32 tokens each.
 const GEMM_ROWS: usize = 256;
@@ -724,7 +724,12 @@ impl Lower<'_> {
             let tiles = 2 * 2 * sets * FA_KEYS * (p.head_dim + 8) * 2;
             let merge = (sets - 1) * group * (p.head_dim / 2 + 4) * 32 * 4;
             let block = (32 * group * sets) as u32;
-            let kernel = if split { Kernel::FlashAttnSplit } else { Kernel::FlashAttn };
+            let kernel = match (split, p.head_dim) {
+                (false, 128) => Kernel::FlashAttn128,
+                (true, 128) => Kernel::FlashAttnSplit128,
+                (false, _) => Kernel::FlashAttn,
+                (true, _) => Kernel::FlashAttnSplit,
+            };
             let l = Launch::new(kernel, (p.n_head_kv as u32, n_tok.div_ceil(16) as u32, 1), block)
                 .smem(tiles.max(merge))
                 .ptr(self.ptr(s[0])?)

@@ -305,6 +305,7 @@ fn prompt_attention_splits_its_keys_while_the_grid_is_small() {
     let merge = 2 * (HD / 2 + 4) * 32 * 4;
     let split = (Kernel::FlashAttnSplit, 128, tiles(2).max(merge));
     for (sms, (kernel, block, smem)) in [(132, split), (4, split), (3, (Kernel::FlashAttn, 64, tiles(1)))] {
+        // 8 blocks split on 4 SMs (at most 2 SMs' worth), not on 3.
         let ls = lowered_on(&l, None, &[], SCRATCH, sms, false).unwrap_or_else(|e| panic!("{e:?}"));
         let fa = ls.iter().find(|l| matches!(l.kernel, Kernel::FlashAttn | Kernel::FlashAttnSplit)).unwrap();
         assert_eq!((fa.kernel, fa.grid, fa.block, fa.smem as usize), (kernel, (2, 4, 1), block, smem), "{sms} SMs");

@@ -385,8 +385,9 @@ fn attention_matches_cpu_across_splits_and_cache_types() {
         // key tiles cut by the causal mask at every offset.
         (128, 20, 5, 4096, 37, 301, false),
         // Tensor-core blocks with their keys in one set of warps: a grid
-        // past 2.5 SMs' worth of blocks (on up to 179 SMs), and a group of 8.
+        // past 2 SMs' worth of blocks (on up to 223 SMs), and a group of 8.
         (64, 64, 64, 512, 3, 100, false),
+        (128, 64, 64, 512, 5, 90, false),
         (64, 16, 2, 512, 0, 40, false),
         (64, 8, 2, 512, 45, 1, true),
         (64, 8, 2, 512, 45, 3, true),
