@@ -176,40 +176,36 @@ __global__ void gather_kernel(int k, int rounds, unsigned long long* out, float*
     if (total == 1234.5f) sink[0] = total;
 }
 
-static void launch(void* fn, int grid, int cluster, int smem, void** args) {
+// A launch of `grid` blocks in clusters of `cluster` (up to 16: the
+// non-portable sizes allowed) with `smem` bytes of dynamic shared memory.
+struct ClusterLaunch {
     cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(grid);
-    cfg.blockDim = dim3(THREADS);
-    cfg.dynamicSmemBytes = smem;
     cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = cluster;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    CK(cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-    CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    CK(cudaLaunchKernelExC(&cfg, fn, args));
+    ClusterLaunch(void* fn, int grid, int cluster, int smem) {
+        cfg.gridDim = dim3(grid);
+        cfg.blockDim = dim3(THREADS);
+        cfg.dynamicSmemBytes = smem;
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = cluster;
+        attr[0].val.clusterDim.y = 1;
+        attr[0].val.clusterDim.z = 1;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+        CK(cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+        CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    }
+};
+
+static void launch(void* fn, int grid, int cluster, int smem, void** args) {
+    ClusterLaunch l(fn, grid, cluster, smem);
+    CK(cudaLaunchKernelExC(&l.cfg, fn, args));
     CK(cudaDeviceSynchronize());
 }
 
 static int max_clusters(void* fn, int cluster, int smem) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(cluster);
-    cfg.blockDim = dim3(THREADS);
-    cfg.dynamicSmemBytes = smem;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = cluster;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    CK(cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-    CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    ClusterLaunch l(fn, cluster, cluster, smem);
     int n = 0;
-    CK(cudaOccupancyMaxActiveClusters(&n, fn, &cfg));
+    CK(cudaOccupancyMaxActiveClusters(&n, fn, &l.cfg));
     return n;
 }
 

@@ -63,6 +63,18 @@ __device__ __forceinline__ void cp_async16(u16* dst, const u16* src, int bytes) 
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(bytes));
 }
 
+// A warp's output fragments times `a` (row g) and `b` (row g + 8).
+__device__ __forceinline__ void scale_rows(float (*o)[4], int nnt, float a, float b) {
+#pragma unroll
+    for (int n = 0; n < FA_MAXD / 8; ++n) {
+        if (n >= nnt) break;
+        o[n][0] *= a;
+        o[n][1] *= a;
+        o[n][2] *= b;
+        o[n][3] *= b;
+    }
+}
+
 // The kernel for SETS sets of warps (1 or 2; with one set the merge and the
 // guards for rows with no key compile away) and head_dim D (0: the
 // argument's; a fixed D unrolls the dims' loops without their bounds tests).
@@ -212,16 +224,7 @@ __device__ __forceinline__ void flash_attn_sets(const float* q, const u16* kc, c
         bool moved = na != ma || nb != mb;
         ma = na;
         mb = nb;
-        if (__any_sync(0xffffffffu, moved)) {
-#pragma unroll
-            for (int n = 0; n < FA_MAXD / 8; ++n) {
-                if (n >= nnt) break;
-                o[n][0] *= ca;
-                o[n][1] *= ca;
-                o[n][2] *= cb;
-                o[n][3] *= cb;
-            }
-        }
+        if (__any_sync(0xffffffffu, moved)) scale_rows(o, nnt, ca, cb);
 #pragma unroll
         for (int sl = 0; sl < FA_BK / 16; ++sl)
 #pragma unroll
@@ -264,14 +267,7 @@ __device__ __forceinline__ void flash_attn_sets(const float* q, const u16* kc, c
         float fa = exp2f(ma - Ma), fb = exp2f(mb - Mb);
         la *= fa;
         lb *= fb;
-#pragma unroll
-        for (int n = 0; n < FA_MAXD / 8; ++n) {
-            if (n >= nnt) break;
-            o[n][0] *= fa;
-            o[n][1] *= fa;
-            o[n][2] *= fb;
-            o[n][3] *= fb;
-        }
+        scale_rows(o, nnt, fa, fb);
         for (int s2 = 1; s2 < n_sets; ++s2) {
             const float* p = mg + (u64)((s2 - 1) * group + warp) * W * 32 + lane;
             float xa = exp2f(p[(W - 4) * 32] - Ma), xb = exp2f(p[(W - 3) * 32] - Mb);
