@@ -18,8 +18,9 @@
 // positions ascend within the batch. Blocks start in order of blockIdx.y,
 // which takes the last query tiles first: with a causal mask they have the
 // most keys, and starting them last left a tail of long blocks on a few SMs.
+// Query tokens a block and keys a tile (lower/attention.rs FA_TOKENS and
+// FA_KEYS).
 #define FA_BQ 16
-// Keys a tile (tern_cuda::lower::FA_KEYS).
 #define FA_BK 32
 #define FA_MAXD 128
 

@@ -73,7 +73,8 @@ pub enum Kernel {
     /// The prompt GEMM on sm_90a's warpgroup MMA, fed by bulk tensor
     /// copies (`ternary_wgmma.cu`); one scale a row. 192-row blocks.
     TernaryGemmWg,
-    /// `TernaryGemmWg` on 128-row blocks, for grids that would not fill the SMs.
+    /// `TernaryGemmWg` on 128-row blocks (two warpgroups); lowering takes
+    /// the shape whose rounds of blocks over the SMs cost less.
     TernaryGemmWgNarrow,
     FmatGemv,
     Q8Gemv,

@@ -18,19 +18,20 @@ const ATT_MAX_SPLITS: usize = 16;
 /// the block's chain, and the merge reads the splits four at a time.
 const ATT_SPLIT_DECODE: usize = 32;
 const ATT_MAX_SPLITS_DECODE: usize = 128;
-/// Keys a tile of the prompt attention on tensor cores (`FA_BK` in
-/// flash_attn.cu).
+/// Keys a tile of the prompt attention on tensor cores, and query tokens a
+/// block (`FA_BK` and `FA_BQ` in flash_attn.cu).
 const FA_KEYS: usize = 32;
+const FA_TOKENS: usize = 16;
 /// Warp sets a prompt attention block splits its key tiles over, for groups
 /// of at most this many query heads (a block holds at most 8 warps), while
-/// the unsplit grid is at most FA_SPLIT_WAVES SMs' worth of blocks. A split
+/// the unsplit grid is at most FA_SPLIT_BLOCKS_PER_SM blocks an SM. A split
 /// block halves the longest causal chain but takes a whole SM (170
 /// registers a thread at head_dim 128), where two unsplit ones share one:
 /// on an H200 at 2B-4T's shape (5 KV heads) the split kernel took 0.80× the
 /// time at 512 tokens (160 blocks), 0.91× at 768 (240), 1.12× at 1,024 (320).
 const FA_SETS: usize = 2;
 const FA_SETS_MAX_GROUP: usize = 4;
-const FA_SPLIT_WAVES: f64 = 2.0;
+const FA_SPLIT_BLOCKS_PER_SM: usize = 2;
 
 impl Lower<'_> {
     /// A rope whose only reader is an attention in this split, as its q or k.
@@ -170,8 +171,8 @@ impl Lower<'_> {
             && p.head_dim <= 128
             && group <= 8;
         if tensor_cores {
-            let blocks = p.n_head_kv * n_tok.div_ceil(16);
-            let split = group <= FA_SETS_MAX_GROUP && blocks as f64 <= FA_SPLIT_WAVES * self.sms as f64;
+            let tiles_y = n_tok.div_ceil(FA_TOKENS);
+            let split = group <= FA_SETS_MAX_GROUP && p.n_head_kv * tiles_y <= FA_SPLIT_BLOCKS_PER_SM * self.sms;
             let sets = if split { FA_SETS } else { 1 };
             // Two buffers of a round's K and V tiles (a tile a set), rows
             // padded by 8 halves; after the last round the same memory holds
@@ -185,7 +186,7 @@ impl Lower<'_> {
                 (false, _) => Kernel::FlashAttn,
                 (true, _) => Kernel::FlashAttnSplit,
             };
-            let l = Launch::new(kernel, (p.n_head_kv as u32, n_tok.div_ceil(16) as u32, 1), block)
+            let l = Launch::new(kernel, (p.n_head_kv as u32, tiles_y as u32, 1), block)
                 .smem(tiles.max(merge))
                 .ptr(self.ptr(s[0])?)
                 .ptr(kcp)
