@@ -72,7 +72,9 @@ impl Backend for CpuBackend {
                 let cache = |n: &Node| matches!(n.dtype, DType::Ggml(GgmlType::F32 | GgmlType::F16 | GgmlType::Q8_0));
                 f32_only(&srcs[..3]) && srcs[3..5].iter().all(|n| cache(n))
             }
-            Op::RmsNorm { .. } | Op::Mul | Op::Add | Op::Scale { .. } | Op::GatedAct(_) => f32_only(srcs),
+            Op::RmsNorm { .. } | Op::HeadNorm { .. } | Op::Mul | Op::Add | Op::Scale { .. } | Op::GatedAct(_) => {
+                f32_only(srcs)
+            }
         }
     }
 

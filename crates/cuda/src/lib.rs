@@ -488,7 +488,9 @@ pub fn supports(node: &Node, srcs: &[&Node]) -> bool {
                 && p.n_head % p.n_head_kv == 0
                 && p.n_head / p.n_head_kv <= 32
         }
-        Op::RmsNorm { .. } | Op::Mul | Op::Add | Op::Scale { .. } | Op::GatedAct(_) => srcs.iter().all(|n| f32(n)),
+        Op::RmsNorm { .. } | Op::HeadNorm { .. } | Op::Mul | Op::Add | Op::Scale { .. } | Op::GatedAct(_) => {
+            srcs.iter().all(|n| f32(n))
+        }
     }
 }
 

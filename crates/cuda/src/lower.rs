@@ -311,6 +311,20 @@ impl Lower<'_> {
         match &node.op {
             Op::Weight(_) | Op::Input(_) | Op::KvCache { .. } => Ok(1),
             Op::RmsNorm { eps } => self.rms_norm(nodes, i, *eps),
+            Op::HeadNorm { eps, head_dim } => {
+                // The heads of a contiguous row are rows of `head_dim`: the
+                // norm kernel with its weight, a block per head.
+                let rows = node.n_elements() / head_dim;
+                let (x, w, y) = (self.ptr(node.srcs[0])?, self.ptr(node.srcs[1])?, self.ptr(id)?);
+                let l = Launch::new(Kernel::RmsNorm, (rows as u32, 1, 1), 128)
+                    .ptr(x)
+                    .ptr(w)
+                    .ptr(y)
+                    .i32(*head_dim as i32)
+                    .f32(*eps);
+                self.out.push(l);
+                Ok(1)
+            }
             Op::MulMat { .. } => self.mul_mat(nodes, i),
             Op::GetRows if self.weight(node.srcs[0]).is_some_and(|w| w.quant.is_some()) => {
                 let w = self.weight(node.srcs[0]).cloned().expect("checked by the guard");

@@ -339,6 +339,7 @@ fn pointwise_norm_and_rope_match_cpu() {
         let c = g.weight(2, "c", GgmlType::F32, [hd * heads, n, 1, 1]);
         let pos = g.input(InputKind::Positions, n);
         let f = factors.then(|| g.weight(3, "f", GgmlType::F32, [n_rot / 2, 1, 1, 1]));
+        let hw = g.weight(4, "hw", GgmlType::F32, [hd, 1, 1, 1]);
         let p = RopeParams { mode, n_rot, head_dim: hd, freq_base: 10000.0, freq_scale: 0.5 };
         let outs = [
             g.rms_norm(x, 1e-6),
@@ -348,12 +349,14 @@ fn pointwise_norm_and_rope_match_cpu() {
             g.gated_act(x, c, Activation::Silu),
             g.gated_act(x, c, Activation::Relu2),
             g.rope(x, pos, f, p),
+            g.head_norm(x, hw, 1e-6),
         ];
         let mut data = HashMap::from([
             (x, bytes_f32(&rng.vec(hd * heads * n))),
             (b, bytes_f32(&rng.vec(hd * heads))),
             (c, bytes_f32(&rng.vec(hd * heads * n))),
             (pos, bytes_i32(&[0, 1, 2, 3, 1000, 2047, 5])),
+            (hw, bytes_f32(&rng.vec(hd))),
         ]);
         if let Some(f) = f {
             data.insert(f, bytes_f32(&(0..n_rot / 2).map(|i| 1.0 + i as f32 * 0.1).collect::<Vec<_>>()));

@@ -139,6 +139,14 @@ impl Graph {
         self.push(Op::RmsNorm { eps }, vec![x], ne, DType::F32, None)
     }
 
+    /// `rms_norm` of each `head_dim` slice of `x [head_dim * n_heads, n]`, times `w [head_dim]`.
+    pub fn head_norm(&mut self, x: NodeId, w: NodeId, eps: f32) -> NodeId {
+        let (ne, head_dim) = (self.ne(x), self.ne(w)[0]);
+        assert!(head_dim > 0 && ne[0] % head_dim == 0, "head_norm: width {} is not whole heads of {head_dim}", ne[0]);
+        assert_eq!(self.node(w).n_elements(), head_dim, "head_norm: the weight is one row");
+        self.push(Op::HeadNorm { eps, head_dim }, vec![x, w], ne, DType::F32, None)
+    }
+
     fn binary(&mut self, op: Op, a: NodeId, b: NodeId) -> NodeId {
         let (na, nb) = (self.ne(a), self.ne(b));
         assert!(

@@ -85,6 +85,10 @@ pub enum Op {
     GetRows,
     /// `srcs = [x [n, rows]]`, normalised over `ne[0]`.
     RmsNorm { eps: f32 },
+    /// `srcs = [x [head_dim * n_heads, n_tokens], w [head_dim]]` → each head's
+    /// `head_dim` slice RMS-normalised and multiplied by `w` (Qwen3's q/k norms,
+    /// applied before rope).
+    HeadNorm { eps: f32, head_dim: usize },
     /// Elementwise product; `srcs[1]` broadcasts over rows when it has one row.
     Mul,
     /// Elementwise sum; `srcs[1]` broadcasts over rows when it has one row.
@@ -113,6 +117,7 @@ impl Op {
             Op::KvCache { .. } => "kv_cache",
             Op::GetRows => "get_rows",
             Op::RmsNorm { .. } => "rms_norm",
+            Op::HeadNorm { .. } => "head_norm",
             Op::Mul => "mul",
             Op::Add => "add",
             Op::Scale { .. } => "scale",

@@ -124,6 +124,13 @@ pub unsafe fn run(node: &Node, dst: Tensor, srcs: &[Tensor], cx: &Ctx) {
         Op::RmsNorm { eps } => {
             by_rows(cx, n_rows, |r| elementwise::rms_norm(src_rows(0, &r), width, *eps, rows_mut(out, width, &r), isa))
         }
+        Op::HeadNorm { eps, head_dim } => {
+            // x is contiguous, so its heads are rows of `head_dim`.
+            let (hd, xs, ws) = (*head_dim, srcs[0].f32(), srcs[1].f32());
+            by_rows(cx, node.n_elements() / hd, |r| {
+                elementwise::rms_norm_mul(&xs[r.start * hd..r.end * hd], hd, *eps, ws, rows_mut(out, hd, &r), isa)
+            })
+        }
         Op::Mul => {
             by_rows(cx, n_rows, |r| elementwise::mul(src_rows(0, &r), src_rows(1, &r), rows_mut(out, width, &r), isa))
         }
