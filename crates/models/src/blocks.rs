@@ -1,10 +1,11 @@
-//! The pieces every transformer here is built from: the step inputs, a
-//! normalised weight, one attention block and one gated FFN. Architectures
-//! compose these; they never call kernels.
+//! The one block-building path: the step inputs, a normalised weight, the
+//! attention and FFN parts a layer is made of, and the decoder stack that
+//! composes them. Architectures differ only in their parts and `Config`
+//! (`arch/`); nothing here calls kernels.
 
 use tern_graph::{AttentionParams, Graph, InputKind, KvKind, NodeId, Precision, RopeParams};
 
-use crate::weights::{LayerWeights, WeightRef, Weights};
+use crate::weights::{Attention, DenseFfn, Ffn, Gqa, Layer, WeightRef, Weights};
 use crate::{Batch, Config, KvSpec};
 
 /// The step inputs the engine fills in.
@@ -46,8 +47,11 @@ impl<'a> Ctx<'a> {
         };
         // A model whose projections are float is evaluated in float throughout
         // (head included); a quantized one pairs int8 activations everywhere.
-        let precision =
-            if w.layers.first().is_none_or(|l| l.wq.ty.is_float()) { Precision::Float } else { Precision::Paired };
+        let precision = if w.layers.first().is_none_or(|l| l.first_projection().ty.is_float()) {
+            Precision::Float
+        } else {
+            Precision::Paired
+        };
         Ctx { g, c, w, batch, kv, inputs, precision }
     }
 
@@ -80,13 +84,45 @@ impl<'a> Ctx<'a> {
         self.g.get_rows(table, self.inputs.tokens)
     }
 
-    /// Self-attention of layer `il` on the normalised input `h`; returns the
-    /// concatenated heads `[n_head * head_dim, n_tokens]` before `attn_output`.
-    pub fn attention(&mut self, il: usize, l: &LayerWeights, h: NodeId) -> NodeId {
+    /// The decoder stack every architecture here builds: embed, then per
+    /// layer a normed attention and a normed FFN added to the residual
+    /// stream, then the head.
+    pub fn decoder(mut self) -> Built {
+        let w = self.w;
+        let mut x = self.embed(); // [n_embd, n_tokens]
+        for (il, l) in w.layers.iter().enumerate() {
+            let h = self.norm(x, l.attn_norm);
+            let a = self.attention(il, l, h); // [n_embd, n_tokens]
+            x = self.g.add(x, a);
+            let h = self.norm(x, l.ffn_norm);
+            let f = self.ffn(l, h); // [n_embd, n_tokens]
+            x = self.g.add(x, f);
+        }
+        self.head(x)
+    }
+
+    /// Layer `il`'s attention on the normalised input `h`, projected back to
+    /// `[n_embd, n_tokens]`.
+    fn attention(&mut self, il: usize, l: &Layer, h: NodeId) -> NodeId {
+        match &l.attn {
+            Attention::Gqa(a) => self.gqa(il, a, h),
+        }
+    }
+
+    fn gqa(&mut self, il: usize, a: &Gqa, h: NodeId) -> NodeId {
         let c = self.c;
-        let q = self.linear(l.wq, h, l.scales.q); // [head_dim * n_head, n_tokens]
-        let k = self.linear(l.wk, h, l.scales.k); // [head_dim * n_head_kv, n_tokens]
-        let v = self.linear(l.wv, h, l.scales.v); // [head_dim * n_head_kv, n_tokens]
+        let [sq, sk, sv, so] = a.scales;
+        let mut q = self.linear(a.wq, h, sq); // [head_dim * n_head, n_tokens]
+        let mut k = self.linear(a.wk, h, sk); // [head_dim * n_head_kv, n_tokens]
+        let v = self.linear(a.wv, h, sv); // [head_dim * n_head_kv, n_tokens]
+        if let Some(qn) = a.q_norm {
+            let w = self.weight(qn);
+            q = self.g.head_norm(q, w, c.rms_eps);
+        }
+        if let Some(kn) = a.k_norm {
+            let w = self.weight(kn);
+            k = self.g.head_norm(k, w, c.rms_eps);
+        }
         let rope = RopeParams {
             mode: c.rope_mode,
             n_rot: c.n_rot,
@@ -108,22 +144,33 @@ impl<'a> Ctx<'a> {
             scale: 1.0 / (c.head_dim as f32).sqrt(),
             kv_pos: self.batch.kv_pos,
         };
-        self.g.attention(q, k, v, kc, vc, self.inputs.positions, p)
+        let mut o = self.g.attention(q, k, v, kc, vc, self.inputs.positions, p); // [head_dim * n_head, n_tokens]
+        if let Some(sub) = a.sub_norm {
+            o = self.norm(o, sub);
+        }
+        self.linear(a.wo, o, so)
     }
 
-    /// `down(act(gate·h) * up·h)`, with BitNet's sub-norm before `down`.
-    pub fn ffn(&mut self, l: &LayerWeights, h: NodeId) -> NodeId {
-        let gate = self.linear(l.w_gate, h, l.scales.gate); // [n_ff, n_tokens]
-        let up = self.linear(l.w_up, h, l.scales.up); // [n_ff, n_tokens]
-        let mut f = self.g.gated_act(gate, up, self.c.activation);
-        if let Some(sub) = l.ffn_sub_norm {
-            f = self.norm(f, sub);
+    fn ffn(&mut self, l: &Layer, h: NodeId) -> NodeId {
+        match &l.ffn {
+            Ffn::Dense(f) => self.dense_ffn(f, h),
         }
-        self.linear(l.w_down, f, l.scales.down) // [n_embd, n_tokens]
+    }
+
+    /// `down(act(gate·h) ⊙ up·h)`, with BitNet's sub-norm before `down`.
+    fn dense_ffn(&mut self, f: &DenseFfn, h: NodeId) -> NodeId {
+        let [sg, su, sd] = f.scales;
+        let gate = self.linear(f.gate, h, sg); // [n_ff, n_tokens]
+        let up = self.linear(f.up, h, su); // [n_ff, n_tokens]
+        let mut y = self.g.gated_act(gate, up, self.c.activation);
+        if let Some(sub) = f.sub_norm {
+            y = self.norm(y, sub);
+        }
+        self.linear(f.down, y, sd) // [n_embd, n_tokens]
     }
 
     /// Keeps the wanted rows, applies the final norm and the head.
-    pub fn head(mut self, x: NodeId) -> Built {
+    fn head(mut self, x: NodeId) -> Built {
         // [n_embd, n_outputs]; all rows in order need no gather (one launch
         // and one input upload less a decoded token on a GPU).
         let x = match self.inputs.output_rows {

@@ -1,36 +1,16 @@
-//! Hyper-parameters read from GGUF metadata, with the defaults and the
-//! architecture rules of `spec/gguf.md` §4 and `spec/bitnet.md` §1.
+//! Hyper-parameters read from GGUF metadata: the llama family's keys, under
+//! the prefix of the file's `general.architecture`, with llama.cpp's
+//! defaults; what differs between architectures comes from their [`ArchSpec`].
 
 use tern_gguf::{Array, Metadata};
 use tern_graph::{Activation, RopeMode};
 
+use crate::arch::ArchSpec;
 use crate::error::{Error, Result};
-
-/// The graph family a file runs with.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Arch {
-    /// Llama 2/3 and the llama family: pre-norm, SwiGLU, rope NORM.
-    Llama,
-    /// BitNet b1.58 (2B-4T and 1bitLLM): llama plus sub-norms, rope NEOX.
-    BitNet,
-}
-
-impl Arch {
-    /// Every `general.architecture` value tern runs.
-    pub const NAMES: [&'static str; 4] = ["llama", "bitnet", "bitnet-b1.58", "bitnet-25"];
-
-    pub fn from_name(name: &str) -> Result<Arch> {
-        match name {
-            "llama" => Ok(Arch::Llama),
-            "bitnet" | "bitnet-b1.58" | "bitnet-25" => Ok(Arch::BitNet),
-            other => Err(Error::UnknownArch { name: other.to_string(), known: Arch::NAMES.join(", ") }),
-        }
-    }
-}
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
-    pub arch: Arch,
+    pub arch: &'static ArchSpec,
     /// `general.architecture` as written (the metadata key prefix).
     pub arch_name: String,
     pub n_vocab: usize,
@@ -48,8 +28,6 @@ pub struct Config {
     /// 1 / linear scaling factor.
     pub rope_freq_scale: f32,
     pub activation: Activation,
-    /// BitNet's RMSNorms before `attn_output` and `ffn_down`.
-    pub sub_norms: bool,
 }
 
 impl Config {
@@ -58,7 +36,8 @@ impl Config {
     /// are more reliable than optional keys.
     pub fn from_metadata(md: &Metadata, n_vocab: usize) -> Result<Config> {
         let arch_name = md.str("general.architecture")?.to_string();
-        let arch = Arch::from_name(&arch_name)?;
+        let arch = ArchSpec::find(&arch_name)
+            .ok_or_else(|| Error::UnknownArch { name: arch_name.clone(), known: ArchSpec::all_names().join(", ") })?;
         let key = |k: &str| format!("{arch_name}.{k}");
         let n_embd = md.usize(&key("embedding_length"))?;
         let n_layer = md.usize(&key("block_count"))?;
@@ -100,18 +79,11 @@ impl Config {
                 return Err(bad(&key("vocab_size"), format!("{v}, but token_embd has {n_vocab} rows")));
             }
         }
-        let (rope_mode, sub_norms) = match arch {
-            Arch::Llama => (RopeMode::Norm, false),
-            Arch::BitNet => (RopeMode::Neox, true),
-        };
         let activation = match md.opt_str(&key("hidden_activation"))? {
             Some("relu2") => Activation::Relu2,
             Some("silu") => Activation::Silu,
             Some(other) => return Err(bad(&key("hidden_activation"), format!("{other:?} (expected relu2 or silu)"))),
-            // spec/bitnet.md §1: the arch string does not decide; 2B-4T is the
-            // one with GQA (or the llama-3 vocabulary) and runs relu².
-            None if arch == Arch::BitNet && (n_head_kv < n_head || n_vocab == 128256) => Activation::Relu2,
-            None => Activation::Silu,
+            None => arch.activation.resolve(n_head, n_head_kv, n_vocab),
         };
         Ok(Config {
             arch,
@@ -124,12 +96,11 @@ impl Config {
             n_ff,
             n_ctx_train: md.opt_usize(&key("context_length"))?.unwrap_or(4096),
             rms_eps: md.f32(&key("attention.layer_norm_rms_epsilon"))?,
-            rope_mode,
+            rope_mode: arch.rope,
             n_rot,
             rope_freq_base: md.opt_f32(&key("rope.freq_base"))?.unwrap_or(10000.0),
             rope_freq_scale,
             activation,
-            sub_norms,
             arch_name,
         })
     }

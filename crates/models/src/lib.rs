@@ -2,19 +2,19 @@
 //! GGUF file and builds a compute graph for a batch of tokens. Models build
 //! graphs; they never call kernels or move data.
 
-mod bitnet;
+mod arch;
 mod blocks;
 mod config;
 mod error;
-mod llama;
 mod names;
 mod weights;
 
+pub use arch::{ArchSpec, DefaultActivation, ARCHS};
 pub use blocks::{Built, StepInputs};
-pub use config::{Arch, Config};
+pub use config::Config;
 pub use error::{Error, Result};
 pub use names::TensorName;
-pub use weights::{LayerWeights, ProjScales, WeightRef, WeightTable, Weights};
+pub use weights::{Attention, DenseFfn, Ffn, Gqa, Layer, WeightRef, WeightTable, Weights};
 
 use tern_gguf::{File, GgmlType};
 
@@ -59,10 +59,6 @@ impl Model {
     }
 
     pub fn build_graph(&self, batch: &Batch, kv: &KvSpec) -> Built {
-        let cx = blocks::Ctx::new(&self.config, &self.weights, batch, kv);
-        match self.config.arch {
-            Arch::Llama => llama::build(cx),
-            Arch::BitNet => bitnet::build(cx),
-        }
+        blocks::Ctx::new(&self.config, &self.weights, batch, kv).decoder()
     }
 }

@@ -3,7 +3,7 @@
 
 use tern_gguf::{File, GgmlType, TensorInfo};
 
-use crate::config::{Arch, Config};
+use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::names::TensorName;
 
@@ -27,34 +27,62 @@ impl WeightTable {
     }
 }
 
-/// One transformer block. Shapes are ggml order `[in, out]`.
+/// One transformer block: a normed attention and a normed FFN, each added
+/// to the residual stream. Shapes are ggml order `[in, out]`.
 #[derive(Clone, Debug)]
-pub struct LayerWeights {
-    pub attn_norm: WeightRef,             // [n_embd]
-    pub wq: WeightRef,                    // [n_embd, n_head * head_dim]
-    pub wk: WeightRef,                    // [n_embd, n_head_kv * head_dim]
-    pub wv: WeightRef,                    // [n_embd, n_head_kv * head_dim]
-    pub wo: WeightRef,                    // [n_head * head_dim, n_embd]
-    pub attn_sub_norm: Option<WeightRef>, // [n_head * head_dim] (BitNet)
-    pub ffn_norm: WeightRef,              // [n_embd]
-    pub w_gate: WeightRef,                // [n_embd, n_ff]
-    pub w_up: WeightRef,                  // [n_embd, n_ff]
-    pub w_down: WeightRef,                // [n_ff, n_embd]
-    pub ffn_sub_norm: Option<WeightRef>,  // [n_ff] (BitNet)
-    /// 1bitLLM per-weight output scales (`blk.N.*.scale`), 1.0 when absent.
-    pub scales: ProjScales,
+pub struct Layer {
+    pub attn_norm: WeightRef, // [n_embd]
+    pub attn: Attention,
+    pub ffn_norm: WeightRef, // [n_embd]
+    pub ffn: Ffn,
 }
 
-/// Output multipliers of the seven projections of a block.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct ProjScales {
-    pub q: f32,
-    pub k: f32,
-    pub v: f32,
-    pub o: f32,
-    pub gate: f32,
-    pub up: f32,
-    pub down: f32,
+/// A block's attention. Multi-head latent attention (DeepSeek-V2/V3) is the
+/// variant the MoE architectures add, with its own latent KV cache.
+#[derive(Clone, Debug)]
+pub enum Attention {
+    /// Grouped-query attention (multi-head when n_head_kv == n_head).
+    Gqa(Gqa),
+}
+
+#[derive(Clone, Debug)]
+pub struct Gqa {
+    pub wq: WeightRef,               // [n_embd, n_head * head_dim]
+    pub wk: WeightRef,               // [n_embd, n_head_kv * head_dim]
+    pub wv: WeightRef,               // [n_embd, n_head_kv * head_dim]
+    pub wo: WeightRef,               // [n_head * head_dim, n_embd]
+    pub q_norm: Option<WeightRef>,   // [head_dim] (Qwen3)
+    pub k_norm: Option<WeightRef>,   // [head_dim] (Qwen3)
+    pub sub_norm: Option<WeightRef>, // [n_head * head_dim] (BitNet)
+    /// Output multipliers of q, k, v and o (1.0 unless the file has them).
+    pub scales: [f32; 4],
+}
+
+/// A block's feed-forward network. Routed experts with a router and shared
+/// experts are the variant the MoE architectures add.
+#[derive(Clone, Debug)]
+pub enum Ffn {
+    /// `down(act(gate·h) ⊙ up·h)`.
+    Dense(DenseFfn),
+}
+
+#[derive(Clone, Debug)]
+pub struct DenseFfn {
+    pub gate: WeightRef,             // [n_embd, n_ff]
+    pub up: WeightRef,               // [n_embd, n_ff]
+    pub down: WeightRef,             // [n_ff, n_embd]
+    pub sub_norm: Option<WeightRef>, // [n_ff] (BitNet)
+    /// Output multipliers of gate, up and down.
+    pub scales: [f32; 3],
+}
+
+impl Layer {
+    /// The weight whose type decides the model's precision (its first projection).
+    pub fn first_projection(&self) -> WeightRef {
+        match &self.attn {
+            Attention::Gqa(a) => a.wq,
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -65,7 +93,7 @@ pub struct Weights {
     /// `output.weight`, or the tied `token_embd` when the file has none.
     pub output: WeightRef, // [n_embd, n_vocab]
     pub rope_freqs: Option<WeightRef>, // [n_rot / 2] (Llama 3.1 scaling)
-    pub layers: Vec<LayerWeights>,
+    pub layers: Vec<Layer>,
 }
 
 impl Weights {
@@ -125,38 +153,15 @@ impl Weights {
     pub fn load(file: &File, c: &Config) -> Result<Weights> {
         use TensorName::*;
         let mut l = Loader { file, table: WeightTable::default() };
-        let (e, v, f) = (c.n_embd, c.n_vocab, c.n_ff);
-        let (q_dim, kv_dim) = (c.n_head * c.head_dim, c.n_head_kv * c.head_dim);
+        let (e, v) = (c.n_embd, c.n_vocab);
         let token_embd = l.get(TokenEmbd, None, &[e, v])?;
         let mut layers = Vec::with_capacity(c.n_layer);
         for i in 0..c.n_layer {
-            let at = Some(i);
-            let sub = |l: &mut Loader, name, n| if c.sub_norms { l.get(name, at, &[n]).map(Some) } else { Ok(None) };
-            let scales = match c.arch {
-                Arch::BitNet => ProjScales {
-                    q: l.scale(AttnQ, i)?,
-                    k: l.scale(AttnK, i)?,
-                    v: l.scale(AttnV, i)?,
-                    o: l.scale(AttnOutput, i)?,
-                    gate: l.scale(FfnGate, i)?,
-                    up: l.scale(FfnUp, i)?,
-                    down: l.scale(FfnDown, i)?,
-                },
-                Arch::Llama => ProjScales { q: 1.0, k: 1.0, v: 1.0, o: 1.0, gate: 1.0, up: 1.0, down: 1.0 },
-            };
-            layers.push(LayerWeights {
-                attn_norm: l.get(AttnNorm, at, &[e])?,
-                wq: l.get(AttnQ, at, &[e, q_dim])?,
-                wk: l.get(AttnK, at, &[e, kv_dim])?,
-                wv: l.get(AttnV, at, &[e, kv_dim])?,
-                attn_sub_norm: sub(&mut l, AttnSubNorm, q_dim)?,
-                wo: l.get(AttnOutput, at, &[q_dim, e])?,
-                ffn_norm: l.get(FfnNorm, at, &[e])?,
-                w_gate: l.get(FfnGate, at, &[e, f])?,
-                w_up: l.get(FfnUp, at, &[e, f])?,
-                ffn_sub_norm: sub(&mut l, FfnSubNorm, f)?,
-                w_down: l.get(FfnDown, at, &[f, e])?,
-                scales,
+            layers.push(Layer {
+                attn_norm: l.get(AttnNorm, Some(i), &[e])?,
+                attn: Attention::Gqa(l.gqa(c, i)?),
+                ffn_norm: l.get(FfnNorm, Some(i), &[e])?,
+                ffn: Ffn::Dense(l.dense_ffn(c, i)?),
             });
         }
         let output_norm = l.get(OutputNorm, None, &[e])?;
@@ -166,5 +171,58 @@ impl Weights {
         };
         let rope_freqs = l.find(&RopeFreqs.key(None), &[c.n_rot / 2])?;
         Ok(Weights { table: l.table, token_embd, output_norm, output, rope_freqs, layers })
+    }
+}
+
+impl Loader<'_> {
+    /// A weight the architecture has only when `present`.
+    fn optional(&mut self, present: bool, name: TensorName, layer: usize, ne: &[usize]) -> Result<Option<WeightRef>> {
+        if present {
+            self.get(name, Some(layer), ne).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+
+    fn proj_scale(&self, c: &Config, name: TensorName, layer: usize) -> Result<f32> {
+        if c.arch.proj_scales {
+            self.scale(name, layer)
+        } else {
+            Ok(1.0)
+        }
+    }
+
+    fn gqa(&mut self, c: &Config, i: usize) -> Result<Gqa> {
+        use TensorName::*;
+        let (e, hd) = (c.n_embd, c.head_dim);
+        let (q_dim, kv_dim) = (c.n_head * hd, c.n_head_kv * hd);
+        let at = Some(i);
+        Ok(Gqa {
+            wq: self.get(AttnQ, at, &[e, q_dim])?,
+            wk: self.get(AttnK, at, &[e, kv_dim])?,
+            wv: self.get(AttnV, at, &[e, kv_dim])?,
+            q_norm: self.optional(c.arch.qk_norm, AttnQNorm, i, &[hd])?,
+            k_norm: self.optional(c.arch.qk_norm, AttnKNorm, i, &[hd])?,
+            sub_norm: self.optional(c.arch.sub_norms, AttnSubNorm, i, &[q_dim])?,
+            wo: self.get(AttnOutput, at, &[q_dim, e])?,
+            scales: [
+                self.proj_scale(c, AttnQ, i)?,
+                self.proj_scale(c, AttnK, i)?,
+                self.proj_scale(c, AttnV, i)?,
+                self.proj_scale(c, AttnOutput, i)?,
+            ],
+        })
+    }
+
+    fn dense_ffn(&mut self, c: &Config, i: usize) -> Result<DenseFfn> {
+        use TensorName::*;
+        let (e, f, at) = (c.n_embd, c.n_ff, Some(i));
+        Ok(DenseFfn {
+            gate: self.get(FfnGate, at, &[e, f])?,
+            up: self.get(FfnUp, at, &[e, f])?,
+            sub_norm: self.optional(c.arch.sub_norms, FfnSubNorm, i, &[f])?,
+            down: self.get(FfnDown, at, &[f, e])?,
+            scales: [self.proj_scale(c, FfnGate, i)?, self.proj_scale(c, FfnUp, i)?, self.proj_scale(c, FfnDown, i)?],
+        })
     }
 }
