@@ -8,9 +8,10 @@ use tern_graph::{Activation, RopeMode};
 
 mod bitnet;
 mod llama;
+mod qwen3;
 
 /// Every architecture tern runs, one line each.
-pub const ARCHS: &[&ArchSpec] = &[&llama::SPEC, &bitnet::SPEC];
+pub const ARCHS: &[&ArchSpec] = &[&llama::SPEC, &bitnet::SPEC, &qwen3::SPEC];
 
 /// What the shape of a model's attention and FFN blocks is, and how the
 /// loader finds its weights.
