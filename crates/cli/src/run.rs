@@ -49,8 +49,8 @@ pub struct ModelArgs {
 /// The offload policy and the MoE placement shortcuts (shared with `bench`).
 #[derive(clap::Args, Clone, Debug, Default, PartialEq, Eq)]
 pub struct OffloadArgs {
-    /// Offload policy (`-op`): OP,0|1|auto pairs, OP a name (mul_mat, mul_mat_id,
-    /// moe_up_gate, all) or an ik_llama.cpp op number. Ops on host weights run on
+    /// Offload policy (`-op`): OP,0|1|auto pairs, OP a name (mul_mat, all) or an
+    /// ik_llama.cpp op number (27, 30, -1). Ops on host weights run on
     /// the GPU, streaming the weight in, from --offload-batch tokens (1), when the
     /// cost model says it is faster (auto), or never (0). Default: all,1.
     #[arg(long = "offload-policy", value_name = "OP,MODE")]

@@ -12,22 +12,17 @@ use std::fmt;
 /// The ops the policy covers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum OffloadOp {
-    /// A dense matrix product on a weight.
+    /// A dense matrix product on a weight. The expert products of MoE
+    /// models join this enum with the ops that run them.
     MulMat,
-    /// A matrix product on selected experts.
-    MulMatId,
-    /// The fused up/gate product of selected experts.
-    MoeUpGate,
 }
 
 impl OffloadOp {
-    pub const ALL: [OffloadOp; 3] = [OffloadOp::MulMat, OffloadOp::MulMatId, OffloadOp::MoeUpGate];
+    pub const ALL: [OffloadOp; 1] = [OffloadOp::MulMat];
 
     pub fn name(self) -> &'static str {
         match self {
             OffloadOp::MulMat => "mul_mat",
-            OffloadOp::MulMatId => "mul_mat_id",
-            OffloadOp::MoeUpGate => "moe_up_gate",
         }
     }
 
@@ -36,8 +31,6 @@ impl OffloadOp {
     fn from_ik_id(id: i64) -> Option<OffloadOp> {
         match id {
             27 | 30 => Some(OffloadOp::MulMat),
-            28 => Some(OffloadOp::MulMatId),
-            31 => Some(OffloadOp::MoeUpGate),
             _ => None,
         }
     }
@@ -117,8 +110,6 @@ pub struct Work {
     pub batch: usize,
     pub weight_bytes: u64,
     pub macs: u64,
-    /// For expert ops: (experts used per token, experts in the tensor).
-    pub experts: Option<(usize, usize)>,
 }
 
 /// Why an op on a host weight was offloaded.
@@ -141,7 +132,7 @@ impl fmt::Display for OffloadWhy {
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct OffloadPolicy {
-    modes: [Mode; 3],
+    modes: [Mode; 1],
     /// `--offload-batch`: tokens from which `On` offloads (default 32).
     pub min_batch: usize,
     pub cost: CostModel,
@@ -149,7 +140,7 @@ pub struct OffloadPolicy {
 
 impl Default for OffloadPolicy {
     fn default() -> OffloadPolicy {
-        OffloadPolicy { modes: [Mode::On; 3], min_batch: OFFLOAD_MIN_BATCH, cost: CostModel::default() }
+        OffloadPolicy { modes: [Mode::On; 1], min_batch: OFFLOAD_MIN_BATCH, cost: CostModel::default() }
     }
 }
 
@@ -161,10 +152,10 @@ pub const OFFLOAD_MIN_BATCH: usize = 32;
 pub enum PolicyError {
     #[error("offload policy {0:?}: expected OP,0|1|auto pairs")]
     Syntax(String),
-    #[error(
-        "offload policy: unknown op {0:?}; valid: mul_mat, mul_mat_id, moe_up_gate, all (or ik ids 27, 28, 30, 31, -1)"
-    )]
+    #[error("offload policy: unknown op {0:?}; valid: mul_mat, all (or ik ids 27, 30, -1)")]
     UnknownOp(String),
+    #[error("offload policy: {0:?} is an expert op, and no model tern runs has experts yet (valid: mul_mat, all)")]
+    ExpertOp(String),
     #[error("offload policy: {op}: expected 0, 1 or auto, got {value:?}")]
     Value { op: String, value: String },
 }
@@ -208,13 +199,7 @@ impl OffloadPolicy {
     pub fn decide(&self, w: &Work) -> Option<OffloadWhy> {
         match self.mode(w.op) {
             Mode::Off => None,
-            Mode::On => {
-                let enough = w.batch >= self.min_batch;
-                // Each expert sees about batch · used / total tokens: offload only
-                // when that reaches the dense rule (ik's MoE-aware threshold).
-                let experts_ok = w.experts.is_none_or(|(used, total)| w.batch * used >= self.min_batch * total);
-                (enough && experts_ok).then_some(OffloadWhy::Batch { min_batch: self.min_batch })
-            }
+            Mode::On => (w.batch >= self.min_batch).then_some(OffloadWhy::Batch { min_batch: self.min_batch }),
             Mode::Auto => {
                 let (gpu, cpu) = (self.cost.gpu_s(w), self.cost.cpu_s(w));
                 let us = |s: f64| (s * 1e6).round().min(u32::MAX as f64) as u32;
@@ -239,7 +224,9 @@ fn ops_named(name: &str) -> Result<Vec<OffloadOp>, PolicyError> {
     match (lower.as_str(), lower.parse::<i64>()) {
         ("all", _) => Ok(OffloadOp::ALL.to_vec()),
         ("fused_up_gate", _) => Ok(vec![OffloadOp::MulMat]),
-        ("moe_fused_up_gate", _) => Ok(vec![OffloadOp::MoeUpGate]),
+        ("mul_mat_id" | "moe_up_gate" | "moe_fused_up_gate", _) | (_, Ok(28 | 31)) => {
+            Err(PolicyError::ExpertOp(name.to_string()))
+        }
         (_, Ok(id)) => match OffloadOp::from_ik_id(id) {
             Some(op) => Ok(vec![op]),
             // ik: a negative or out-of-range number sets every op.
@@ -263,22 +250,22 @@ mod tests {
     }
 
     fn dense(batch: usize) -> Work {
-        Work { op: OffloadOp::MulMat, batch, weight_bytes: 4_423_680, macs: 17_694_720 * batch as u64, experts: None }
+        Work { op: OffloadOp::MulMat, batch, weight_bytes: 4_423_680, macs: 17_694_720 * batch as u64 }
     }
 
     #[test]
     fn names_and_ik_ids() {
         assert_eq!(p(&[]).unwrap(), OffloadPolicy::default());
         let q = p(&["mul_mat,0"]).unwrap();
-        assert_eq!((q.mode(OffloadOp::MulMat), q.mode(OffloadOp::MulMatId)), (Mode::Off, Mode::On));
-        assert_eq!(p(&["27,0"]).unwrap(), q, "ik's 27 is mul_mat");
-        let q = p(&["all,0", "28,1"]).unwrap();
-        assert_eq!(q.mode(OffloadOp::MulMatId), Mode::On);
         assert_eq!(q.mode(OffloadOp::MulMat), Mode::Off);
+        assert_eq!(p(&["27,0"]).unwrap(), q, "ik's 27 is mul_mat");
+        assert_eq!(p(&["all,0", "30,1"]).unwrap().mode(OffloadOp::MulMat), Mode::On, "ik's 30 is two mul_mats");
         let none = p(&["-1,0"]).unwrap();
         assert!(OffloadOp::ALL.iter().all(|op| none.mode(*op) == Mode::Off), "ik's -1 is every op");
-        assert_eq!(p(&["31,0,mul_mat,auto"]).unwrap().mode(OffloadOp::MulMat), Mode::Auto);
         assert_eq!(p(&["MUL_MAT,Auto"]).unwrap().mode(OffloadOp::MulMat), Mode::Auto);
+        for expert in ["mul_mat_id,1", "moe_up_gate,0", "28,0", "31,auto"] {
+            assert!(matches!(p(&[expert]), Err(PolicyError::ExpertOp(_))), "{expert}");
+        }
     }
 
     #[test]
@@ -287,12 +274,12 @@ mod tests {
         assert!(matches!(p(&["mul_mat,0,"]), Err(PolicyError::Syntax(_))));
         assert!(matches!(p(&["mul_mat,2"]), Err(PolicyError::Value { .. })));
         let e = p(&["softmax,1"]).unwrap_err();
-        assert!(e.to_string().contains("mul_mat_id"), "{e}");
+        assert!(e.to_string().contains("mul_mat,"), "{e}");
         assert!(matches!(p(&["42,1"]), Err(PolicyError::UnknownOp(_))), "ik's GET_ROWS is never offloaded");
     }
 
     #[test]
-    fn batch_rule_for_dense_and_expert_ops() {
+    fn batch_rule() {
         let on = OffloadPolicy::default();
         assert_eq!(on.decide(&dense(1)), None);
         assert_eq!(on.decide(&dense(31)), None);
@@ -300,10 +287,6 @@ mod tests {
         assert!(on.decide(&dense(512)).is_some());
         let off = p(&["mul_mat,0"]).unwrap();
         assert_eq!(off.decide(&dense(512)), None);
-        // DeepSeek-V2-Lite: 6 of 64 experts per token → 342 tokens before offloading.
-        let moe = |batch| Work { op: OffloadOp::MulMatId, experts: Some((6, 64)), ..dense(batch) };
-        assert_eq!(on.decide(&moe(341)), None);
-        assert!(on.decide(&moe(342)).is_some());
         let mut fewer = on.clone();
         fewer.min_batch = 8;
         assert!(fewer.decide(&dense(8)).is_some());

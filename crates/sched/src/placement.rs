@@ -258,7 +258,6 @@ impl Placement {
             batch,
             weight_bytes: w.nbytes() as u64,
             macs: (w.ne[0] * w.ne[1] * batch) as u64,
-            experts: None,
         };
         Some((i, work))
     }
