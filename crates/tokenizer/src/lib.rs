@@ -1,7 +1,7 @@
 //! Tokenizers for GGUF models, built from the `tokenizer.ggml.*` metadata.
 //!
 //! Supported: byte-level BPE (`tokenizer.ggml.model = "gpt2"`) with the
-//! GPT-2 and Llama 3 pre-tokenizers. SentencePiece (`"llama"`) and the other
+//! GPT-2, Llama 3 and Qwen2 pre-tokenizers. SentencePiece (`"llama"`) and the other
 //! families are reported as [`Error::Unsupported`].
 //!
 //! ```no_run
@@ -29,7 +29,7 @@ mod vocab;
 pub use chat::{ChatTemplate, Message, TemplateError};
 pub use decode::StreamDecoder;
 pub use error::Error;
-pub use pretokenize::{PreTokenizer, GPT2_PATTERN, LLAMA3_PATTERN};
+pub use pretokenize::{PreTokenizer, GPT2_PATTERN, LLAMA3_PATTERN, QWEN2_PATTERN};
 pub use vocab::TokenType;
 
 use special::Fragment;
