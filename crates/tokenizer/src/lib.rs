@@ -13,13 +13,15 @@
 //!
 //! Layout: `vocab` (texts, types, special ids), `bytes` (GPT-2 byte table),
 //! `pretokenize` + `unicode` (regex splitting), `special` (special tokens in
-//! text), `bpe` (merging), `decode` (streaming).
+//! text), `bpe` (merging), `decode` (streaming), `chat` + `jinja` (chat
+//! templates).
 
 mod bpe;
 mod bytes;
 mod chat;
 mod decode;
 mod error;
+mod jinja;
 mod pretokenize;
 mod special;
 mod unicode;
