@@ -1,7 +1,7 @@
 //! Chat templates: the Jinja template a GGUF carries in
 //! `tokenizer.chat_template`, rendered with minijinja.
 
-use minijinja::{context, Environment, Error as JinjaError, ErrorKind, Value};
+use minijinja::{context, Environment, Error as JinjaError, Value};
 use tern_gguf::Metadata;
 
 /// One chat message.
@@ -45,11 +45,7 @@ impl ChatTemplate {
 
     pub fn new(src: &str, bos: &str, eos: &str) -> Result<ChatTemplate, TemplateError> {
         let mut env = Environment::new();
-        // Templates written for HF transformers call these.
-        env.add_function("raise_exception", |msg: String| -> Result<Value, JinjaError> {
-            Err(JinjaError::new(ErrorKind::InvalidOperation, msg))
-        });
-        env.set_unknown_method_callback(python_str_methods);
+        crate::jinja::install(&mut env);
         env.add_template_owned("chat", src.to_string())?;
         Ok(ChatTemplate { env, bos: bos.to_string(), eos: eos.to_string() })
     }
@@ -66,31 +62,6 @@ impl ChatTemplate {
             eos_token => self.eos.clone(),
         })?)
     }
-}
-
-/// The few Python string methods chat templates use (`strip`, `startswith`, ...).
-fn python_str_methods(
-    _state: &minijinja::State,
-    value: &Value,
-    method: &str,
-    args: &[Value],
-) -> Result<Value, JinjaError> {
-    let Some(s) = value.as_str() else {
-        return Err(JinjaError::new(ErrorKind::UnknownMethod, format!("{method} on a non-string")));
-    };
-    let arg = |i: usize| args.get(i).and_then(|v| v.as_str()).unwrap_or_default().to_string();
-    Ok(match method {
-        "strip" => Value::from(s.trim()),
-        "lstrip" => Value::from(s.trim_start()),
-        "rstrip" => Value::from(s.trim_end()),
-        "lower" => Value::from(s.to_lowercase()),
-        "upper" => Value::from(s.to_uppercase()),
-        "startswith" => Value::from(s.starts_with(&arg(0))),
-        "endswith" => Value::from(s.ends_with(&arg(0))),
-        "replace" => Value::from(s.replace(&arg(0), &arg(1))),
-        "split" => Value::from(s.split(&arg(0)).map(str::to_string).collect::<Vec<_>>()),
-        _ => return Err(JinjaError::new(ErrorKind::UnknownMethod, format!("string has no method {method}"))),
-    })
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! Tokenizers for GGUF models, built from the `tokenizer.ggml.*` metadata.
 //!
 //! Supported: byte-level BPE (`tokenizer.ggml.model = "gpt2"`) with the
-//! GPT-2 and Llama 3 pre-tokenizers. SentencePiece (`"llama"`) and the other
+//! GPT-2, Llama 3 and Qwen2 pre-tokenizers. SentencePiece (`"llama"`) and the other
 //! families are reported as [`Error::Unsupported`].
 //!
 //! ```no_run
@@ -13,13 +13,15 @@
 //!
 //! Layout: `vocab` (texts, types, special ids), `bytes` (GPT-2 byte table),
 //! `pretokenize` + `unicode` (regex splitting), `special` (special tokens in
-//! text), `bpe` (merging), `decode` (streaming).
+//! text), `bpe` (merging), `decode` (streaming), `chat` + `jinja` (chat
+//! templates).
 
 mod bpe;
 mod bytes;
 mod chat;
 mod decode;
 mod error;
+mod jinja;
 mod pretokenize;
 mod special;
 mod unicode;
@@ -29,7 +31,7 @@ mod vocab;
 pub use chat::{ChatTemplate, Message, TemplateError};
 pub use decode::StreamDecoder;
 pub use error::Error;
-pub use pretokenize::{PreTokenizer, GPT2_PATTERN, LLAMA3_PATTERN};
+pub use pretokenize::{PreTokenizer, GPT2_PATTERN, LLAMA3_PATTERN, QWEN2_PATTERN};
 pub use vocab::TokenType;
 
 use special::Fragment;

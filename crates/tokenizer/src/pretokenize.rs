@@ -5,8 +5,8 @@
 //! regex engine (the patterns need a lookahead), each supported pattern is
 //! implemented as a hand-written scanner that decides, at every position,
 //! which alternative the regex would pick under leftmost-first semantics.
-//! The unit tests compare both scanners with `fancy-regex` running the
-//! original patterns on many random strings.
+//! The unit tests compare every scanner with `fancy-regex` running the
+//! original pattern on many random strings.
 
 use crate::error::Error;
 use crate::unicode::{class, Class};
@@ -17,8 +17,14 @@ pub const GPT2_PATTERN: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\
 /// The regex of Llama 3 (`tokenizer.ggml.pre` = `llama-bpe` / `llama3` / `llama-v3`).
 pub const LLAMA3_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
+/// The regex of Qwen2, Qwen2.5 and Qwen3 (`tokenizer.ggml.pre` = `qwen2`):
+/// Llama 3's, except that digits are split one by one.
+pub const QWEN2_PATTERN: &str =
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
 /// `tokenizer.ggml.pre` values accepted, for error messages.
-pub const SUPPORTED: &str = "llama-bpe, llama3, llama-v3 (Llama 3 regex); default, gpt-2 or absent (GPT-2 regex)";
+pub const SUPPORTED: &str = "llama-bpe, llama3, llama-v3 (Llama 3 regex); qwen2, deepseek-r1-qwen (Qwen2 regex); \
+                             default, gpt-2 or absent (GPT-2 regex)";
 
 /// A supported pre-tokenizer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,6 +33,8 @@ pub enum PreTokenizer {
     Gpt2,
     /// [`LLAMA3_PATTERN`].
     Llama3,
+    /// [`QWEN2_PATTERN`].
+    Qwen2,
 }
 
 impl PreTokenizer {
@@ -36,6 +44,8 @@ impl PreTokenizer {
         match name {
             None | Some("default") | Some("gpt-2") | Some("gpt2") => Ok(PreTokenizer::Gpt2),
             Some("llama-bpe") | Some("llama3") | Some("llama-v3") => Ok(PreTokenizer::Llama3),
+            // DeepSeek-R1's Qwen distills keep the Qwen tokenizer under their own name.
+            Some("qwen2") | Some("deepseek-r1-qwen") => Ok(PreTokenizer::Qwen2),
             Some(other) => Err(Error::UnknownPreTokenizer { pre: other.to_string(), supported: SUPPORTED }),
         }
     }
@@ -45,11 +55,15 @@ impl PreTokenizer {
         match self {
             PreTokenizer::Gpt2 => GPT2_PATTERN,
             PreTokenizer::Llama3 => LLAMA3_PATTERN,
+            PreTokenizer::Qwen2 => QWEN2_PATTERN,
         }
     }
 
     /// Whether BPE should first look the whole piece up in the vocabulary
-    /// (Llama 3 tokenizers are configured with `ignore_merges`).
+    /// (Llama 3 tokenizers are configured with `ignore_merges`). Qwen2's
+    /// tokenizer.json leaves it off and llama.cpp sets it for the Llama 3
+    /// family only; Qwen2's merges rebuild every whole-piece token, so the
+    /// choice does not change its ids (`qwen2_tokens_encode_to_themselves`).
     pub fn ignore_merges(self) -> bool {
         matches!(self, PreTokenizer::Llama3)
     }
@@ -64,7 +78,8 @@ impl PreTokenizer {
         while i < chars.len() {
             let end = match self {
                 PreTokenizer::Gpt2 => chars.gpt2_at(i),
-                PreTokenizer::Llama3 => chars.llama3_at(i),
+                PreTokenizer::Llama3 => chars.llama3_at(i, 3),
+                PreTokenizer::Qwen2 => chars.llama3_at(i, 1),
             };
             debug_assert!(end > i);
             out.push(&text[chars.offset(i)..chars.offset(end)]);
@@ -137,7 +152,7 @@ impl Chars {
         }
     }
 
-    /// Whitespace alternatives shared by both patterns, entered only when
+    /// Whitespace alternatives shared by all the patterns, entered only when
     /// nothing before them matched (so `cs[i]` is whitespace):
     /// `\s+(?!\S)` — a whitespace run, minus its last character if a
     /// non-space follows and the run has more than one character (the
@@ -168,8 +183,10 @@ impl Chars {
         self.trailing_space(i)
     }
 
-    /// End of the Llama 3 match starting at `i`.
-    fn llama3_at(&self, i: usize) -> usize {
+    /// End of the Llama 3 match starting at `i`. Qwen2's regex differs only
+    /// in the digit alternative, so `max_digits` selects it: 3 for Llama 3's
+    /// `\p{N}{1,3}`, 1 for Qwen2's `\p{N}`.
+    fn llama3_at(&self, i: usize, max_digits: usize) -> usize {
         // `(?i:'s|'t|'re|'ve|'m|'ll|'d)`; the regex's Unicode case folding
         // also lets the long s `ſ` match `s`.
         if let Some(n) = self.contraction(i, |c| if c == 'ſ' { 's' } else { c.to_ascii_lowercase() }) {
@@ -184,10 +201,10 @@ impl Chars {
         if cl != Class::Number && !self.is_newline(i) && self.is(i + 1, Class::Letter) {
             return self.run(i + 1, Class::Letter);
         }
-        // `\p{N}{1,3}`: digits in groups of at most three.
+        // `\p{N}{1,max_digits}`: digits in groups of at most `max_digits`.
         if cl == Class::Number {
             let mut j = i + 1;
-            while j < i + 3 && self.is(j, Class::Number) {
+            while j < i + max_digits && self.is(j, Class::Number) {
                 j += 1;
             }
             return j;
@@ -234,6 +251,8 @@ mod tests {
         assert_eq!(split(Llama3, "1234567"), ["123", "456", "7"]);
         assert_eq!(split(Llama3, "I'LL go\n\n x"), ["I", "'LL", " go", "\n\n", " x"]);
         assert_eq!(split(Llama3, "a.\n\nb"), ["a", ".\n\n", "b"]);
+        assert_eq!(split(Qwen2, "x 1234 ²"), ["x", " ", "1", "2", "3", "4", " ", "²"]);
+        assert_eq!(split(Qwen2, "I'LL go\n\n x"), ["I", "'LL", " go", "\n\n", " x"]);
         assert_eq!(split(Gpt2, "I'LL 1234 go  !!"), ["I", "'", "LL", " 1234", " go", " ", " !!"]);
         assert_eq!(split(Gpt2, ""), Vec::<&str>::new());
     }
@@ -291,6 +310,11 @@ mod tests {
     }
 
     #[test]
+    fn qwen2_matches_regex() {
+        differential(PreTokenizer::Qwen2, 0x2545_F491_4F6C_DD1D);
+    }
+
+    #[test]
     fn gpt2_matches_regex() {
         differential(PreTokenizer::Gpt2, 0xD1B5_4A32_D192_ED03);
     }
@@ -299,7 +323,8 @@ mod tests {
     fn names() {
         assert_eq!(PreTokenizer::from_name(Some("llama-bpe")).unwrap(), PreTokenizer::Llama3);
         assert_eq!(PreTokenizer::from_name(None).unwrap(), PreTokenizer::Gpt2);
-        let err = PreTokenizer::from_name(Some("qwen2")).unwrap_err().to_string();
-        assert!(err.contains("qwen2") && err.contains("llama-bpe"), "{err}");
+        assert_eq!(PreTokenizer::from_name(Some("qwen2")).unwrap(), PreTokenizer::Qwen2);
+        let err = PreTokenizer::from_name(Some("qwen35")).unwrap_err().to_string();
+        assert!(err.contains("qwen35") && err.contains("llama-bpe"), "{err}");
     }
 }

@@ -70,6 +70,35 @@ fn end_of_generation() {
     assert_eq!(s.eot(), None);
 }
 
+/// Qwen chat models end a turn with `<|im_end|>`, base models with
+/// `<|endoftext|>`; whichever one the file names as EOS, both must stop
+/// generation, as in llama.cpp.
+#[test]
+fn qwen_end_of_generation() {
+    let (im_end, endoftext) = (151645, 151643);
+    let t = qwen2();
+    assert_eq!((t.eos(), t.eot()), (Some(im_end), Some(im_end)));
+    assert!(t.is_eog(im_end) && t.is_eog(endoftext));
+    assert!(!t.is_eog(151644) && !t.is_eog(151667), "<|im_start|> and <think> do not stop");
+
+    // llama.cpp's own qwen2 vocabulary (and base models) name <|endoftext|>
+    // as EOS; <|im_end|> is then found by its spelling.
+    let mut md = tern_gguf::File::open(testdata(QWEN2_VOCAB)).unwrap().metadata;
+    md.set("tokenizer.ggml.eos_token_id", tern_gguf::Value::U32(endoftext));
+    let base = tern_tokenizer::Tokenizer::from_metadata(&md).unwrap();
+    assert_eq!((base.eos(), base.eot()), (Some(endoftext), Some(im_end)));
+    assert!(base.is_eog(im_end) && base.is_eog(endoftext));
+
+    // The chat markers a rendered template contains become single tokens.
+    let ids = t.encode("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n", false, true);
+    assert_eq!(ids.first(), Some(&151644));
+    assert_eq!(ids.iter().filter(|&&id| id == im_end).count(), 1);
+    assert_eq!(t.decode_with(&ids, true), "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+    // <think> is user-defined: matched even in plain text and always shown.
+    assert_eq!(t.encode("<think>", false, false), [151667]);
+    assert_eq!(t.decode(&[151667]), "<think>");
+}
+
 /// " Việt" is a token that the merge list alone does not rebuild (merging
 /// by rank stops at 11655, 26298, 83); `ignore_merges` emits it whole, as
 /// llama.cpp does for Llama 3.

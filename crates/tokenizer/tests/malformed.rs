@@ -130,10 +130,10 @@ fn unsupported_models_and_pre_tokenizers() {
     assert!(matches!(err(&md).0, Error::Unsupported { .. }));
 
     let mut md = small_md();
-    md.set("tokenizer.ggml.pre", Value::String("qwen2".into()));
+    md.set("tokenizer.ggml.pre", Value::String("qwen35".into()));
     let (e, msg) = err(&md);
     assert!(matches!(e, Error::UnknownPreTokenizer { .. }), "{e:?}");
-    assert!(msg.contains("qwen2") && msg.contains("llama-bpe"), "{msg}");
+    assert!(msg.contains("qwen35") && msg.contains("llama-bpe"), "{msg}");
 }
 
 #[test]

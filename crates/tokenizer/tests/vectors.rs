@@ -1,5 +1,5 @@
-//! llama.cpp's tokenizer test vectors, on the Llama 3 vocabulary and on the
-//! small 512-token vocabulary of the compact fixtures.
+//! llama.cpp's tokenizer test vectors, on the Llama 3 and Qwen2 vocabularies
+//! and on the small 512-token vocabulary of the compact fixtures.
 
 mod common;
 use common::*;
@@ -28,6 +28,43 @@ fn llama3_vectors() {
 }
 
 #[test]
+fn qwen2_vectors() {
+    check(
+        qwen2(),
+        "tokenizer/ggml-vocab-qwen2-from-tiktoken.gguf.inp",
+        "tokenizer/ggml-vocab-qwen2-from-tiktoken.gguf.out",
+        46,
+    );
+}
+
+/// Qwen2 runs BPE without `ignore_merges` (as its tokenizer.json and
+/// llama.cpp do); that is only right if the merges rebuild every token from
+/// its own bytes, so a piece that is a whole token stays one token.
+#[test]
+fn qwen2_tokens_encode_to_themselves() {
+    let t = qwen2();
+    let mut checked = 0;
+    let mut failures = Vec::new();
+    for id in 0..151643u32 {
+        // Tokens that are partial UTF-8 cannot be written as text, and those
+        // the pre-tokenizer splits never reach BPE whole.
+        let Ok(text) = std::str::from_utf8(t.token_bytes(id)) else { continue };
+        let mut pieces = Vec::new();
+        t.pre_tokenizer().split(text, &mut pieces);
+        if pieces.len() != 1 {
+            continue;
+        }
+        checked += 1;
+        let ids = t.encode(text, false, false);
+        if ids != [id] {
+            failures.push(format!("{id} {text:?} -> {ids:?}"));
+        }
+    }
+    assert!(checked > 140_000, "only {checked} tokens checked");
+    assert!(failures.is_empty(), "{} tokens re-encode differently:\n{}", failures.len(), failures.join("\n"));
+}
+
+#[test]
 fn small_bpe_vectors() {
     check(small(), "compact/models/small-bpe-512.tok-tests.inp", "compact/models/small-bpe-512.tok-tests.out", 46);
 }
@@ -43,6 +80,16 @@ fn vocab_facts() {
     assert_eq!(t.token_bytes(220), b" ");
     assert_eq!(t.token_text(1_000_000), None);
     assert_eq!(t.token_bytes(1_000_000), b"");
+
+    let q = qwen2();
+    assert_eq!(q.n_vocab(), 151936);
+    assert_eq!(q.n_merges(), 151387);
+    assert_eq!(q.pre_tokenizer(), tern_tokenizer::PreTokenizer::Qwen2);
+    assert_eq!(q.token_text(151645), Some("<|im_end|>"));
+    assert_eq!((q.bos(), q.eos(), q.eot()), (Some(151643), Some(151645), Some(151645)));
+    // Qwen does not add BOS; `<|endoftext|>` and `<|im_end|>` both end generation.
+    assert!(!q.add_bos());
+    assert!(q.is_eog(151643) && q.is_eog(151645) && !q.is_eog(151644));
 
     let s = small();
     assert_eq!(s.n_vocab(), 512);
