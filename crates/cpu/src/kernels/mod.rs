@@ -2,6 +2,8 @@
 //! `tern-quant` or in the kernel's own module) that tests compare against.
 
 pub mod blocks;
+#[cfg(target_arch = "x86_64")]
+pub mod q2_0;
 pub mod ternary;
 pub mod vec;
 
