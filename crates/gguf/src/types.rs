@@ -129,6 +129,25 @@ impl GgmlType {
         Layout { block_elems, block_bytes, row_prefix, tensor_suffix }
     }
 
+    /// llama.cpp's `general.file_type` (`llama_ftype`) of a model whose
+    /// matrices are mostly this type, for the types that have one.
+    pub const fn file_type(self) -> Option<u32> {
+        Some(match self {
+            GgmlType::F32 => 0,
+            GgmlType::F16 => 1,
+            GgmlType::Q4_0 => 2,
+            GgmlType::Q8_0 => 7,
+            GgmlType::Q4_K => 15,
+            GgmlType::Q5_K => 17,
+            GgmlType::Q6_K => 18,
+            GgmlType::IQ4_NL => 25,
+            GgmlType::BF16 => 32,
+            GgmlType::TQ1_0 => 36,
+            GgmlType::TQ2_0 => 37,
+            GgmlType::I2_S | GgmlType::IQ1_BN | GgmlType::IQ2_BN => return None,
+        })
+    }
+
     pub const fn block_elems(self) -> usize {
         self.layout().block_elems
     }
