@@ -14,7 +14,7 @@
 use std::time::{Duration, Instant};
 
 use tern_cpu::isa::Isa;
-use tern_cpu::kernels::blocks::{dot_fn, DotFn};
+use tern_cpu::kernels::blocks::{dot_fn, registry, DotFn};
 use tern_quant::{
     act_row_bytes, act_type, dequantize_acts, dequantize_row, quantize_acts, quantize_row, row_bytes, vec_dot,
     GgmlType, TensorScale,
@@ -260,6 +260,18 @@ fn dispatch_gives_the_best_kernel() {
     }
     for ty in [GgmlType::TQ1_0, GgmlType::TQ2_0, GgmlType::I2_S, GgmlType::IQ1_BN, GgmlType::IQ2_BN] {
         assert!(dot_fn(ty, best).is_none(), "{ty}: ternary formats are not block kernels");
+    }
+}
+
+/// The registry holds one kernel per (type, ISA level), each for a type this
+/// file checks against the scalar reference.
+#[test]
+fn every_registered_kernel_is_checked() {
+    let mut seen = std::collections::HashSet::new();
+    for e in registry() {
+        assert!(seen.insert((e.ty, e.isa)), "{} {:?} is registered twice", e.ty, e.isa);
+        assert!(INT_TYPES.contains(&e.ty) || FLOAT_TYPES.contains(&e.ty), "{}: a kernel no test checks", e.ty);
+        assert_ne!(e.isa, Isa::Scalar, "{}: the scalar level is tern_quant's", e.ty);
     }
 }
 
