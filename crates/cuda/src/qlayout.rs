@@ -29,15 +29,6 @@ pub enum QLayout {
     Q6K,
 }
 
-/// The layout a matrix of `ty` takes, if it is block-quantized.
-pub fn layout_of(ty: GgmlType) -> Option<QLayout> {
-    match ty {
-        GgmlType::Q8_0 | GgmlType::Q4_0 => Some(QLayout::Levels),
-        GgmlType::Q6_K => Some(QLayout::Q6K),
-        _ => None,
-    }
-}
-
 /// Bytes of a `[k, rows]` matrix in `layout`.
 pub fn bytes(layout: QLayout, k: usize, rows: usize) -> usize {
     let n = k * rows;
@@ -130,7 +121,7 @@ mod tests {
         for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q6_K] {
             let mut bytes = vec![0u8; ty.tensor_bytes(&[k as u64, rows as u64]).unwrap() as usize];
             tern_quant::quantize_tensor(ty, &x, k, &mut bytes);
-            let layout = layout_of(ty).unwrap();
+            let layout = if ty == GgmlType::Q6_K { QLayout::Q6K } else { QLayout::Levels };
             let packed = (layout == QLayout::Levels).then(|| pack(ty, &bytes, k, rows));
             let planes = (layout == QLayout::Q6K).then(|| pack_q6k(&bytes, k, rows));
             if let Some(p) = &planes {
