@@ -39,6 +39,8 @@ impl Held {
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => Some(Held::Stored),
             GgmlType::Q8_0 | GgmlType::Q4_0 => quant(QLayout::Levels),
             GgmlType::Q6_K => quant(QLayout::Q6K),
+            // Levels −1..=2 times the block scale: exact as int8 levels.
+            GgmlType::Q2_0 => matrix.then_some(Held::Quant(QLayout::Levels)),
             GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::IQ4_NL => None,
         }
     }
@@ -160,11 +162,12 @@ mod tests {
     /// holding but the ternary codes, a matmul every holding of a matrix.
     #[test]
     fn supports_follows_how_weights_are_held() {
-        let rows_read = |ty: GgmlType| {
+        // Q2_0 matrices are converted to int8 levels; dq does not read its bytes.
+        let rows_read = |ty: GgmlType, matrix: bool| {
             matches!(
                 ty,
                 GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 | GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q6_K
-            )
+            ) || (matrix && ty == GgmlType::Q2_0)
         };
         for ty in GgmlType::ALL {
             for ne in [[256, 4, 1, 1], [256, 4, 2, 1]] {
@@ -180,8 +183,8 @@ mod tests {
                     let srcs: Vec<_> = n.srcs.iter().map(|&s| g.node(s)).collect();
                     crate::supports(n, &srcs)
                 };
-                let gemv = matrix && (ty.is_ternary() || rows_read(ty));
-                assert_eq!(accepts(lookup), rows_read(ty), "{ty} {ne:?} get_rows");
+                let gemv = matrix && (ty.is_ternary() || rows_read(ty, matrix));
+                assert_eq!(accepts(lookup), rows_read(ty, matrix), "{ty} {ne:?} get_rows");
                 assert_eq!(accepts(product), gemv, "{ty} {ne:?} mul_mat");
             }
         }
@@ -192,7 +195,8 @@ mod tests {
     fn weight_bytes_cover_the_repacked_layouts() {
         let (k, rows) = (768, 130);
         let x: Vec<f32> = (0..k * rows).map(|i| ((i * 37) % 3) as f32 - 1.0).collect();
-        for ty in [GgmlType::TQ2_0, GgmlType::IQ2_BN, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::F16] {
+        let types = [GgmlType::TQ2_0, GgmlType::IQ2_BN, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q2_0];
+        for ty in types.into_iter().chain([GgmlType::F16]) {
             let mut bytes = vec![0u8; ty.tensor_bytes(&[k as u64, rows as u64]).unwrap() as usize];
             tern_quant::quantize_tensor(ty, &x, k, &mut bytes);
             let desc = WeightDesc { ty, ne: [k, rows, 1, 1] };
