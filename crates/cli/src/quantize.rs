@@ -40,24 +40,6 @@ fn parse_type(s: &str) -> Result<GgmlType, CliError> {
     })
 }
 
-/// llama.cpp's `general.file_type` for the types that have one.
-fn file_type(ty: GgmlType) -> Option<u32> {
-    Some(match ty {
-        GgmlType::F32 => 0,
-        GgmlType::F16 => 1,
-        GgmlType::Q4_0 => 2,
-        GgmlType::Q8_0 => 7,
-        GgmlType::Q4_K => 15,
-        GgmlType::Q5_K => 17,
-        GgmlType::Q6_K => 18,
-        GgmlType::IQ4_NL => 25,
-        GgmlType::BF16 => 32,
-        GgmlType::TQ1_0 => 36,
-        GgmlType::TQ2_0 => 37,
-        _ => return None,
-    })
-}
-
 struct Choice {
     embd: GgmlType,
     output: GgmlType,
@@ -103,7 +85,7 @@ pub fn main(a: Args) -> Result<(), CliError> {
     let threads = a.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())).max(1);
 
     let mut md = file.metadata.clone();
-    match file_type(target) {
+    match target.file_type() {
         Some(ft) => md.set("general.file_type", Value::U32(ft)),
         None => drop(md.remove("general.file_type")),
     }

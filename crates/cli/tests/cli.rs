@@ -85,23 +85,16 @@ fn quantize_reproduces_the_peers_ternary_files() {
     }
 }
 
-#[test]
-fn i2s_model_runs_within_the_quantized_bounds() {
-    let dir = Scratch::new("i2s_model_runs_within_the_quantized_bounds");
-    // No peer computes with I2_S; its logits must stay as close to the F16
-    // golden as the other ternary formats (class q: top-1 ≥ 85%).
-    let out = dir.file("b158-i2s.gguf");
-    ok(&tern(&[
-        "quantize",
-        &model("b158-e512-f16.gguf"),
-        out.to_str().unwrap(),
-        "I2_S",
-        "--token-embedding-type",
-        "q4_0",
-    ]));
+/// Quantizes the b1.58 F16 model's matrices to `ty` (the embedding to Q4_0)
+/// in `dir` and runs it: its greedy ids must stay as close to the F16
+/// golden as the other ternary formats (class q: top-1 ≥ 85%). Returns the
+/// file.
+fn runs_within_the_quantized_bounds(dir: &Scratch, ty: &str) -> PathBuf {
+    let out = dir.file(&format!("b158-{ty}.gguf"));
+    ok(&tern(&["quantize", &model("b158-e512-f16.gguf"), out.to_str().unwrap(), ty, "--token-embedding-type", "q4_0"]));
     let f = File::open(&out).unwrap();
-    assert_eq!(f.tensor("blk.0.attn_q.weight").unwrap().ty, tern_gguf::GgmlType::I2_S);
-    let npy = dir.file("i2s.npy");
+    assert_eq!(f.tensor("blk.0.attn_q.weight").unwrap().ty.name(), ty);
+    let npy = dir.file(&format!("{ty}.npy"));
     let ids = "510,296,387,388,44,322,361,380,295,301,440";
     let stdout = ok(&tern(&[
         "eval",
@@ -118,9 +111,28 @@ fn i2s_model_runs_within_the_quantized_bounds() {
     ]));
     let golden = "456,456,456,456,456,456,456,456,456,456,456,456,456,240,360,99";
     let same = stdout.trim().split(',').zip(golden.split(',')).filter(|(a, b)| a == b).count();
-    assert!(same >= 14, "I2_S greedy ids {stdout} vs F16 golden {golden}");
+    assert!(same >= 14, "{ty} greedy ids {stdout} vs F16 golden {golden}");
     let (shape, _) = tern_engine::npy::read_f32(&npy).unwrap();
     assert_eq!(shape, [27, 512]);
+    out
+}
+
+/// No peer computes with I2_S.
+#[test]
+fn i2s_model_runs_within_the_quantized_bounds() {
+    let dir = Scratch::new("i2s_model_runs_within_the_quantized_bounds");
+    runs_within_the_quantized_bounds(&dir, "I2_S");
+}
+
+/// Q2_0 holds the ternary matrices exactly (a block's largest magnitude is
+/// the ternary scale) and multiplies them with Q8_0 activations; `tern info`
+/// names the type.
+#[test]
+fn q2_0_model_runs_within_the_quantized_bounds() {
+    let dir = Scratch::new("q2_0_model_runs_within_the_quantized_bounds");
+    let out = runs_within_the_quantized_bounds(&dir, "Q2_0");
+    let info = ok(&tern(&["info", "-m", out.to_str().unwrap()]));
+    assert!(info.lines().any(|l| l.contains("blk.0.attn_q.weight") && l.contains("Q2_0")), "{info}");
 }
 
 #[test]

@@ -14,7 +14,7 @@
 use std::time::{Duration, Instant};
 
 use tern_cpu::isa::Isa;
-use tern_cpu::kernels::blocks::{dot_fn, DotFn};
+use tern_cpu::kernels::blocks::{dot_fn, registry, DotFn};
 use tern_quant::{
     act_row_bytes, act_type, dequantize_acts, dequantize_row, quantize_acts, quantize_row, row_bytes, vec_dot,
     GgmlType, TensorScale,
@@ -52,8 +52,8 @@ impl Rng {
     }
 }
 
-const INT_TYPES: [GgmlType; 6] =
-    [GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::IQ4_NL];
+const INT_TYPES: [GgmlType; 7] =
+    [GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::IQ4_NL, GgmlType::Q2_0];
 const FLOAT_TYPES: [GgmlType; 3] = [GgmlType::F32, GgmlType::F16, GgmlType::BF16];
 
 fn is_kquant(ty: GgmlType) -> bool {
@@ -62,10 +62,11 @@ fn is_kquant(ty: GgmlType) -> bool {
 
 /// Row lengths: several multiples of the block, odd block counts included, and
 /// counts that leave every batch tail of the kernels (8/16 blocks, 8/16/32/64
-/// float lanes) non-empty.
+/// float lanes, 8/16 activation blocks of a 64-element format) non-empty.
 fn lengths(ty: GgmlType) -> &'static [usize] {
     match ty.block_elems() {
         256 => &[256, 768, 1792, 2560, 6912],
+        64 => &[64, 192, 448, 512, 576, 1088, 2560, 4160, 6912],
         32 => &[32, 96, 256, 544, 864, 2560, 2592, 6912],
         _ => &[1, 7, 8, 15, 31, 33, 64, 100, 127, 1000, 2560, 6912],
     }
@@ -75,7 +76,7 @@ fn lengths(ty: GgmlType) -> &'static [usize] {
 /// written there when weights are random bytes).
 fn f16_fields(ty: GgmlType) -> &'static [usize] {
     match ty {
-        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::IQ4_NL => &[0],
+        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::IQ4_NL | GgmlType::Q2_0 => &[0],
         GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
         GgmlType::Q6_K => &[208],
         _ => &[],
@@ -200,9 +201,9 @@ fn avx512_q8_0_acts_take_any_byte() {
         return;
     }
     let mut rng = Rng(0x5EED);
-    for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::IQ4_NL] {
+    for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::IQ4_NL, GgmlType::Q2_0] {
         let f = dot_fn(ty, Isa::Avx512).unwrap();
-        for n in [32, 96, 544, 864, 2560] {
+        for &n in lengths(ty).iter().filter(|&&n| n % 32 == 0 && n <= 2560) {
             for _ in 0..4 {
                 let w = weight_row(ty, n, &mut rng, true);
                 let mut a = weight_row(GgmlType::Q8_0, n, &mut rng, true);
@@ -212,6 +213,35 @@ fn avx512_q8_0_acts_take_any_byte() {
                 // SAFETY: AVX-512 is available.
                 let got = unsafe { f(n, &w, &a) };
                 assert!((got as f64 - want as f64).abs() <= 1e-5 * s, "{ty} n={n}: got {got}, want {want}, S={s}");
+            }
+        }
+    }
+}
+
+/// Q2_0 rows of each code alone (0x00, 0x55, 0xAA, 0xFF: −1, 0, +1, +2
+/// throughout) and mixed, random f16 scales, odd block counts, and an
+/// activation quant of −128 (both Q2_0 kernels take any byte): within the
+/// integer formats' bound of the scalar twin on every ISA level.
+#[test]
+fn q2_0_every_code() {
+    let mut rng = Rng(0x0202);
+    let ty = GgmlType::Q2_0;
+    for n in [64, 192, 1088, 2624] {
+        for fill in [0x00u8, 0x55, 0xAA, 0xFF, 0xE4, 0x1B] {
+            let mut w = weight_row(ty, n, &mut rng, true);
+            for b in w.chunks_exact_mut(18) {
+                b[2..].fill(fill);
+            }
+            let mut a = act_row(ty, n, &mut rng);
+            a[2 + 34 * (n / 64)] = 0x80;
+            let want = vec_dot(ty, n, &w, TensorScale::ONE, &a);
+            let s = abs_dot(ty, n, &w, &a);
+            for isa in isas() {
+                let f = dot_fn(ty, isa).unwrap();
+                // SAFETY: `isa` is available on this machine.
+                let got = unsafe { f(n, &w, &a) };
+                let ctx = format!("{isa:?} n={n} codes {fill:#04x}: got {got}, want {want}, S={s}");
+                assert!((got as f64 - want as f64).abs() <= 1e-5 * s, "{ctx}");
             }
         }
     }
@@ -260,6 +290,18 @@ fn dispatch_gives_the_best_kernel() {
     }
     for ty in [GgmlType::TQ1_0, GgmlType::TQ2_0, GgmlType::I2_S, GgmlType::IQ1_BN, GgmlType::IQ2_BN] {
         assert!(dot_fn(ty, best).is_none(), "{ty}: ternary formats are not block kernels");
+    }
+}
+
+/// The registry holds one kernel per (type, ISA level), each for a type this
+/// file checks against the scalar reference.
+#[test]
+fn every_registered_kernel_is_checked() {
+    let mut seen = std::collections::HashSet::new();
+    for e in registry() {
+        assert!(seen.insert((e.ty, e.isa)), "{} {:?} is registered twice", e.ty, e.isa);
+        assert!(INT_TYPES.contains(&e.ty) || FLOAT_TYPES.contains(&e.ty), "{}: a kernel no test checks", e.ty);
+        assert_ne!(e.isa, Isa::Scalar, "{}: the scalar level is tern_quant's", e.ty);
     }
 }
 
@@ -328,6 +370,7 @@ fn bench_block_kernels() {
         (GgmlType::Q8_0, &[256, 16384][..]),
         (GgmlType::Q4_0, &[256, 32768][..]),
         (GgmlType::IQ4_NL, &[256, 32768][..]),
+        (GgmlType::Q2_0, &[256, 32768][..]),
         (GgmlType::Q4_K, &[256, 32768][..]),
         (GgmlType::Q5_K, &[256, 32768][..]),
         (GgmlType::BF16, &[256, 16384][..]),

@@ -50,7 +50,7 @@ use lower::{lower, Need, Scratch};
 use profile::Profile;
 pub(crate) use weights::Weight;
 pub use weights::{streams, weight_bytes};
-use weights::{Image, TernaryShape};
+use weights::{Held, Image, TernaryShape};
 
 /// Counts for `TERN_CUDA_STATS=1` and the benchmarks.
 #[derive(Clone, Copy, Debug, Default)]
@@ -467,16 +467,17 @@ impl Drop for CudaBackend {
 /// function so that plans for machines with GPUs can be made without one.
 pub fn supports(node: &Node, srcs: &[&Node]) -> bool {
     let f32 = |n: &Node| n.dtype == DType::F32;
-    let ggml = |n: &Node| match n.dtype {
-        DType::Ggml(t) => Some(t),
+    // What reads a weight (or any table) depends on how this backend holds it.
+    let held = |n: &Node| match n.dtype {
+        DType::Ggml(t) => Held::of(t, n.ne),
         DType::I32 => None,
     };
     match &node.op {
         Op::Weight(_) | Op::Input(_) | Op::KvCache { .. } => true,
-        Op::GetRows => ggml(srcs[0]).is_some_and(lower::dequant_type),
+        Op::GetRows => held(srcs[0]).is_some_and(Held::has_rows),
         Op::MulMat { .. } => {
             let is_matrix = srcs[0].ne[2] == 1 && srcs[0].ne[3] == 1;
-            is_matrix && ggml(srcs[0]).is_some_and(|t| t.is_ternary() || lower::dequant_type(t)) && f32(srcs[1])
+            is_matrix && held(srcs[0]).is_some() && f32(srcs[1])
         }
         Op::Rope(p) => f32(srcs[0]) && p.head_dim % 2 == 0 && p.n_rot <= p.head_dim,
         Op::Attention(p) => {

@@ -15,7 +15,6 @@ use std::collections::HashMap;
 
 use tern_backend::TensorLoc;
 use tern_graph::{Activation, DType, Graph, NodeId, Op};
-use tern_quant::GgmlType;
 
 use crate::buffers::Buffers;
 use crate::decode::CacheSpan;
@@ -567,9 +566,4 @@ impl Lower<'_> {
         self.out.push(if streamed { l.serial() } else { l });
         Ok(consumed)
     }
-}
-
-/// Types `fmat_gemv` and `get_rows` read.
-pub fn dequant_type(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 | GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q6_K)
 }

@@ -1,14 +1,14 @@
 //! The GPU layouts of block-quantized weights (heads, embeddings,
 //! non-ternary models), both exact: every value is the file's.
 //!
-//! - [`QLayout::Levels`] (Q8_0, Q4_0): `k` int8 levels a row plus an f32
-//!   scale per 16, read with 16-byte loads.
+//! - [`QLayout::Levels`] (Q8_0, Q4_0, Q2_0): `k` int8 levels a row plus an
+//!   f32 scale per 16, read with 16-byte loads.
 //! - [`QLayout::Q6K`]: Q6_K's 6.56 bits a weight kept, in planes a warp reads
 //!   with coalesced vector loads (the head streams 269 MB a token instead of
 //!   the 410 MB its int8 levels and f32 scales would take).
 
 use half::f16;
-use tern_quant::{cast_blocks, BlockQ4_0, BlockQ6K, BlockQ8_0, GgmlType};
+use tern_quant::{cast_blocks, BlockQ2_0, BlockQ4_0, BlockQ6K, BlockQ8_0, GgmlType};
 
 /// Elements per scale.
 pub const GROUP: usize = 16;
@@ -27,15 +27,6 @@ pub enum QLayout {
     Levels,
     /// Q6_K in planes ([`pack_q6k`]).
     Q6K,
-}
-
-/// The layout a matrix of `ty` takes, if it is block-quantized.
-pub fn layout_of(ty: GgmlType) -> Option<QLayout> {
-    match ty {
-        GgmlType::Q8_0 | GgmlType::Q4_0 => Some(QLayout::Levels),
-        GgmlType::Q6_K => Some(QLayout::Q6K),
-        _ => None,
-    }
 }
 
 /// Bytes of a `[k, rows]` matrix in `layout`.
@@ -81,7 +72,7 @@ pub fn pack_q6k(bytes: &[u8], k: usize, rows: usize) -> Vec<u8> {
     out
 }
 
-/// Converts a `[k, rows]` Q8_0 or Q4_0 tensor to [`QLayout::Levels`].
+/// Converts a `[k, rows]` Q8_0, Q4_0 or Q2_0 tensor to [`QLayout::Levels`].
 pub fn pack(ty: GgmlType, bytes: &[u8], k: usize, rows: usize) -> GpuQ8 {
     let mut values = vec![0i8; k * rows];
     let mut scales = vec![0f32; k * rows / GROUP];
@@ -99,6 +90,15 @@ pub fn pack(ty: GgmlType, bytes: &[u8], k: usize, rows: usize) -> GpuQ8 {
                     values[32 * i + j + 16] = (q >> 4) as i8 - 8;
                 }
                 scales[2 * i..2 * i + 2].fill(f16_at(b.d));
+            }
+        }
+        GgmlType::Q2_0 => {
+            // Levels c − 1 (−1..=2); the block's four groups of 16 share its d.
+            for (i, b) in cast_blocks::<BlockQ2_0>(bytes).iter().enumerate() {
+                for (j, v) in values[64 * i..64 * i + 64].iter_mut().enumerate() {
+                    *v = b.code(j) as i8 - 1;
+                }
+                scales[4 * i..4 * i + 4].fill(f16_at(b.d));
             }
         }
         _ => panic!("{ty} has no int8 GPU layout"),
@@ -127,10 +127,26 @@ mod tests {
     fn the_gpu_layouts_hold_the_files_values() {
         let (k, rows) = (512, 3);
         let x: Vec<f32> = (0..k * rows).map(|i| ((i * 7919) % 1000) as f32 / 250.0 - 2.0).collect();
-        for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q6_K] {
+        for (ty, raw) in [
+            (GgmlType::Q8_0, false),
+            (GgmlType::Q4_0, false),
+            (GgmlType::Q6_K, false),
+            (GgmlType::Q2_0, false),
+            (GgmlType::Q2_0, true),
+        ] {
             let mut bytes = vec![0u8; ty.tensor_bytes(&[k as u64, rows as u64]).unwrap() as usize];
             tern_quant::quantize_tensor(ty, &x, k, &mut bytes);
-            let layout = layout_of(ty).unwrap();
+            if raw {
+                // Every code (the quantizer never writes +2), finite scales of both signs.
+                for (i, b) in bytes.iter_mut().enumerate() {
+                    *b = match i % 18 {
+                        0 => (i / 18 * 29) as u8,
+                        1 => 0x2e | ((i / 18) as u8 & 1) << 7,
+                        _ => (i * 97 % 256) as u8,
+                    };
+                }
+            }
+            let layout = if ty == GgmlType::Q6_K { QLayout::Q6K } else { QLayout::Levels };
             let packed = (layout == QLayout::Levels).then(|| pack(ty, &bytes, k, rows));
             let planes = (layout == QLayout::Q6K).then(|| pack_q6k(&bytes, k, rows));
             if let Some(p) = &planes {
@@ -151,7 +167,7 @@ mod tests {
                         (_, Some(p)) => q6k_value(p, k, rows, r, e),
                         _ => unreachable!(),
                     };
-                    assert_eq!(got, w, "{ty} row {r} element {e}");
+                    assert_eq!(got, w, "{ty} raw={raw} row {r} element {e}");
                 }
             }
         }

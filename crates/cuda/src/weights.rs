@@ -1,13 +1,55 @@
 //! Weights as this backend holds them: which layout each GGUF type takes on
-//! the GPU (`layout.rs` for ternary matrices, `qlayout.rs` for block-quantized
-//! ones, the file's bytes otherwise), the byte image that is uploaded, and
-//! the sizes the planner reads before anything is loaded.
+//! the GPU ([`Held::of`]: `layout.rs` for ternary matrices, `qlayout.rs` for
+//! block-quantized ones, the file's bytes otherwise), the byte image that is
+//! uploaded, and the sizes the planner reads before anything is loaded.
+//! [`Held::of`] is the one table of types: `supports` derives what the
+//! backend accepts from it.
 
 use tern_backend::WeightDesc;
 use tern_quant::GgmlType;
 
 use crate::layout::{self, GpuTernary};
 use crate::qlayout::{self, QLayout};
+
+/// How this backend holds a weight of a given type and shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Held {
+    /// Repacked to 2-bit codes (`layout.rs`), which the ternary GEMV and
+    /// GEMM read; no row lookup reads them.
+    Ternary,
+    /// Converted at load to a block layout (`qlayout.rs`), which its GEMVs
+    /// (`q8_gemv*`, `q6k_gemv*`) and row lookups (`get_rows_q8`,
+    /// `get_rows_q6k`) read.
+    Quant(QLayout),
+    /// The file's bytes, read element by element by `dq` (prelude.cuh) in
+    /// `fmat_gemv` and `get_rows` (F16 matrices by `f16_gemv`).
+    Stored,
+}
+
+impl Held {
+    /// How a weight of `ty` with dims `ne` is held, or `None` where no GPU
+    /// kernel reads the type (in that shape).
+    pub(crate) fn of(ty: GgmlType, ne: [usize; 4]) -> Option<Held> {
+        let matrix = ne[2] == 1 && ne[3] == 1;
+        let quant = |layout| Some(if matrix { Held::Quant(layout) } else { Held::Stored });
+        match ty {
+            GgmlType::TQ1_0 | GgmlType::TQ2_0 | GgmlType::IQ1_BN | GgmlType::IQ2_BN | GgmlType::I2_S => {
+                matrix.then_some(Held::Ternary)
+            }
+            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => Some(Held::Stored),
+            GgmlType::Q8_0 | GgmlType::Q4_0 => quant(QLayout::Levels),
+            GgmlType::Q6_K => quant(QLayout::Q6K),
+            // Levels −1..=2 times the block scale: exact as int8 levels.
+            GgmlType::Q2_0 => matrix.then_some(Held::Quant(QLayout::Levels)),
+            GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::IQ4_NL => None,
+        }
+    }
+
+    /// Whether a row lookup (`GetRows`) can read a weight held this way.
+    pub(crate) fn has_rows(self) -> bool {
+        self != Held::Ternary
+    }
+}
 
 /// The shape of a ternary weight in the GPU layout.
 #[derive(Clone, Copy, Debug)]
@@ -62,23 +104,19 @@ pub(crate) struct Repacked {
     pub quant: Option<QLayout>,
 }
 
-fn is_matrix(desc: WeightDesc) -> bool {
-    desc.ne[2] == 1 && desc.ne[3] == 1
-}
-
 /// The GPU image of a ternary or block-quantized matrix, or `None` for a
 /// weight uploaded as stored.
 pub(crate) fn repack(desc: WeightDesc, data: &[u8]) -> Option<Repacked> {
     let (k, rows) = (desc.ne[0], desc.ne[1]);
-    if !is_matrix(desc) {
-        return None;
-    }
-    if desc.ty.is_ternary() {
-        let t = GpuTernary::pack(desc.ty, data, k, rows);
-        let ternary = Some(TernaryShape { k_pad: t.k_pad, rows: t.rows, groups: t.groups });
-        return Some(Repacked { image: Image::ternary(&t), ternary, quant: None });
-    }
-    let layout = qlayout::layout_of(desc.ty)?;
+    let layout = match Held::of(desc.ty, desc.ne)? {
+        Held::Stored => return None,
+        Held::Ternary => {
+            let t = GpuTernary::pack(desc.ty, data, k, rows);
+            let ternary = Some(TernaryShape { k_pad: t.k_pad, rows: t.rows, groups: t.groups });
+            return Some(Repacked { image: Image::ternary(&t), ternary, quant: None });
+        }
+        Held::Quant(layout) => layout,
+    };
     let image = match layout {
         QLayout::Levels => {
             let q = qlayout::pack(desc.ty, data, k, rows);
@@ -94,7 +132,7 @@ pub(crate) fn repack(desc: WeightDesc, data: &[u8]) -> Option<Repacked> {
 /// Whether a host-resident weight can be staged for offloaded matmuls
 /// (`Backend::load_staged`): ternary matrices, which the GEMM streams in.
 pub fn streams(desc: WeightDesc) -> bool {
-    desc.ty.is_ternary() && is_matrix(desc)
+    Held::of(desc.ty, desc.ne) == Some(Held::Ternary)
 }
 
 /// Bytes a weight takes on the GPU once loaded (`load_weight`): ternary
@@ -102,28 +140,63 @@ pub fn streams(desc: WeightDesc) -> bool {
 /// `qlayout` layouts, others as stored.
 pub fn weight_bytes(desc: WeightDesc, file_bytes: usize) -> usize {
     let (k, rows) = (desc.ne[0], desc.ne[1]);
-    if desc.ty.is_ternary() && is_matrix(desc) {
-        let k_pad = k.next_multiple_of(layout::CHUNK);
-        let codes = rows.next_multiple_of(layout::ROW_ALIGN) * k_pad / 4;
-        // One scale per row, or one per 256-chunk for files whose blocks disagree.
-        codes.next_multiple_of(256) + rows * (k_pad / layout::CHUNK) * 4
-    } else if let Some(layout) = qlayout::layout_of(desc.ty).filter(|_| is_matrix(desc)) {
-        qlayout::bytes(layout, k, rows)
-    } else {
-        file_bytes
+    match Held::of(desc.ty, desc.ne) {
+        Some(Held::Ternary) => {
+            let k_pad = k.next_multiple_of(layout::CHUNK);
+            let codes = rows.next_multiple_of(layout::ROW_ALIGN) * k_pad / 4;
+            // One scale per row, or one per 256-chunk for files whose blocks disagree.
+            codes.next_multiple_of(256) + rows * (k_pad / layout::CHUNK) * 4
+        }
+        Some(Held::Quant(layout)) => qlayout::bytes(layout, k, rows),
+        Some(Held::Stored) | None => file_bytes,
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use tern_graph::{Graph, InputKind, Precision};
+
     use super::*;
+
+    /// What `supports` accepts follows [`Held::of`]: a row lookup reads every
+    /// holding but the ternary codes, a matmul every holding of a matrix.
+    #[test]
+    fn supports_follows_how_weights_are_held() {
+        // Q2_0 matrices are converted to int8 levels; dq does not read its bytes.
+        let rows_read = |ty: GgmlType, matrix: bool| {
+            matches!(
+                ty,
+                GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 | GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q6_K
+            ) || (matrix && ty == GgmlType::Q2_0)
+        };
+        for ty in GgmlType::ALL {
+            for ne in [[256, 4, 1, 1], [256, 4, 2, 1]] {
+                let matrix = ne[2] == 1;
+                let mut g = Graph::new();
+                let w = g.weight(0, "w", ty, ne);
+                let x = g.weight(1, "x", GgmlType::F32, [256, 1, 1, 1]);
+                let ids = g.input(InputKind::Tokens, 2);
+                let lookup = g.get_rows(w, ids);
+                let product = g.mul_mat(w, x, Precision::Float);
+                let accepts = |id| {
+                    let n = g.node(id);
+                    let srcs: Vec<_> = n.srcs.iter().map(|&s| g.node(s)).collect();
+                    crate::supports(n, &srcs)
+                };
+                let gemv = matrix && (ty.is_ternary() || rows_read(ty, matrix));
+                assert_eq!(accepts(lookup), rows_read(ty, matrix), "{ty} {ne:?} get_rows");
+                assert_eq!(accepts(product), gemv, "{ty} {ne:?} mul_mat");
+            }
+        }
+    }
 
     /// The planner's sizes bound what `load_weight` allocates.
     #[test]
     fn weight_bytes_cover_the_repacked_layouts() {
         let (k, rows) = (768, 130);
         let x: Vec<f32> = (0..k * rows).map(|i| ((i * 37) % 3) as f32 - 1.0).collect();
-        for ty in [GgmlType::TQ2_0, GgmlType::IQ2_BN, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::F16] {
+        let types = [GgmlType::TQ2_0, GgmlType::IQ2_BN, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q2_0];
+        for ty in types.into_iter().chain([GgmlType::F16]) {
             let mut bytes = vec![0u8; ty.tensor_bytes(&[k as u64, rows as u64]).unwrap() as usize];
             tern_quant::quantize_tensor(ty, &x, k, &mut bytes);
             let desc = WeightDesc { ty, ne: [k, rows, 1, 1] };

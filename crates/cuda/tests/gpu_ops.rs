@@ -245,7 +245,8 @@ fn gated_pairs_of_odd_row_counts_match_cpu() {
 fn float_and_block_matmuls_and_get_rows_match_cpu() {
     let Some(mut gpu) = gpu() else { return };
     let mut rng = Rng(3);
-    let types = [GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q6_K];
+    let types =
+        [GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q6_K, GgmlType::Q2_0];
     for ty in types {
         for &(k, rows, n) in &[(256usize, 33usize, 1usize), (512, 100, 5), (768, 17, 13)] {
             let mut g = Graph::new();
@@ -254,8 +255,13 @@ fn float_and_block_matmuls_and_get_rows_match_cpu() {
             let ids = g.input(InputKind::Tokens, 4);
             let y = g.mul_mat(w, x, Precision::Float);
             let r = g.get_rows(w, ids);
+            let mut weight = float_weight(ty, k, rows, &mut rng);
+            if ty == GgmlType::Q2_0 {
+                // Every code, +2 included (the quantizer writes only −1, 0, +1).
+                weight.chunks_exact_mut(18).for_each(|b| b[2..].iter_mut().for_each(|q| *q = rng.next() as u8));
+            }
             let data = HashMap::from([
-                (w, float_weight(ty, k, rows, &mut rng)),
+                (w, weight),
                 (x, bytes_f32(&rng.vec(k * n))),
                 (ids, bytes_i32(&[0, (rows - 1) as i32, 3 % rows as i32, 1])),
             ]);

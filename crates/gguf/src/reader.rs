@@ -470,15 +470,18 @@ fn resolve_type(raw: &RawInfo, is_ms_bitnet: bool) -> Result<GgmlType> {
 }
 
 /// The ids whose meaning differs between forks (spec §2.1), so their size must
-/// be confirmed by the layout. 36 is I2_S only in ik's and Microsoft's trees.
+/// be confirmed by the layout. 36 is I2_S only in ik's and Microsoft's trees;
+/// 42 is mainline's Q2_0 (64-element blocks), but PrismML's fork first wrote
+/// its group-128 variant (34-byte blocks) under the same id.
 fn is_ambiguous(ty: GgmlType) -> bool {
-    ty == GgmlType::I2_S
+    matches!(ty, GgmlType::I2_S | GgmlType::Q2_0)
 }
 
 /// Size rule shown when an ambiguous type's size disagrees with the layout.
 fn size_rule(ty: GgmlType) -> &'static str {
     match ty {
         GgmlType::I2_S => "n_elements/4 + 32",
+        GgmlType::Q2_0 => "18 bytes per 64 elements",
         _ => "blocks x block bytes",
     }
 }

@@ -12,6 +12,8 @@ use std::fmt;
 pub enum GgmlType {
     F32,
     F16,
+    /// Mainline's 2-bit codes for −1, 0, +1, +2, f16 scale per 64.
+    Q2_0,
     Q4_0,
     Q8_0,
     Q4_K,
@@ -43,9 +45,10 @@ pub struct Layout {
 }
 
 impl GgmlType {
-    pub const ALL: [GgmlType; 14] = [
+    pub const ALL: [GgmlType; 15] = [
         GgmlType::F32,
         GgmlType::F16,
+        GgmlType::Q2_0,
         GgmlType::Q4_0,
         GgmlType::Q8_0,
         GgmlType::Q4_K,
@@ -77,6 +80,7 @@ impl GgmlType {
             GgmlType::I2_S => 36,
             GgmlType::IQ1_BN => 134,
             GgmlType::IQ2_BN => 135,
+            GgmlType::Q2_0 => 42,
         }
     }
 
@@ -102,6 +106,7 @@ impl GgmlType {
             GgmlType::I2_S => "I2_S",
             GgmlType::IQ1_BN => "IQ1_BN",
             GgmlType::IQ2_BN => "IQ2_BN",
+            GgmlType::Q2_0 => "Q2_0",
         }
     }
 
@@ -125,8 +130,29 @@ impl GgmlType {
             GgmlType::I2_S => (128, 32, 0, 32),
             GgmlType::IQ1_BN => (64, 13, 2, 0),
             GgmlType::IQ2_BN => (64, 16, 4, 0),
+            GgmlType::Q2_0 => (64, 18, 0, 0),
         };
         Layout { block_elems, block_bytes, row_prefix, tensor_suffix }
+    }
+
+    /// llama.cpp's `general.file_type` (`llama_ftype`) of a model whose
+    /// matrices are mostly this type, for the types that have one.
+    pub const fn file_type(self) -> Option<u32> {
+        Some(match self {
+            GgmlType::F32 => 0,
+            GgmlType::F16 => 1,
+            GgmlType::Q4_0 => 2,
+            GgmlType::Q8_0 => 7,
+            GgmlType::Q4_K => 15,
+            GgmlType::Q5_K => 17,
+            GgmlType::Q6_K => 18,
+            GgmlType::IQ4_NL => 25,
+            GgmlType::BF16 => 32,
+            GgmlType::TQ1_0 => 36,
+            GgmlType::TQ2_0 => 37,
+            GgmlType::Q2_0 => 41,
+            GgmlType::I2_S | GgmlType::IQ1_BN | GgmlType::IQ2_BN => return None,
+        })
     }
 
     pub const fn block_elems(self) -> usize {
@@ -182,6 +208,8 @@ mod tests {
         assert_eq!(GgmlType::IQ2_BN.tensor_bytes(&ne), Some(1_648_640));
         assert_eq!(GgmlType::TQ2_0.tensor_bytes(&ne), Some(1_689_600));
         assert_eq!(GgmlType::IQ2_BN.tensor_bytes(&[6912, 2560]), Some(4_433_920));
+        assert_eq!(GgmlType::Q2_0.tensor_bytes(&ne), Some(1_843_200));
+        assert_eq!(GgmlType::Q2_0.tensor_bytes(&[96]), None);
         assert_eq!(GgmlType::Q4_0.tensor_bytes(&[33]), None);
         assert_eq!(GgmlType::F32.tensor_bytes(&[u64::MAX, 2]), None);
     }

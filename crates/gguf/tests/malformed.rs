@@ -494,6 +494,34 @@ fn i2s_size_must_match_a_strict_layout() {
     assert_eq!(f.tensor("norm_b").unwrap().offset - f.tensor(Q).unwrap().offset, 96);
 }
 
+/// PrismML's fork first wrote its group-128 Q2_0 (34-byte blocks of 128)
+/// under mainline's id 42 (18-byte blocks of 64). Such a tensor leaves too
+/// small a gap for mainline's size, so it is refused, not misread: [256, 16]
+/// at group 128 is 1088 bytes (IQ2_BN of that shape stands in, its size is
+/// the same), mainline's Q2_0 needs 1152.
+#[test]
+fn q2_0_of_group_128_is_refused() {
+    let specs: [Spec; 3] =
+        [("norm_a", GgmlType::F32, &[128]), (Q, GgmlType::IQ2_BN, &[256, 16]), ("norm_b", GgmlType::F32, &[128])];
+    let mut b = build(metadata("llama"), &specs);
+    let q = info_at(&b, Q);
+    put_u32(&mut b, q.ty, 42);
+    let e = err(b);
+    assert!(
+        matches!(&e, Error::SizeMismatch { name, type_id: 42, ty: GgmlType::Q2_0, expected: 1152, gap: 1088, .. }
+            if name == Q),
+        "{e}"
+    );
+    says(&e, &[Q, "type id 42", "Q2_0", "18 bytes per 64 elements", "1088 bytes"]);
+
+    // Mainline's Q2_0 reads with its own size.
+    let specs: [Spec; 3] =
+        [("norm_a", GgmlType::F32, &[128]), (Q, GgmlType::Q2_0, &[256, 16]), ("norm_b", GgmlType::F32, &[128])];
+    let f = File::from_bytes(build(metadata("llama"), &specs)).unwrap();
+    assert!(f.strict_layout);
+    assert_eq!(f.tensor(Q).map(|t| (t.ty, t.nbytes)), Some((GgmlType::Q2_0, 1152)));
+}
+
 #[test]
 fn lenient_layouts_are_flagged_not_strict() {
     // Tensors stored in reverse order, each still aligned and disjoint.

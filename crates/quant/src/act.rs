@@ -37,15 +37,9 @@ pub enum ActType {
     Q8_Row,
 }
 
-/// The activation partner of each weight type.
+/// The activation partner of each weight type (`Format::ACT` of its implementation).
 pub const fn act_type(ty: GgmlType) -> ActType {
-    match ty {
-        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => ActType::F32,
-        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::IQ4_NL => ActType::Q8_0,
-        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => ActType::Q8_K,
-        // BitNet's own arithmetic: one int8 scale per token row (ternary/rows.rs).
-        GgmlType::TQ1_0 | GgmlType::TQ2_0 | GgmlType::IQ1_BN | GgmlType::IQ2_BN | GgmlType::I2_S => ActType::Q8_Row,
-    }
+    crate::format::ops(ty).act
 }
 
 /// Bytes of the `Q8_Row` header (f32 d, i32 sum) before the `n` quants.
@@ -169,7 +163,7 @@ pub fn dequantize_acts(act: ActType, bytes: &[u8], out: &mut [f32]) {
                 *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
             }
         }
-        ActType::Q8_0 => q8_0::dequantize(bytes, out),
+        ActType::Q8_0 => q8_0::dequantize(cast_blocks(bytes), out),
         ActType::Q8_K => {
             for (b, o) in cast_blocks::<BlockQ8K>(bytes).iter().zip(out.chunks_exact_mut(QK_K)) {
                 let d = b.scale();

@@ -10,76 +10,120 @@
 use half::{bf16, f16};
 use tern_gguf::GgmlType;
 
-/// Bytes of one element.
-fn elem_bytes(ty: GgmlType) -> usize {
-    match ty {
-        GgmlType::F32 => 4,
-        GgmlType::F16 | GgmlType::BF16 => 2,
-        _ => unreachable!("{ty} is not a float type"),
+use crate::blocks::{cast_blocks, cast_blocks_mut, impl_block, Block};
+use crate::{ActType, Format, TensorScale};
+
+/// One F32 element, little-endian.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockF32(pub [u8; 4]);
+impl_block!(BlockF32, 4);
+
+/// One F16 element, little-endian.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockF16(pub [u8; 2]);
+impl_block!(BlockF16, 2);
+
+/// One BF16 element, little-endian.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockBF16(pub [u8; 2]);
+impl_block!(BlockBF16, 2);
+
+/// A float element: exact widening to f32, rounding narrowing from it.
+trait Element: Block {
+    fn widen(self) -> f32;
+    fn narrow(x: f32) -> Self;
+}
+
+impl Element for BlockF32 {
+    #[inline]
+    fn widen(self) -> f32 {
+        f32::from_le_bytes(self.0)
+    }
+    #[inline]
+    fn narrow(x: f32) -> Self {
+        BlockF32(x.to_le_bytes())
     }
 }
 
-/// Widens `out.len()` elements of `ty` from `bytes`.
-pub(crate) fn dequantize(ty: GgmlType, bytes: &[u8], out: &mut [f32]) {
-    debug_assert_eq!(bytes.len(), out.len() * elem_bytes(ty));
-    match ty {
-        GgmlType::F32 => {
-            for (o, b) in out.iter_mut().zip(bytes.chunks_exact(4)) {
-                *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-            }
-        }
-        GgmlType::F16 => {
-            for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
-                *o = f16::from_le_bytes([b[0], b[1]]).to_f32();
-            }
-        }
-        GgmlType::BF16 => {
-            for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
-                *o = bf16::from_le_bytes([b[0], b[1]]).to_f32();
-            }
-        }
-        _ => unreachable!("{ty} is not a float type"),
+impl Element for BlockF16 {
+    #[inline]
+    fn widen(self) -> f32 {
+        f16::from_le_bytes(self.0).to_f32()
+    }
+    #[inline]
+    fn narrow(x: f32) -> Self {
+        BlockF16(f16::from_f32(x).to_le_bytes())
     }
 }
 
-/// Stores `x` as `ty` into `out` (`x.len()` elements).
-pub(crate) fn quantize(ty: GgmlType, x: &[f32], out: &mut [u8]) {
-    debug_assert_eq!(out.len(), x.len() * elem_bytes(ty));
-    match ty {
-        GgmlType::F32 => {
-            for (o, v) in out.chunks_exact_mut(4).zip(x) {
-                o.copy_from_slice(&v.to_le_bytes());
-            }
-        }
-        GgmlType::F16 => {
-            for (o, v) in out.chunks_exact_mut(2).zip(x) {
-                o.copy_from_slice(&f16::from_f32(*v).to_le_bytes());
-            }
-        }
-        GgmlType::BF16 => {
-            for (o, v) in out.chunks_exact_mut(2).zip(x) {
-                o.copy_from_slice(&bf16::from_f32(*v).to_le_bytes());
-            }
-        }
-        _ => unreachable!("{ty} is not a float type"),
+impl Element for BlockBF16 {
+    #[inline]
+    fn widen(self) -> f32 {
+        bf16::from_le_bytes(self.0).to_f32()
+    }
+    #[inline]
+    fn narrow(x: f32) -> Self {
+        BlockBF16(bf16::from_f32(x).to_le_bytes())
+    }
+}
+
+fn widen<E: Element>(elems: &[E], out: &mut [f32]) {
+    for (o, &e) in out.iter_mut().zip(elems) {
+        *o = e.widen();
+    }
+}
+
+fn narrow<E: Element>(x: &[f32], out: &mut [u8]) {
+    for (e, &v) in cast_blocks_mut::<E>(out).iter_mut().zip(x) {
+        *e = E::narrow(v);
     }
 }
 
 /// Dot of a float weight row with f32 activations given as little-endian f32
 /// bytes (the `ActType::F32` row format). Products and the sum are taken in
 /// f64 and rounded to f32 once at the end.
-pub(crate) fn dot(ty: GgmlType, w: &[u8], act: &[u8]) -> f32 {
-    let eb = elem_bytes(ty);
-    debug_assert_eq!(w.len() / eb, act.len() / 4);
+fn dot<E: Element>(w: &[u8], act: &[u8]) -> f32 {
     let mut acc = 0.0f64;
-    for (wb, ab) in w.chunks_exact(eb).zip(act.chunks_exact(4)) {
-        let wv = match ty {
-            GgmlType::F32 => f32::from_le_bytes([wb[0], wb[1], wb[2], wb[3]]),
-            GgmlType::F16 => f16::from_le_bytes([wb[0], wb[1]]).to_f32(),
-            _ => bf16::from_le_bytes([wb[0], wb[1]]).to_f32(),
-        };
-        let av = f32::from_le_bytes([ab[0], ab[1], ab[2], ab[3]]);
-        acc += wv as f64 * av as f64;
+    for (&e, a) in cast_blocks::<E>(w).iter().zip(cast_blocks::<BlockF32>(act)) {
+        acc += e.widen() as f64 * a.widen() as f64;
     }
     acc as f32
+}
+
+/// F32 (ggml id 0).
+pub struct F32;
+/// F16 (ggml id 1).
+pub struct F16;
+/// BF16 (ggml id 30).
+pub struct BF16;
+
+macro_rules! float_format {
+    ($($fmt:ident, $block:ident, $ty:ident;)*) => {$(
+        impl Format for $fmt {
+            const TYPE: GgmlType = GgmlType::$ty;
+            type Block = $block;
+            const ACT: ActType = ActType::F32;
+
+            fn dequantize(blocks: &[$block], _outer: f32, out: &mut [f32]) {
+                widen(blocks, out);
+            }
+
+            fn quantize(x: &[f32], out: &mut [u8]) {
+                narrow::<$block>(x, out);
+            }
+
+            fn dot(_n: usize, w: &[u8], _tensor: TensorScale, act: &[u8]) -> f32 {
+                dot::<$block>(w, act)
+            }
+        }
+    )*};
+}
+
+float_format! {
+    F32, BlockF32, F32;
+    F16, BlockF16, F16;
+    BF16, BlockBF16, BF16;
 }

@@ -14,27 +14,38 @@
 //! * Length mismatches are programmer errors and panic with a message; valid
 //!   lengths never panic, whatever the bytes hold.
 //!
-//! Modules: `float` (private) F32/F16/BF16, [`q8_0`], [`q4_0`] (Q4_0 + IQ4_NL),
+//! Every format is one implementation of [`Format`] (its block struct, its
+//! activation partner, its scalar dequantize, quantize and dot), and the
+//! registry in `format.rs` maps each `GgmlType` to it; the functions below
+//! dispatch through that registry.
+//!
+//! Modules: `float` (private) F32/F16/BF16, [`q8_0`], [`q4_0`] (Q4_0 + IQ4_NL), [`q2_0`],
 //! [`kquants`] (Q4_K/Q5_K/Q6_K), [`ternary`] (TQ1_0/TQ2_0, IQ1_BN/IQ2_BN,
-//! I2_S), [`act`] (activation formats), [`blocks`] (casts and scalar helpers).
+//! I2_S), [`act`] (activation formats), [`blocks`] (casts and scalar helpers),
+//! `format` (the trait and the registry).
 
 pub mod act;
 pub mod blocks;
 mod float;
+mod format;
 pub mod kquants;
+pub mod q2_0;
 pub mod q4_0;
 pub mod q8_0;
 pub mod ternary;
 
 pub use act::{act_row_bytes, act_type, dequantize_acts, quantize_acts, ActType, BlockQ8K};
 pub use blocks::{cast_blocks, cast_blocks_mut, Block};
+pub use format::Format;
 pub use kquants::{q4k::BlockQ4K, q5k::BlockQ5K, q6k::BlockQ6K};
+pub use q2_0::BlockQ2_0;
 pub use q4_0::{BlockIQ4NL, BlockQ4_0};
 pub use q8_0::BlockQ8_0;
 pub use tern_gguf::GgmlType;
 pub use ternary::{bn::BlockIQ1BN, bn::BlockIQ2BN, i2s::BlockI2S, tq::BlockTQ1_0, tq::BlockTQ2_0};
 
-use ternary::{bn, i2s, rows, tq};
+use format::ops;
+use ternary::i2s;
 
 /// A scale that belongs to the whole tensor rather than to the row bytes:
 /// I2_S's tail scale. `TensorScale::ONE` for every other type (ignored).
@@ -46,10 +57,7 @@ impl TensorScale {
 
     /// The scale of a whole tensor of `n_elements` stored as `ty` in `bytes`.
     pub fn of(ty: GgmlType, bytes: &[u8], n_elements: usize) -> TensorScale {
-        match ty {
-            GgmlType::I2_S => TensorScale(i2s_tensor_scale(bytes, n_elements)),
-            _ => TensorScale::ONE,
-        }
+        (ops(ty).tensor_scale)(bytes, n_elements)
     }
 }
 
@@ -74,40 +82,17 @@ pub fn i2s_tensor_scale(tensor_bytes: &[u8], n_elements: usize) -> f32 {
     i2s::tensor_scale(tensor_bytes, n_elements)
 }
 
-/// Decodes the whole blocks covering elements `start..start + out.len()` of a
-/// row (`start` and `out.len()` multiples of the block size).
-fn dequantize_span(ty: GgmlType, row: &[u8], scale: TensorScale, start: usize, out: &mut [f32]) {
-    let l = ty.layout();
-    debug_assert!(start.is_multiple_of(l.block_elems) && out.len().is_multiple_of(l.block_elems));
-    let first = l.row_prefix + start / l.block_elems * l.block_bytes;
-    let bytes = &row[first..first + out.len() / l.block_elems * l.block_bytes];
-    match ty {
-        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => float::dequantize(ty, bytes, out),
-        GgmlType::Q8_0 => q8_0::dequantize(bytes, out),
-        GgmlType::Q4_0 => q4_0::dequantize_q4_0(bytes, out),
-        GgmlType::IQ4_NL => q4_0::dequantize_iq4nl(bytes, out),
-        GgmlType::Q4_K => kquants::q4k::dequantize(bytes, out),
-        GgmlType::Q5_K => kquants::q5k::dequantize(bytes, out),
-        GgmlType::Q6_K => kquants::q6k::dequantize(bytes, out),
-        GgmlType::TQ1_0 => tq::dequantize_tq1_0(bytes, out),
-        GgmlType::TQ2_0 => tq::dequantize_tq2_0(bytes, out),
-        GgmlType::IQ1_BN => bn::dequantize_iq1bn_blocks(bn::iq1bn_row_scale(row), bytes, out),
-        GgmlType::IQ2_BN => bn::dequantize_iq2bn_blocks(bn::iq2bn_row_scale(row), bytes, out),
-        GgmlType::I2_S => i2s::dequantize(bytes, scale.0, out),
-    }
-}
-
 /// Decodes one row of `out.len()` elements; `row.len()` must be
 /// `row_bytes(ty, out.len())`.
 pub fn dequantize_row(ty: GgmlType, row: &[u8], scale: TensorScale, out: &mut [f32]) {
     assert_eq!(row.len(), row_bytes(ty, out.len()), "{ty} row byte length");
-    dequantize_span(ty, row, scale, 0, out);
+    (ops(ty).dequantize_span)(row, scale, 0, out);
 }
 
 /// Quantizes one row `x` into `out` (`row_bytes(ty, x.len())` bytes).
 ///
 /// Ternary quantizers reproduce the peers byte for byte (TQ1_0/TQ2_0 as
-/// mainline, IQ1_BN/IQ2_BN as ik); Q8_0 and Q4_0 are ggml's reference
+/// mainline, IQ1_BN/IQ2_BN as ik); Q8_0, Q4_0 and Q2_0 are ggml's reference
 /// quantizers; IQ4_NL and the k-quants are our own error-minimizing searches.
 ///
 /// I2_S: a row cannot carry the tensor scale, so its codes are taken against
@@ -117,20 +102,7 @@ pub fn dequantize_row(ty: GgmlType, row: &[u8], scale: TensorScale, out: &mut [f
 /// [`quantize_i2s_tensor`].
 pub fn quantize_row(ty: GgmlType, x: &[f32], out: &mut [u8]) {
     assert_eq!(out.len(), row_bytes(ty, x.len()), "{ty} row buffer size");
-    match ty {
-        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => float::quantize(ty, x, out),
-        GgmlType::Q8_0 => q8_0::quantize(x, out),
-        GgmlType::Q4_0 => q4_0::quantize_q4_0(x, out),
-        GgmlType::IQ4_NL => q4_0::quantize_iq4nl(x, out),
-        GgmlType::Q4_K => kquants::q4k::quantize(x, out),
-        GgmlType::Q5_K => kquants::q5k::quantize(x, out),
-        GgmlType::Q6_K => kquants::q6k::quantize(x, out),
-        GgmlType::TQ1_0 => tq::quantize_tq1_0(x, out),
-        GgmlType::TQ2_0 => tq::quantize_tq2_0(x, out),
-        GgmlType::IQ1_BN => bn::quantize_iq1bn(x, out),
-        GgmlType::IQ2_BN => bn::quantize_iq2bn(x, out),
-        GgmlType::I2_S => i2s::quantize_blocks(x, blocks::amax(x), out),
-    }
+    (ops(ty).quantize)(x, out);
 }
 
 /// Quantizes a whole I2_S tensor (`x` flattened, `x.len()` a multiple of 128)
@@ -148,13 +120,7 @@ pub fn quantize_tensor(ty: GgmlType, x: &[f32], ne0: usize, out: &mut [u8]) {
     let rb = row_bytes(ty, ne0);
     let rows = x.len() / ne0;
     assert_eq!(out.len(), rb * rows + ty.layout().tensor_suffix, "{ty} tensor buffer size");
-    if ty == GgmlType::I2_S {
-        i2s::quantize_tensor(x, out);
-    } else {
-        for (xr, o) in x.chunks_exact(ne0).zip(out.chunks_exact_mut(rb)) {
-            quantize_row(ty, xr, o);
-        }
-    }
+    (ops(ty).quantize_tensor)(x, ne0, out);
 }
 
 /// Dot product of one weight row (`n` elements of `ty`) with one activation
@@ -168,21 +134,7 @@ pub fn quantize_tensor(ty: GgmlType, x: &[f32], ne0: usize, out: &mut [u8]) {
 pub fn vec_dot(ty: GgmlType, n: usize, w_row: &[u8], scale: TensorScale, act: &[u8]) -> f32 {
     assert_eq!(w_row.len(), row_bytes(ty, n), "{ty} weight row byte length");
     assert_eq!(act.len(), act_row_bytes(act_type(ty), n), "activation row byte length for {ty}");
-    match ty {
-        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => float::dot(ty, w_row, act),
-        GgmlType::Q8_0 => q8_0::dot(w_row, act),
-        GgmlType::Q4_0 => q4_0::dot_q4_0(w_row, act),
-        GgmlType::IQ4_NL => q4_0::dot_iq4nl(w_row, act),
-        GgmlType::Q4_K => kquants::q4k::dot(w_row, act),
-        GgmlType::Q5_K => kquants::q5k::dot(w_row, act),
-        GgmlType::Q6_K => kquants::q6k::dot(w_row, act),
-        GgmlType::TQ1_0 | GgmlType::TQ2_0 | GgmlType::IQ1_BN | GgmlType::IQ2_BN | GgmlType::I2_S => {
-            let (d, _, q) = act::q8_row_parts(act);
-            let mut values = vec![0i8; n];
-            let scales = rows::decode_row(ty, w_row, scale, &mut values);
-            rows::dot_values(&values, &scales, rows::scale_group(ty, n), d, q)
-        }
-    }
+    (ops(ty).dot)(n, w_row, scale, act)
 }
 
 /// Elements decoded at a time by [`vec_dot_f32`]: a multiple of every block size.
@@ -194,13 +146,14 @@ const F32_DOT_CHUNK: usize = 256;
 /// are taken in f64, rounded to f32 once at the end.
 pub fn vec_dot_f32(ty: GgmlType, w_row: &[u8], scale: TensorScale, x: &[f32]) -> f32 {
     assert_eq!(w_row.len(), row_bytes(ty, x.len()), "{ty} weight row byte length");
+    let dequantize_span = ops(ty).dequantize_span;
     let mut buf = [0.0f32; F32_DOT_CHUNK];
     let mut acc = 0.0f64;
     for (i, xs) in x.chunks(F32_DOT_CHUNK).enumerate() {
         // The last chunk is n mod 256 elements: still whole blocks, since both
         // n and 256 are multiples of the block size.
         let w = &mut buf[..xs.len()];
-        dequantize_span(ty, w_row, scale, i * F32_DOT_CHUNK, w);
+        dequantize_span(w_row, scale, i * F32_DOT_CHUNK, w);
         acc += w.iter().zip(xs).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>();
     }
     acc as f32

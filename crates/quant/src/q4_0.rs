@@ -9,8 +9,11 @@
 //! * Q4_0:   `x[j] = d * ((qs[j] & 15) - 8)`, `x[j+16] = d * ((qs[j] >> 4) - 8)`.
 //! * IQ4_NL: `x[j] = d * KVALUES_IQ4NL[qs[j] & 15]`, `x[j+16] = d * KVALUES_IQ4NL[qs[j] >> 4]`.
 
+use tern_gguf::GgmlType;
+
 use crate::blocks::{amax, cast_blocks, cast_blocks_mut, f16_to_f32, f32_to_f16, impl_block, round_f16, signed_max};
 use crate::q8_0::BlockQ8_0;
+use crate::{ActType, Format, TensorScale};
 
 /// Elements per Q4_0 / IQ4_NL block.
 pub const QK4_0: usize = 32;
@@ -41,7 +44,7 @@ impl_block!(BlockIQ4NL, 18);
 /// Q4_0 reference quantizer, byte-identical to ggml's: the element with the
 /// largest |x| (sign kept) maps to level -8, so `d = max / -8`; the other
 /// levels are `min(15, trunc(x/d + 8.5))`.
-pub(crate) fn quantize_q4_0(x: &[f32], out: &mut [u8]) {
+fn quantize_q4_0(x: &[f32], out: &mut [u8]) {
     for (xb, b) in x.chunks_exact(QK4_0).zip(cast_blocks_mut::<BlockQ4_0>(out)) {
         let d = signed_max(xb) / -8.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
@@ -54,8 +57,8 @@ pub(crate) fn quantize_q4_0(x: &[f32], out: &mut [u8]) {
     }
 }
 
-pub(crate) fn dequantize_q4_0(bytes: &[u8], out: &mut [f32]) {
-    for (b, o) in cast_blocks::<BlockQ4_0>(bytes).iter().zip(out.chunks_exact_mut(QK4_0)) {
+fn dequantize_q4_0(blocks: &[BlockQ4_0], out: &mut [f32]) {
+    for (b, o) in blocks.iter().zip(out.chunks_exact_mut(QK4_0)) {
         let d = f16_to_f32(b.d);
         for (j, &q) in b.qs.iter().enumerate() {
             o[j] = d * ((q & 15) as i32 - 8) as f32;
@@ -64,7 +67,7 @@ pub(crate) fn dequantize_q4_0(bytes: &[u8], out: &mut [f32]) {
     }
 }
 
-pub(crate) fn dot_q4_0(w: &[u8], act: &[u8]) -> f32 {
+fn dot_q4_0(w: &[u8], act: &[u8]) -> f32 {
     let mut sum = 0.0f32;
     for (wb, ab) in cast_blocks::<BlockQ4_0>(w).iter().zip(cast_blocks::<BlockQ8_0>(act)) {
         let mut sumi = 0i32;
@@ -115,7 +118,7 @@ fn iq4nl_trial(xb: &[f32], id: f32) -> (f32, f32) {
 /// (-127 and +113) with the mapping stretched in steps of one level unit,
 /// each trial's scale refitted by least squares, and the lowest squared error
 /// wins. Levels are then re-picked against the f16-rounded scale.
-pub(crate) fn quantize_iq4nl(x: &[f32], out: &mut [u8]) {
+fn quantize_iq4nl(x: &[f32], out: &mut [u8]) {
     for (xb, b) in x.chunks_exact(QK4_0).zip(cast_blocks_mut::<BlockIQ4NL>(out)) {
         if amax(xb) == 0.0 {
             b.d = f32_to_f16(0.0);
@@ -141,8 +144,8 @@ pub(crate) fn quantize_iq4nl(x: &[f32], out: &mut [u8]) {
     }
 }
 
-pub(crate) fn dequantize_iq4nl(bytes: &[u8], out: &mut [f32]) {
-    for (b, o) in cast_blocks::<BlockIQ4NL>(bytes).iter().zip(out.chunks_exact_mut(QK4_0)) {
+fn dequantize_iq4nl(blocks: &[BlockIQ4NL], out: &mut [f32]) {
+    for (b, o) in blocks.iter().zip(out.chunks_exact_mut(QK4_0)) {
         let d = f16_to_f32(b.d);
         for (j, &q) in b.qs.iter().enumerate() {
             o[j] = d * KVALUES_IQ4NL[(q & 15) as usize] as f32;
@@ -151,7 +154,7 @@ pub(crate) fn dequantize_iq4nl(bytes: &[u8], out: &mut [f32]) {
     }
 }
 
-pub(crate) fn dot_iq4nl(w: &[u8], act: &[u8]) -> f32 {
+fn dot_iq4nl(w: &[u8], act: &[u8]) -> f32 {
     let mut sum = 0.0f32;
     for (wb, ab) in cast_blocks::<BlockIQ4NL>(w).iter().zip(cast_blocks::<BlockQ8_0>(act)) {
         let mut sumi = 0i32;
@@ -162,4 +165,46 @@ pub(crate) fn dot_iq4nl(w: &[u8], act: &[u8]) -> f32 {
         sum += f16_to_f32(wb.d) * ab.scale() * sumi as f32;
     }
     sum
+}
+
+/// Q4_0 (ggml id 2).
+pub struct Q4_0;
+
+impl Format for Q4_0 {
+    const TYPE: GgmlType = GgmlType::Q4_0;
+    type Block = BlockQ4_0;
+    const ACT: ActType = ActType::Q8_0;
+
+    fn dequantize(blocks: &[BlockQ4_0], _outer: f32, out: &mut [f32]) {
+        dequantize_q4_0(blocks, out);
+    }
+
+    fn quantize(x: &[f32], out: &mut [u8]) {
+        quantize_q4_0(x, out);
+    }
+
+    fn dot(_n: usize, w: &[u8], _tensor: TensorScale, act: &[u8]) -> f32 {
+        dot_q4_0(w, act)
+    }
+}
+
+/// IQ4_NL (ggml id 20).
+pub struct IQ4NL;
+
+impl Format for IQ4NL {
+    const TYPE: GgmlType = GgmlType::IQ4_NL;
+    type Block = BlockIQ4NL;
+    const ACT: ActType = ActType::Q8_0;
+
+    fn dequantize(blocks: &[BlockIQ4NL], _outer: f32, out: &mut [f32]) {
+        dequantize_iq4nl(blocks, out);
+    }
+
+    fn quantize(x: &[f32], out: &mut [u8]) {
+        quantize_iq4nl(x, out);
+    }
+
+    fn dot(_n: usize, w: &[u8], _tensor: TensorScale, act: &[u8]) -> f32 {
+        dot_iq4nl(w, act)
+    }
 }

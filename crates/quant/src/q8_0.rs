@@ -10,7 +10,10 @@
 //! `d = amax / 127`, `qs = roundf(x * (1/d))` (half away from zero) with the
 //! unrounded `d`; `d` is then stored as f16.
 
+use tern_gguf::GgmlType;
+
 use crate::blocks::{amax, cast_blocks, cast_blocks_mut, f16_to_f32, f32_to_f16, impl_block};
+use crate::{ActType, Format, TensorScale};
 
 /// Elements per Q8_0 block.
 pub const QK8_0: usize = 32;
@@ -44,8 +47,8 @@ pub(crate) fn quantize(x: &[f32], out: &mut [u8]) {
     }
 }
 
-pub(crate) fn dequantize(bytes: &[u8], out: &mut [f32]) {
-    for (b, o) in cast_blocks::<BlockQ8_0>(bytes).iter().zip(out.chunks_exact_mut(QK8_0)) {
+pub(crate) fn dequantize(blocks: &[BlockQ8_0], out: &mut [f32]) {
+    for (b, o) in blocks.iter().zip(out.chunks_exact_mut(QK8_0)) {
         let d = b.scale();
         for (o, &q) in o.iter_mut().zip(&b.qs) {
             *o = d * q as f32;
@@ -55,7 +58,7 @@ pub(crate) fn dequantize(bytes: &[u8], out: &mut [f32]) {
 
 /// Q8_0 weights · Q8_0 activations: an i32 sum per block, scaled by both f16
 /// scales in f32, blocks summed in f32.
-pub(crate) fn dot(w: &[u8], act: &[u8]) -> f32 {
+fn dot(w: &[u8], act: &[u8]) -> f32 {
     let ws = cast_blocks::<BlockQ8_0>(w);
     let acts = cast_blocks::<BlockQ8_0>(act);
     let mut sum = 0.0f32;
@@ -64,4 +67,25 @@ pub(crate) fn dot(w: &[u8], act: &[u8]) -> f32 {
         sum += wb.scale() * ab.scale() * sumi as f32;
     }
     sum
+}
+
+/// Q8_0 (ggml id 8).
+pub struct Q8_0;
+
+impl Format for Q8_0 {
+    const TYPE: GgmlType = GgmlType::Q8_0;
+    type Block = BlockQ8_0;
+    const ACT: ActType = ActType::Q8_0;
+
+    fn dequantize(blocks: &[BlockQ8_0], _outer: f32, out: &mut [f32]) {
+        dequantize(blocks, out);
+    }
+
+    fn quantize(x: &[f32], out: &mut [u8]) {
+        quantize(x, out);
+    }
+
+    fn dot(_n: usize, w: &[u8], _tensor: TensorScale, act: &[u8]) -> f32 {
+        dot(w, act)
+    }
 }

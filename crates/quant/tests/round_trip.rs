@@ -22,10 +22,11 @@ use tern_quant::{dequantize_row, quantize_i2s_tensor, row_bytes, GgmlType, Tenso
 /// | Q4_K | 0.095 | 0.0732 | 16 levels + min per 32, 6-bit sub-scales |
 /// | IQ4_NL | 0.095 | 0.0739 | 16 non-linear levels per 32, fitted scale |
 /// | Q4_0 | 0.11 | 0.0867 | 16 levels per 32, extreme pinned to −8 |
+/// | Q2_0 | 0.94 | 0.726 | 3 levels (of its 4) per 64, block max scale |
 /// | TQ2_0 / TQ1_0 | 0.95 | 0.78 / 0.80 | 3 levels, block max scale |
 /// | IQ2_BN / IQ1_BN | 0.95 | 0.88 / 0.91 | 3 levels, row max scale |
 /// | I2_S | 0.98 | 0.952 | 3 levels, tensor max scale |
-const BOUNDS: [(GgmlType, f64); 13] = [
+const BOUNDS: [(GgmlType, f64); 14] = [
     (GgmlType::F32, 0.0),
     (GgmlType::F16, 3e-4),
     (GgmlType::BF16, 2.5e-3),
@@ -35,6 +36,7 @@ const BOUNDS: [(GgmlType, f64); 13] = [
     (GgmlType::Q4_K, 0.095),
     (GgmlType::IQ4_NL, 0.095),
     (GgmlType::Q4_0, 0.11),
+    (GgmlType::Q2_0, 0.94),
     (GgmlType::TQ2_0, 0.95),
     (GgmlType::TQ1_0, 0.95),
     (GgmlType::IQ2_BN, 0.95),

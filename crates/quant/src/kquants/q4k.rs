@@ -9,9 +9,12 @@
 //! ```
 //! Sub-block j = element / 32: `x = d·sc(j)·q − dmin·m(j)`.
 
+use tern_gguf::GgmlType;
+
 use super::{quantize_scale_min, unpack_scale_min, QK_K};
 use crate::act::BlockQ8K;
 use crate::blocks::{cast_blocks, cast_blocks_mut, f16_to_f32, impl_block};
+use crate::{ActType, Format, TensorScale};
 
 /// One Q4_K super-block.
 #[repr(C)]
@@ -24,7 +27,7 @@ pub struct BlockQ4K {
 }
 impl_block!(BlockQ4K, 144);
 
-pub(crate) fn quantize(x: &[f32], out: &mut [u8]) {
+fn quantize(x: &[f32], out: &mut [u8]) {
     for (xb, b) in x.chunks_exact(QK_K).zip(cast_blocks_mut::<BlockQ4K>(out)) {
         let q = quantize_scale_min(xb, 15);
         b.d = q.d;
@@ -38,8 +41,8 @@ pub(crate) fn quantize(x: &[f32], out: &mut [u8]) {
     }
 }
 
-pub(crate) fn dequantize(bytes: &[u8], out: &mut [f32]) {
-    for (b, o) in cast_blocks::<BlockQ4K>(bytes).iter().zip(out.chunks_exact_mut(QK_K)) {
+fn dequantize(blocks: &[BlockQ4K], out: &mut [f32]) {
+    for (b, o) in blocks.iter().zip(out.chunks_exact_mut(QK_K)) {
         let (d, dmin) = (f16_to_f32(b.d), f16_to_f32(b.dmin));
         for c in 0..4 {
             let (sc0, m0) = unpack_scale_min(&b.scales, 2 * c);
@@ -58,7 +61,7 @@ pub(crate) fn dequantize(bytes: &[u8], out: &mut [f32]) {
 /// Q4_K · Q8_K: per super-block, `Σ_j sc_j·Σ q·a` and `Σ_j m_j·bsum_j` in i32
 /// (the mins use the activation block sums), then
 /// `d_a · (d·Σscaled − dmin·Σmins)` in f32.
-pub(crate) fn dot(w: &[u8], act: &[u8]) -> f32 {
+fn dot(w: &[u8], act: &[u8]) -> f32 {
     let mut sum = 0.0f32;
     for (wb, ab) in cast_blocks::<BlockQ4K>(w).iter().zip(cast_blocks::<BlockQ8K>(act)) {
         let (mut sumi, mut summ) = (0i32, 0i32);
@@ -73,4 +76,25 @@ pub(crate) fn dot(w: &[u8], act: &[u8]) -> f32 {
         sum += ab.scale() * (f16_to_f32(wb.d) * sumi as f32 - f16_to_f32(wb.dmin) * summ as f32);
     }
     sum
+}
+
+/// Q4_K (ggml id 12).
+pub struct Q4K;
+
+impl Format for Q4K {
+    const TYPE: GgmlType = GgmlType::Q4_K;
+    type Block = BlockQ4K;
+    const ACT: ActType = ActType::Q8_K;
+
+    fn dequantize(blocks: &[BlockQ4K], _outer: f32, out: &mut [f32]) {
+        dequantize(blocks, out);
+    }
+
+    fn quantize(x: &[f32], out: &mut [u8]) {
+        quantize(x, out);
+    }
+
+    fn dot(_n: usize, w: &[u8], _tensor: TensorScale, act: &[u8]) -> f32 {
+        dot(w, act)
+    }
 }

@@ -7,9 +7,12 @@
 //! ```
 //! Sub-block j = element / 32: `x = d·sc(j)·(q + 16·hbit) − dmin·m(j)`.
 
+use tern_gguf::GgmlType;
+
 use super::{quantize_scale_min, unpack_scale_min, QK_K};
 use crate::act::BlockQ8K;
 use crate::blocks::{cast_blocks, cast_blocks_mut, f16_to_f32, impl_block};
+use crate::{ActType, Format, TensorScale};
 
 /// One Q5_K super-block.
 #[repr(C)]
@@ -32,7 +35,7 @@ fn level(b: &BlockQ5K, e: usize) -> u8 {
     low | (high << 4)
 }
 
-pub(crate) fn quantize(x: &[f32], out: &mut [u8]) {
+fn quantize(x: &[f32], out: &mut [u8]) {
     for (xb, b) in x.chunks_exact(QK_K).zip(cast_blocks_mut::<BlockQ5K>(out)) {
         let q = quantize_scale_min(xb, 31);
         b.d = q.d;
@@ -49,8 +52,8 @@ pub(crate) fn quantize(x: &[f32], out: &mut [u8]) {
     }
 }
 
-pub(crate) fn dequantize(bytes: &[u8], out: &mut [f32]) {
-    for (b, o) in cast_blocks::<BlockQ5K>(bytes).iter().zip(out.chunks_exact_mut(QK_K)) {
+fn dequantize(blocks: &[BlockQ5K], out: &mut [f32]) {
+    for (b, o) in blocks.iter().zip(out.chunks_exact_mut(QK_K)) {
         let (d, dmin) = (f16_to_f32(b.d), f16_to_f32(b.dmin));
         for (j, o) in o.chunks_exact_mut(32).enumerate() {
             let (sc, m) = unpack_scale_min(&b.scales, j);
@@ -63,7 +66,7 @@ pub(crate) fn dequantize(bytes: &[u8], out: &mut [f32]) {
 }
 
 /// Q5_K · Q8_K, arranged as the Q4_K dot (see there).
-pub(crate) fn dot(w: &[u8], act: &[u8]) -> f32 {
+fn dot(w: &[u8], act: &[u8]) -> f32 {
     let mut sum = 0.0f32;
     for (wb, ab) in cast_blocks::<BlockQ5K>(w).iter().zip(cast_blocks::<BlockQ8K>(act)) {
         let (mut sumi, mut summ) = (0i32, 0i32);
@@ -76,4 +79,25 @@ pub(crate) fn dot(w: &[u8], act: &[u8]) -> f32 {
         sum += ab.scale() * (f16_to_f32(wb.d) * sumi as f32 - f16_to_f32(wb.dmin) * summ as f32);
     }
     sum
+}
+
+/// Q5_K (ggml id 13).
+pub struct Q5K;
+
+impl Format for Q5K {
+    const TYPE: GgmlType = GgmlType::Q5_K;
+    type Block = BlockQ5K;
+    const ACT: ActType = ActType::Q8_K;
+
+    fn dequantize(blocks: &[BlockQ5K], _outer: f32, out: &mut [f32]) {
+        dequantize(blocks, out);
+    }
+
+    fn quantize(x: &[f32], out: &mut [u8]) {
+        quantize(x, out);
+    }
+
+    fn dot(_n: usize, w: &[u8], _tensor: TensorScale, act: &[u8]) -> f32 {
+        dot(w, act)
+    }
 }

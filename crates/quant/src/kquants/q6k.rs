@@ -10,9 +10,12 @@
 //! `ql[64h + 32(k%2) + l]` (low nibble for k < 2, high for k ≥ 2), its high
 //! two bits are bits `2k..2k+2` of `qh[32h + l]`; `x = d·scales[e/16]·(q − 32)`.
 
+use tern_gguf::GgmlType;
+
 use super::{fit_scale_symmetric, QK_K};
 use crate::act::BlockQ8K;
 use crate::blocks::{cast_blocks, cast_blocks_mut, f16_to_f32, f32_to_f16, impl_block, round_f16};
+use crate::{ActType, Format, TensorScale};
 
 /// One Q6_K super-block.
 #[repr(C)]
@@ -44,7 +47,7 @@ fn level(b: &BlockQ6K, e: usize) -> i32 {
 /// Fits each 16-element sub-block symmetrically, quantizes the 16 sub-scales
 /// to int8 against `d = max|s|/127`, then re-picks the levels against the
 /// scales the decoder will see.
-pub(crate) fn quantize(x: &[f32], out: &mut [u8]) {
+fn quantize(x: &[f32], out: &mut [u8]) {
     for (xb, b) in x.chunks_exact(QK_K).zip(cast_blocks_mut::<BlockQ6K>(out)) {
         let mut s = [0.0f32; 16];
         for (s, sub) in s.iter_mut().zip(xb.chunks_exact(16)) {
@@ -70,8 +73,8 @@ pub(crate) fn quantize(x: &[f32], out: &mut [u8]) {
     }
 }
 
-pub(crate) fn dequantize(bytes: &[u8], out: &mut [f32]) {
-    for (b, o) in cast_blocks::<BlockQ6K>(bytes).iter().zip(out.chunks_exact_mut(QK_K)) {
+fn dequantize(blocks: &[BlockQ6K], out: &mut [f32]) {
+    for (b, o) in blocks.iter().zip(out.chunks_exact_mut(QK_K)) {
         let d = f16_to_f32(b.d);
         for (e, o) in o.iter_mut().enumerate() {
             *o = d * b.scales[e / 16] as f32 * level(b, e) as f32;
@@ -81,7 +84,7 @@ pub(crate) fn dequantize(bytes: &[u8], out: &mut [f32]) {
 
 /// Q6_K · Q8_K: `Σ_g scales[g]·Σ (q−32)·a` over the 16-element groups in i32,
 /// then `d_a · d · sum` in f32.
-pub(crate) fn dot(w: &[u8], act: &[u8]) -> f32 {
+fn dot(w: &[u8], act: &[u8]) -> f32 {
     let mut sum = 0.0f32;
     for (wb, ab) in cast_blocks::<BlockQ6K>(w).iter().zip(cast_blocks::<BlockQ8K>(act)) {
         let mut sumi = 0i32;
@@ -92,4 +95,25 @@ pub(crate) fn dot(w: &[u8], act: &[u8]) -> f32 {
         sum += ab.scale() * f16_to_f32(wb.d) * sumi as f32;
     }
     sum
+}
+
+/// Q6_K (ggml id 14).
+pub struct Q6K;
+
+impl Format for Q6K {
+    const TYPE: GgmlType = GgmlType::Q6_K;
+    type Block = BlockQ6K;
+    const ACT: ActType = ActType::Q8_K;
+
+    fn dequantize(blocks: &[BlockQ6K], _outer: f32, out: &mut [f32]) {
+        dequantize(blocks, out);
+    }
+
+    fn quantize(x: &[f32], out: &mut [u8]) {
+        quantize(x, out);
+    }
+
+    fn dot(_n: usize, w: &[u8], _tensor: TensorScale, act: &[u8]) -> f32 {
+        dot(w, act)
+    }
 }

@@ -15,8 +15,11 @@
 //! `c = 1` if `|x| < d/2`, else `0` for `x < 0` and `2` otherwise (so an
 //! all-zero row gets code 2 everywhere — harmless, its scale is 0).
 
-use super::{pack_trits, unpack_trit};
-use crate::blocks::{amax, cast_blocks, cast_blocks_mut, f16_to_f32, f32_at, f32_to_f16, impl_block};
+use tern_gguf::GgmlType;
+
+use super::{dot_q8_row, pack_trits, unpack_trit};
+use crate::blocks::{amax, cast_blocks_mut, f16_to_f32, f32_at, f32_to_f16, impl_block};
+use crate::{ActType, Format, TensorScale};
 
 /// Elements per IQ1_BN / IQ2_BN block.
 pub const QK_BN: usize = 64;
@@ -71,15 +74,15 @@ fn iq1_codes(b: &BlockIQ1BN) -> [u8; QK_BN] {
     codes
 }
 
-pub(crate) fn iq2bn_row_scale(row: &[u8]) -> f32 {
+fn iq2bn_row_scale(row: &[u8]) -> f32 {
     f32_at(row, 0)
 }
 
-pub(crate) fn iq1bn_row_scale(row: &[u8]) -> f32 {
+fn iq1bn_row_scale(row: &[u8]) -> f32 {
     f16_to_f32([row[0], row[1]])
 }
 
-pub(crate) fn quantize_iq2bn(x: &[f32], out: &mut [u8]) {
+fn quantize_iq2bn(x: &[f32], out: &mut [u8]) {
     let d = amax(x);
     let thresh = 0.5 * d;
     let (head, blocks) = out.split_at_mut(IQ2_BN_PREFIX);
@@ -91,7 +94,7 @@ pub(crate) fn quantize_iq2bn(x: &[f32], out: &mut [u8]) {
     }
 }
 
-pub(crate) fn quantize_iq1bn(x: &[f32], out: &mut [u8]) {
+fn quantize_iq1bn(x: &[f32], out: &mut [u8]) {
     let d = amax(x);
     let thresh = 0.5 * d;
     let (head, blocks) = out.split_at_mut(IQ1_BN_PREFIX);
@@ -114,15 +117,65 @@ fn expand(d: f32, codes: &[u8; QK_BN], out: &mut [f32]) {
 }
 
 /// Decodes whole blocks (no row prefix) with row scale `d`.
-pub(crate) fn dequantize_iq2bn_blocks(d: f32, blocks: &[u8], out: &mut [f32]) {
-    for (b, o) in cast_blocks::<BlockIQ2BN>(blocks).iter().zip(out.chunks_exact_mut(QK_BN)) {
+fn dequantize_iq2bn_blocks(d: f32, blocks: &[BlockIQ2BN], out: &mut [f32]) {
+    for (b, o) in blocks.iter().zip(out.chunks_exact_mut(QK_BN)) {
         expand(d, &iq2_codes(b), o);
     }
 }
 
 /// Decodes whole blocks (no row prefix) with row scale `d`.
-pub(crate) fn dequantize_iq1bn_blocks(d: f32, blocks: &[u8], out: &mut [f32]) {
-    for (b, o) in cast_blocks::<BlockIQ1BN>(blocks).iter().zip(out.chunks_exact_mut(QK_BN)) {
+fn dequantize_iq1bn_blocks(d: f32, blocks: &[BlockIQ1BN], out: &mut [f32]) {
+    for (b, o) in blocks.iter().zip(out.chunks_exact_mut(QK_BN)) {
         expand(d, &iq1_codes(b), o);
+    }
+}
+
+/// IQ2_BN (ik's id 135).
+pub struct IQ2BN;
+
+impl Format for IQ2BN {
+    const TYPE: GgmlType = GgmlType::IQ2_BN;
+    type Block = BlockIQ2BN;
+    const ACT: ActType = ActType::Q8_Row;
+
+    fn outer_scale(row: &[u8], _tensor: TensorScale) -> f32 {
+        iq2bn_row_scale(row)
+    }
+
+    fn dequantize(blocks: &[BlockIQ2BN], outer: f32, out: &mut [f32]) {
+        dequantize_iq2bn_blocks(outer, blocks, out);
+    }
+
+    fn quantize(x: &[f32], out: &mut [u8]) {
+        quantize_iq2bn(x, out);
+    }
+
+    fn dot(n: usize, w: &[u8], tensor: TensorScale, act: &[u8]) -> f32 {
+        dot_q8_row(Self::TYPE, n, w, tensor, act)
+    }
+}
+
+/// IQ1_BN (ik's id 134).
+pub struct IQ1BN;
+
+impl Format for IQ1BN {
+    const TYPE: GgmlType = GgmlType::IQ1_BN;
+    type Block = BlockIQ1BN;
+    const ACT: ActType = ActType::Q8_Row;
+
+    fn outer_scale(row: &[u8], _tensor: TensorScale) -> f32 {
+        iq1bn_row_scale(row)
+    }
+
+    fn dequantize(blocks: &[BlockIQ1BN], outer: f32, out: &mut [f32]) {
+        dequantize_iq1bn_blocks(outer, blocks, out);
+    }
+
+    fn quantize(x: &[f32], out: &mut [u8]) {
+        quantize_iq1bn(x, out);
+    }
+
+    fn dot(n: usize, w: &[u8], tensor: TensorScale, act: &[u8]) -> f32 {
+        dot_q8_row(Self::TYPE, n, w, tensor, act)
     }
 }

@@ -17,8 +17,11 @@
 //! the scale is 0). For ternary-valued input this equals Microsoft's
 //! sign-based rule.
 
-use super::round_code;
-use crate::blocks::{amax, cast_blocks, cast_blocks_mut, f32_at, impl_block};
+use tern_gguf::GgmlType;
+
+use super::{dot_q8_row, round_code};
+use crate::blocks::{amax, cast_blocks_mut, f32_at, impl_block};
+use crate::{ActType, Format, TensorScale};
 
 /// Elements per I2_S block.
 pub const QK_I2_S: usize = 128;
@@ -45,7 +48,7 @@ pub(crate) fn tensor_scale(tensor: &[u8], n_elements: usize) -> f32 {
 }
 
 /// Packs whole blocks of `x` against a given tensor scale.
-pub(crate) fn quantize_blocks(x: &[f32], scale: f32, out: &mut [u8]) {
+fn quantize_blocks(x: &[f32], scale: f32, out: &mut [u8]) {
     let id = if scale != 0.0 { 1.0 / scale } else { 0.0 };
     for (xb, b) in x.chunks_exact(QK_I2_S).zip(cast_blocks_mut::<BlockI2S>(out)) {
         b.qs = [0; 32];
@@ -67,10 +70,45 @@ pub(crate) fn quantize_tensor(x: &[f32], out: &mut [u8]) {
     tail[..4].copy_from_slice(&scale.to_le_bytes());
 }
 
-pub(crate) fn dequantize(bytes: &[u8], scale: f32, out: &mut [f32]) {
-    for (b, o) in cast_blocks::<BlockI2S>(bytes).iter().zip(out.chunks_exact_mut(QK_I2_S)) {
+fn dequantize(blocks: &[BlockI2S], scale: f32, out: &mut [f32]) {
+    for (b, o) in blocks.iter().zip(out.chunks_exact_mut(QK_I2_S)) {
         for (j, o) in o.iter_mut().enumerate() {
             *o = scale * (((b.qs[j % 32] >> shift(j)) & 3) as i32 - 1) as f32;
         }
+    }
+}
+
+/// I2_S (Microsoft's id 36).
+pub struct I2S;
+
+impl Format for I2S {
+    const TYPE: GgmlType = GgmlType::I2_S;
+    type Block = BlockI2S;
+    const ACT: ActType = ActType::Q8_Row;
+
+    fn outer_scale(_row: &[u8], tensor: TensorScale) -> f32 {
+        tensor.0
+    }
+
+    fn dequantize(blocks: &[BlockI2S], outer: f32, out: &mut [f32]) {
+        dequantize(blocks, outer, out);
+    }
+
+    /// A row cannot carry the tensor scale: its codes are taken against the
+    /// row's own `max|x|` (see `quantize_row`).
+    fn quantize(x: &[f32], out: &mut [u8]) {
+        quantize_blocks(x, amax(x), out);
+    }
+
+    fn dot(n: usize, w: &[u8], tensor: TensorScale, act: &[u8]) -> f32 {
+        dot_q8_row(Self::TYPE, n, w, tensor, act)
+    }
+
+    fn tensor_scale(tensor: &[u8], n_elements: usize) -> TensorScale {
+        TensorScale(tensor_scale(tensor, n_elements))
+    }
+
+    fn quantize_tensor(x: &[f32], _ne0: usize, out: &mut [u8]) {
+        quantize_tensor(x, out);
     }
 }

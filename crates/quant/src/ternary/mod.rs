@@ -18,6 +18,10 @@ pub mod i2s;
 pub mod rows;
 pub mod tq;
 
+use tern_gguf::GgmlType;
+
+use crate::TensorScale;
+
 const POW3: [u8; 5] = [1, 3, 9, 27, 81];
 
 /// Packs five codes (most significant first) into one byte.
@@ -39,6 +43,16 @@ pub(crate) fn unpack_trit(b: u8, k: usize) -> u8 {
 #[inline]
 pub(crate) fn round_code(x: f32, id: f32) -> u8 {
     ((x * id).round().clamp(-1.0, 1.0) + 1.0) as u8
+}
+
+/// The scalar dot of every ternary format with a `Q8_Row` activation: the
+/// row reduced to values and scales ([`rows::decode_row`]), multiplied by
+/// [`rows::dot_values`].
+pub(crate) fn dot_q8_row(ty: GgmlType, n: usize, w: &[u8], tensor: TensorScale, act: &[u8]) -> f32 {
+    let (d, _, q) = crate::act::q8_row_parts(act);
+    let mut values = vec![0i8; n];
+    let scales = rows::decode_row(ty, w, tensor, &mut values);
+    rows::dot_values(&values, &scales, rows::scale_group(ty, n), d, q)
 }
 
 #[cfg(test)]

@@ -14,9 +14,12 @@
 //! Quantization (mainline reference, reproduced byte for byte):
 //! `d = max|x|` over the block, `c = lroundf(x·(1/d)) + 1`.
 
-use super::{pack_trits, round_code, unpack_trit};
-use crate::blocks::{amax, cast_blocks, cast_blocks_mut, f16_to_f32, f32_to_f16, impl_block};
+use tern_gguf::GgmlType;
+
+use super::{dot_q8_row, pack_trits, round_code, unpack_trit};
+use crate::blocks::{amax, cast_blocks_mut, f16_to_f32, f32_to_f16, impl_block};
 use crate::kquants::QK_K;
+use crate::{ActType, Format, TensorScale};
 
 /// One TQ2_0 block.
 #[repr(C)]
@@ -78,7 +81,7 @@ fn tq1_codes(b: &BlockTQ1_0) -> [u8; QK_K] {
     codes
 }
 
-pub(crate) fn quantize_tq2_0(x: &[f32], out: &mut [u8]) {
+fn quantize_tq2_0(x: &[f32], out: &mut [u8]) {
     for (xb, b) in x.chunks_exact(QK_K).zip(cast_blocks_mut::<BlockTQ2_0>(out)) {
         let (d, codes) = block_codes(xb);
         b.d = d;
@@ -89,7 +92,7 @@ pub(crate) fn quantize_tq2_0(x: &[f32], out: &mut [u8]) {
     }
 }
 
-pub(crate) fn quantize_tq1_0(x: &[f32], out: &mut [u8]) {
+fn quantize_tq1_0(x: &[f32], out: &mut [u8]) {
     for (xb, b) in x.chunks_exact(QK_K).zip(cast_blocks_mut::<BlockTQ1_0>(out)) {
         let (d, c) = block_codes(xb);
         b.d = d;
@@ -111,14 +114,56 @@ fn expand(d: f32, codes: &[u8; QK_K], out: &mut [f32]) {
     }
 }
 
-pub(crate) fn dequantize_tq2_0(bytes: &[u8], out: &mut [f32]) {
-    for (b, o) in cast_blocks::<BlockTQ2_0>(bytes).iter().zip(out.chunks_exact_mut(QK_K)) {
+fn dequantize_tq2_0(blocks: &[BlockTQ2_0], out: &mut [f32]) {
+    for (b, o) in blocks.iter().zip(out.chunks_exact_mut(QK_K)) {
         expand(f16_to_f32(b.d), &tq2_codes(b), o);
     }
 }
 
-pub(crate) fn dequantize_tq1_0(bytes: &[u8], out: &mut [f32]) {
-    for (b, o) in cast_blocks::<BlockTQ1_0>(bytes).iter().zip(out.chunks_exact_mut(QK_K)) {
+fn dequantize_tq1_0(blocks: &[BlockTQ1_0], out: &mut [f32]) {
+    for (b, o) in blocks.iter().zip(out.chunks_exact_mut(QK_K)) {
         expand(f16_to_f32(b.d), &tq1_codes(b), o);
+    }
+}
+
+/// TQ2_0 (ggml id 35).
+pub struct TQ2_0;
+
+impl Format for TQ2_0 {
+    const TYPE: GgmlType = GgmlType::TQ2_0;
+    type Block = BlockTQ2_0;
+    const ACT: ActType = ActType::Q8_Row;
+
+    fn dequantize(blocks: &[BlockTQ2_0], _outer: f32, out: &mut [f32]) {
+        dequantize_tq2_0(blocks, out);
+    }
+
+    fn quantize(x: &[f32], out: &mut [u8]) {
+        quantize_tq2_0(x, out);
+    }
+
+    fn dot(n: usize, w: &[u8], tensor: TensorScale, act: &[u8]) -> f32 {
+        dot_q8_row(Self::TYPE, n, w, tensor, act)
+    }
+}
+
+/// TQ1_0 (ggml id 34).
+pub struct TQ1_0;
+
+impl Format for TQ1_0 {
+    const TYPE: GgmlType = GgmlType::TQ1_0;
+    type Block = BlockTQ1_0;
+    const ACT: ActType = ActType::Q8_Row;
+
+    fn dequantize(blocks: &[BlockTQ1_0], _outer: f32, out: &mut [f32]) {
+        dequantize_tq1_0(blocks, out);
+    }
+
+    fn quantize(x: &[f32], out: &mut [u8]) {
+        quantize_tq1_0(x, out);
+    }
+
+    fn dot(n: usize, w: &[u8], tensor: TensorScale, act: &[u8]) -> f32 {
+        dot_q8_row(Self::TYPE, n, w, tensor, act)
     }
 }

@@ -159,7 +159,7 @@ unsafe fn dot_avx512<W: Float>(n: usize, w: &[u8], act: &[u8]) -> f32 {
 }
 
 kernels! {
-    f32_avx2, f32_avx512, F32;
-    f16_avx2, f16_avx512, F16;
-    bf16_avx2, bf16_avx512, BF16;
+    f32_avx2, f32_avx512, F32 => F32;
+    f16_avx2, f16_avx512, F16 => F16;
+    bf16_avx2, bf16_avx512, BF16 => BF16;
 }

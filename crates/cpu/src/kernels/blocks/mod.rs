@@ -2,13 +2,16 @@
 //! (file format) against one activation row in the format `tern_quant::act_type`
 //! pairs it with. Same semantics and argument layout as `tern_quant::vec_dot`,
 //! which is the scalar reference these kernels are tested against
-//! (`tests/block_kernels.rs`).
+//! (`tests/block_kernels.rs`). Each kernel file registers its kernels in a
+//! `KERNELS` table of (weight type, ISA level, kernel) entries, and
+//! [`dot_fn`] picks among them; nothing else names a format here.
 //!
 //! | weights | activations | AVX2 | AVX-512 |
 //! |---|---|---|---|
 //! | Q8_0, Q4_0, IQ4_NL | Q8_0 | `maddubs` (sign trick), 8 blocks per step | `dpbusd` on unsigned codes + offset term, 16 blocks per step |
 //! | Q4_K, Q5_K, Q6_K | Q8_K | `maddubs` + `madd` by sub-scale | `maddubs` + `dpwssd` by sub-scale |
 //! | F32, F16, BF16 | f32 | 4 × 8-lane FMA accumulators | 4 × 16-lane FMA accumulators, masked tail |
+//! | Q2_0 | Q8_0 | `maddubs` of unsigned codes − `maddubs` of ones, 8 activation blocks per step | `dpbusd` + offset term, a weight block per vector, 16 activation blocks per step |
 //!
 //! Numerics: the integer sum of every block (sub-scales and the Q4_K/Q5_K mins
 //! included) is exactly the integer the reference forms; it is converted to
@@ -32,24 +35,36 @@ use tern_quant::GgmlType;
 use crate::isa::Isa;
 
 /// One `#[target_feature]` entry point per ISA level for each generic kernel
-/// `dot_avx2::<Fmt>` / `dot_avx512::<Fmt>` of the including module.
+/// `dot_avx2::<Fmt>` / `dot_avx512::<Fmt>` of the including module (`Fmt` a
+/// type or a const argument), and the
+/// module's registry entries for them (`KERNELS`).
 #[cfg(target_arch = "x86_64")]
 macro_rules! kernels {
-    ($($avx2:ident, $avx512:ident, $fmt:ty;)*) => {$(
-        #[target_feature(enable = "avx2,fma,f16c")]
-        pub(super) unsafe fn $avx2(n: usize, w: &[u8], act: &[u8]) -> f32 {
-            dot_avx2::<$fmt>(n, w, act)
-        }
+    ($($avx2:ident, $avx512:ident, $fmt:tt => $ty:ident;)*) => {
+        $(
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn $avx2(n: usize, w: &[u8], act: &[u8]) -> f32 {
+                dot_avx2::<$fmt>(n, w, act)
+            }
 
-        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-        pub(super) unsafe fn $avx512(n: usize, w: &[u8], act: &[u8]) -> f32 {
-            dot_avx512::<$fmt>(n, w, act)
-        }
-    )*};
+            #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+            unsafe fn $avx512(n: usize, w: &[u8], act: &[u8]) -> f32 {
+                dot_avx512::<$fmt>(n, w, act)
+            }
+        )*
+
+        /// This file's kernels, by weight type and ISA level.
+        pub(super) const KERNELS: &[super::Entry] = &[$(
+            super::Entry { ty: tern_quant::GgmlType::$ty, isa: crate::isa::Isa::Avx2, dot: $avx2 },
+            super::Entry { ty: tern_quant::GgmlType::$ty, isa: crate::isa::Isa::Avx512, dot: $avx512 },
+        )*];
+    };
 }
 
 #[cfg(target_arch = "x86_64")]
 mod float;
+#[cfg(target_arch = "x86_64")]
+mod lowbit;
 #[cfg(target_arch = "x86_64")]
 mod q32;
 #[cfg(target_arch = "x86_64")]
@@ -67,43 +82,35 @@ mod q6k;
 /// returned is always safe to call. Lengths are checked (panic on mismatch).
 pub type DotFn = unsafe fn(n: usize, w_row: &[u8], act: &[u8]) -> f32;
 
-/// The fastest kernel for `ty` at ISA level `isa` (capped at
-/// `Isa::detected()`), or `None` where only the scalar reference exists:
-/// `Isa::Scalar`, types without SIMD kernels here (the ternary formats), and
-/// targets other than x86-64.
-pub fn dot_fn(ty: GgmlType, isa: Isa) -> Option<DotFn> {
+/// One registered kernel: the weight type it multiplies, the ISA level it
+/// needs, and the kernel. Each kernel file lists its own (`KERNELS`).
+#[derive(Clone, Copy)]
+pub struct Entry {
+    pub ty: GgmlType,
+    pub isa: Isa,
+    pub dot: DotFn,
+}
+
+/// Every kernel file's entries: the one place a new file is added.
+#[cfg(target_arch = "x86_64")]
+const REGISTRY: &[&[Entry]] = &[q32::KERNELS, q45k::KERNELS, q6k::KERNELS, float::KERNELS, lowbit::KERNELS];
+
+/// Every registered kernel (none off x86-64).
+pub fn registry() -> impl Iterator<Item = &'static Entry> {
     #[cfg(target_arch = "x86_64")]
-    {
-        let isa = isa.min(Isa::detected());
-        let f: DotFn = match (ty, isa) {
-            (_, Isa::Scalar) => return None,
-            (GgmlType::Q8_0, Isa::Avx2) => q32::q8_0_avx2,
-            (GgmlType::Q8_0, Isa::Avx512) => q32::q8_0_avx512,
-            (GgmlType::Q4_0, Isa::Avx2) => q32::q4_0_avx2,
-            (GgmlType::Q4_0, Isa::Avx512) => q32::q4_0_avx512,
-            (GgmlType::IQ4_NL, Isa::Avx2) => q32::iq4nl_avx2,
-            (GgmlType::IQ4_NL, Isa::Avx512) => q32::iq4nl_avx512,
-            (GgmlType::Q4_K, Isa::Avx2) => q45k::q4k_avx2,
-            (GgmlType::Q4_K, Isa::Avx512) => q45k::q4k_avx512,
-            (GgmlType::Q5_K, Isa::Avx2) => q45k::q5k_avx2,
-            (GgmlType::Q5_K, Isa::Avx512) => q45k::q5k_avx512,
-            (GgmlType::Q6_K, Isa::Avx2) => q6k::q6k_avx2,
-            (GgmlType::Q6_K, Isa::Avx512) => q6k::q6k_avx512,
-            (GgmlType::F32, Isa::Avx2) => float::f32_avx2,
-            (GgmlType::F32, Isa::Avx512) => float::f32_avx512,
-            (GgmlType::F16, Isa::Avx2) => float::f16_avx2,
-            (GgmlType::F16, Isa::Avx512) => float::f16_avx512,
-            (GgmlType::BF16, Isa::Avx2) => float::bf16_avx2,
-            (GgmlType::BF16, Isa::Avx512) => float::bf16_avx512,
-            _ => return None,
-        };
-        Some(f)
-    }
+    let files: &[&[Entry]] = REGISTRY;
     #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = (ty, isa);
-        None
-    }
+    let files: &[&[Entry]] = &[];
+    files.iter().flat_map(|f| f.iter())
+}
+
+/// The fastest registered kernel for `ty` at ISA level `isa` (capped at
+/// `Isa::detected()`): the entry of the highest level not above it, or `None`
+/// where only the scalar reference exists: `Isa::Scalar`, types without SIMD
+/// kernels here (the ternary formats), and targets other than x86-64.
+pub fn dot_fn(ty: GgmlType, isa: Isa) -> Option<DotFn> {
+    let isa = isa.min(Isa::detected());
+    registry().filter(|e| e.ty == ty && e.isa <= isa).max_by_key(|e| e.isa).map(|e| e.dot)
 }
 
 /// Checks the row lengths as `vec_dot` does and returns the number of blocks:
@@ -209,13 +216,11 @@ mod x86 {
         _mm256_add_epi32(lo, hi)
     }
 
-    /// Eight f16 values at `p`, `p + stride`, ..., `p + 7·stride`, widened.
+    /// Eight f16 values at byte offsets `idx` from `p`, widened. Reads 4
+    /// bytes at each offset (the f16 and the two bytes after it).
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    pub unsafe fn f16x8_strided(p: *const u8, stride: usize) -> __m256 {
-        let s = stride as i32;
-        let idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(s));
-        // Reads 4 bytes per block: the f16 and the two bytes after it.
+    pub unsafe fn f16x8_at(p: *const u8, idx: __m256i) -> __m256 {
         let g = _mm256_i32gather_epi32::<1>(p.cast(), idx);
         let keep = _mm256_setr_epi8(
             0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1, //
@@ -223,5 +228,100 @@ mod x86 {
         );
         let packed = _mm256_permute4x64_epi64::<0b00_00_10_00>(_mm256_shuffle_epi8(g, keep));
         _mm256_cvtph_ps(_mm256_castsi256_si128(packed))
+    }
+
+    /// Eight f16 values at `p`, `p + stride`, ..., `p + 7·stride`, widened.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub unsafe fn f16x8_strided(p: *const u8, stride: usize) -> __m256 {
+        let s = stride as i32;
+        let idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(s));
+        f16x8_at(p, idx)
+    }
+}
+
+/// AVX-512 helpers shared by the kernel files (integer sums of unsigned codes
+/// against signed quants, and the transposing reduction of 16 block sums).
+#[cfg(target_arch = "x86_64")]
+mod x86_512 {
+    use std::arch::x86_64::*;
+
+    /// Sixteen dot products of four, `Σ (u − off)·a` per i32 lane, for unsigned
+    /// codes `u` and signed quants `a`: `Σ u·a` plus `Σ (a ^ 0x80)·(−off)`, which
+    /// is `−off·Σa − 512·off`, from a start value of `512·off`. Exact for all
+    /// bytes with 0 ≤ off ≤ 128.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    #[inline]
+    pub unsafe fn dot_codes(u: __m512i, a: __m512i, off: i32) -> __m512i {
+        let s = _mm512_dpbusd_epi32(_mm512_set1_epi32(512 * off), u, a);
+        let a_biased = _mm512_xor_si512(a, _mm512_set1_epi8(-128));
+        _mm512_dpbusd_epi32(s, a_biased, _mm512_set1_epi8((-off) as i8))
+    }
+
+    /// [`dot_codes`] for one block (eight lanes).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    #[inline]
+    pub unsafe fn dot_codes256(u: __m256i, a: __m256i, off: i32) -> __m256i {
+        let s = _mm256_dpbusd_epi32(_mm256_set1_epi32(512 * off), u, a);
+        let a_biased = _mm256_xor_si256(a, _mm256_set1_epi8(-128));
+        _mm256_dpbusd_epi32(s, a_biased, _mm256_set1_epi8((-off) as i8))
+    }
+
+    /// Reduces eight vectors, each holding two blocks' partial sums (block `2k` in
+    /// lanes 0..8 of `v[k]`, block `2k+1` in lanes 8..16; if `split`, block `2k`
+    /// in lanes 0..4 and 8..12, block `2k+1` in lanes 4..8 and 12..16), to one
+    /// vector of the sixteen block sums. The result is in a transposed order: lane `4j + t`
+    /// holds block `j + 4t` (see [`LANE_BLOCK`]).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    #[inline]
+    pub unsafe fn reduce16(v: &[__m512i; 8], split: bool) -> __m512i {
+        // 8 lanes per block -> 4: one block per 128-bit lane, blocks 4m..4m+4.
+        // Whole blocks: block 2k in 128-bit lanes 0, 1 of v[k]; split: lanes 0, 2.
+        let fold1 = |a: __m512i, b: __m512i| {
+            if split {
+                _mm512_add_epi32(
+                    _mm512_shuffle_i64x2::<0b01_00_01_00>(a, b),
+                    _mm512_shuffle_i64x2::<0b11_10_11_10>(a, b),
+                )
+            } else {
+                _mm512_add_epi32(
+                    _mm512_shuffle_i64x2::<0b10_00_10_00>(a, b),
+                    _mm512_shuffle_i64x2::<0b11_01_11_01>(a, b),
+                )
+            }
+        };
+        let w0 = fold1(v[0], v[1]);
+        let w1 = fold1(v[2], v[3]);
+        let w2 = fold1(v[4], v[5]);
+        let w3 = fold1(v[6], v[7]);
+        // 4 -> 2: 128-bit lane j holds blocks j, j+4 (u0) and j+8, j+12 (u1).
+        let u0 = _mm512_add_epi32(_mm512_unpacklo_epi64(w0, w1), _mm512_unpackhi_epi64(w0, w1));
+        let u1 = _mm512_add_epi32(_mm512_unpacklo_epi64(w2, w3), _mm512_unpackhi_epi64(w2, w3));
+        // 2 -> 1: lane 4j + t holds block j + 4t.
+        let (e, f) = (_mm512_castsi512_ps(u0), _mm512_castsi512_ps(u1));
+        let even = _mm512_castps_si512(_mm512_shuffle_ps::<0b10_00_10_00>(e, f));
+        let odd = _mm512_castps_si512(_mm512_shuffle_ps::<0b11_01_11_01>(e, f));
+        _mm512_add_epi32(even, odd)
+    }
+
+    /// The block whose sum [`reduce16`] leaves in each lane.
+    pub const LANE_BLOCK: [i32; 16] = [0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15];
+
+    /// Sixteen f16 values at byte offsets `idx` from `p`, widened. Reads 4
+    /// bytes at each offset (the f16 and the two bytes after it).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    #[inline]
+    pub unsafe fn f16x16_at(p: *const u8, idx: __m512i) -> __m512 {
+        let g = _mm512_i32gather_epi32::<1>(idx, p.cast());
+        _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g))
+    }
+
+    /// The f16 scales of sixteen blocks of `stride` bytes from `p` (the first
+    /// two bytes of each block), widened, in [`reduce16`]'s lane order.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    #[inline]
+    pub unsafe fn scales16(p: *const u8, stride: usize) -> __m512 {
+        let idx = _mm512_mullo_epi32(_mm512_loadu_si512(LANE_BLOCK.as_ptr().cast()), _mm512_set1_epi32(stride as i32));
+        f16x16_at(p, idx)
     }
 }

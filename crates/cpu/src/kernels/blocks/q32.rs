@@ -21,6 +21,7 @@ use tern_quant::q4_0::KVALUES_IQ4NL;
 
 use super::blocks_of;
 use super::x86::*;
+use super::x86_512::*;
 
 const QK: usize = 32;
 /// Bytes of one Q8_0 activation block: f16 `d`, then 32 quants.
@@ -170,72 +171,6 @@ unsafe fn dot_avx2<W: Q32>(n: usize, w: &[u8], act: &[u8]) -> f32 {
     sum
 }
 
-/// Sixteen dot products of four, `Σ (u − off)·a` per i32 lane, for unsigned
-/// codes `u` and signed quants `a`: `Σ u·a` plus `Σ (a ^ 0x80)·(−off)`, which
-/// is `−off·Σa − 512·off`, from a start value of `512·off`. Exact for all
-/// bytes with 0 ≤ off ≤ 128.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-#[inline]
-unsafe fn dot_codes(u: __m512i, a: __m512i, off: i32) -> __m512i {
-    let s = _mm512_dpbusd_epi32(_mm512_set1_epi32(512 * off), u, a);
-    let a_biased = _mm512_xor_si512(a, _mm512_set1_epi8(-128));
-    _mm512_dpbusd_epi32(s, a_biased, _mm512_set1_epi8((-off) as i8))
-}
-
-/// [`dot_codes`] for one block (eight lanes).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-#[inline]
-unsafe fn dot_codes256(u: __m256i, a: __m256i, off: i32) -> __m256i {
-    let s = _mm256_dpbusd_epi32(_mm256_set1_epi32(512 * off), u, a);
-    let a_biased = _mm256_xor_si256(a, _mm256_set1_epi8(-128));
-    _mm256_dpbusd_epi32(s, a_biased, _mm256_set1_epi8((-off) as i8))
-}
-
-/// Reduces eight vectors, each holding two blocks' partial sums (block `2k` in
-/// lanes 0..8 of `v[k]`, block `2k+1` in lanes 8..16; if `split`, block `2k`
-/// in lanes 0..4 and 8..12, block `2k+1` in lanes 4..8 and 12..16), to one
-/// vector of the sixteen block sums. The result is in a transposed order: lane `4j + t`
-/// holds block `j + 4t` (see [`LANE_BLOCK`]).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-#[inline]
-unsafe fn reduce16(v: &[__m512i; 8], split: bool) -> __m512i {
-    // 8 lanes per block -> 4: one block per 128-bit lane, blocks 4m..4m+4.
-    // Whole blocks: block 2k in 128-bit lanes 0, 1 of v[k]; split: lanes 0, 2.
-    let fold1 = |a: __m512i, b: __m512i| {
-        if split {
-            _mm512_add_epi32(_mm512_shuffle_i64x2::<0b01_00_01_00>(a, b), _mm512_shuffle_i64x2::<0b11_10_11_10>(a, b))
-        } else {
-            _mm512_add_epi32(_mm512_shuffle_i64x2::<0b10_00_10_00>(a, b), _mm512_shuffle_i64x2::<0b11_01_11_01>(a, b))
-        }
-    };
-    let w0 = fold1(v[0], v[1]);
-    let w1 = fold1(v[2], v[3]);
-    let w2 = fold1(v[4], v[5]);
-    let w3 = fold1(v[6], v[7]);
-    // 4 -> 2: 128-bit lane j holds blocks j, j+4 (u0) and j+8, j+12 (u1).
-    let u0 = _mm512_add_epi32(_mm512_unpacklo_epi64(w0, w1), _mm512_unpackhi_epi64(w0, w1));
-    let u1 = _mm512_add_epi32(_mm512_unpacklo_epi64(w2, w3), _mm512_unpackhi_epi64(w2, w3));
-    // 2 -> 1: lane 4j + t holds block j + 4t.
-    let (e, f) = (_mm512_castsi512_ps(u0), _mm512_castsi512_ps(u1));
-    let even = _mm512_castps_si512(_mm512_shuffle_ps::<0b10_00_10_00>(e, f));
-    let odd = _mm512_castps_si512(_mm512_shuffle_ps::<0b11_01_11_01>(e, f));
-    _mm512_add_epi32(even, odd)
-}
-
-/// The block whose sum [`reduce16`] leaves in each lane.
-const LANE_BLOCK: [i32; 16] = [0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15];
-
-/// The f16 scales of sixteen blocks of `stride` bytes from `p`, widened, in
-/// [`reduce16`]'s lane order.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-#[inline]
-unsafe fn scales16(p: *const u8, stride: usize) -> __m512 {
-    let idx = _mm512_mullo_epi32(_mm512_loadu_si512(LANE_BLOCK.as_ptr().cast()), _mm512_set1_epi32(stride as i32));
-    // Reads 4 bytes per block: the f16 and the first two quant bytes.
-    let g = _mm512_i32gather_epi32::<1>(idx, p.cast());
-    _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g))
-}
-
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
 unsafe fn dot_avx512<W: Q32>(n: usize, w: &[u8], act: &[u8]) -> f32 {
@@ -269,7 +204,7 @@ unsafe fn dot_avx512<W: Q32>(n: usize, w: &[u8], act: &[u8]) -> f32 {
 }
 
 kernels! {
-    q8_0_avx2, q8_0_avx512, Q8_0;
-    q4_0_avx2, q4_0_avx512, Q4_0;
-    iq4nl_avx2, iq4nl_avx512, IQ4NL;
+    q8_0_avx2, q8_0_avx512, Q8_0 => Q8_0;
+    q4_0_avx2, q4_0_avx512, Q4_0 => Q4_0;
+    iq4nl_avx2, iq4nl_avx512, IQ4NL => IQ4_NL;
 }

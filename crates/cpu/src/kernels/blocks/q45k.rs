@@ -185,22 +185,7 @@ unsafe fn dot_avx512<const FIVE: bool>(n: usize, w: &[u8], act: &[u8]) -> f32 {
     sum
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn q4k_avx2(n: usize, w: &[u8], act: &[u8]) -> f32 {
-    dot_avx2::<false>(n, w, act)
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn q5k_avx2(n: usize, w: &[u8], act: &[u8]) -> f32 {
-    dot_avx2::<true>(n, w, act)
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) unsafe fn q4k_avx512(n: usize, w: &[u8], act: &[u8]) -> f32 {
-    dot_avx512::<false>(n, w, act)
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) unsafe fn q5k_avx512(n: usize, w: &[u8], act: &[u8]) -> f32 {
-    dot_avx512::<true>(n, w, act)
+kernels! {
+    q4k_avx2, q4k_avx512, false => Q4_K;
+    q5k_avx2, q5k_avx512, true => Q5_K;
 }

@@ -17,8 +17,11 @@
 
 use std::arch::x86_64::*;
 
-use super::blocks_of;
+use tern_quant::GgmlType;
+
 use super::x86::*;
+use super::{blocks_of, Entry};
+use crate::isa::Isa;
 
 const QK: usize = 256;
 const W_BYTES: usize = 210;
@@ -44,7 +47,7 @@ const fn scale_pick(k: usize) -> [u8; 32] {
 static SCALE_PICK: [[u8; 32]; 4] = [scale_pick(0), scale_pick(1), scale_pick(2), scale_pick(3)];
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn q6k_avx2(n: usize, w: &[u8], act: &[u8]) -> f32 {
+unsafe fn q6k_avx2(n: usize, w: &[u8], act: &[u8]) -> f32 {
     let nb = blocks_of(n, w, act, QK, W_BYTES, ACT_BYTES);
     let (wp, ap) = (w.as_ptr(), act.as_ptr());
     let m4 = _mm256_set1_epi8(0x0F);
@@ -102,7 +105,7 @@ const fn group_index(h: usize, j: usize) -> [u16; 32] {
 static GROUP_INDEX: [[u16; 32]; 4] = [group_index(0, 0), group_index(0, 1), group_index(1, 0), group_index(1, 1)];
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) unsafe fn q6k_avx512(n: usize, w: &[u8], act: &[u8]) -> f32 {
+unsafe fn q6k_avx512(n: usize, w: &[u8], act: &[u8]) -> f32 {
     let nb = blocks_of(n, w, act, QK, W_BYTES, ACT_BYTES);
     let (wp, ap) = (w.as_ptr(), act.as_ptr());
     let m4 = _mm512_set1_epi8(0x0F);
@@ -136,3 +139,9 @@ pub(super) unsafe fn q6k_avx512(n: usize, w: &[u8], act: &[u8]) -> f32 {
     }
     sum
 }
+
+/// This file's kernels, by weight type and ISA level.
+pub(super) const KERNELS: &[Entry] = &[
+    Entry { ty: GgmlType::Q6_K, isa: Isa::Avx2, dot: q6k_avx2 },
+    Entry { ty: GgmlType::Q6_K, isa: Isa::Avx512, dot: q6k_avx512 },
+];
