@@ -7,6 +7,7 @@
 #![cfg(target_arch = "x86_64")]
 
 use tern_cpu::kernels::q2_0::{gemm, gemv, Out, Q2Acts};
+use tern_cpu::pool::Pool;
 use tern_quant::{ActType, BlockQ8_0};
 
 struct Rng(u64);
@@ -66,7 +67,7 @@ fn check(rows: usize, k: usize, m: usize, seed: u64) {
     let w = weights(rows, k, &mut rng);
     let x: Vec<f32> = (0..m * k).map(|i| rng.f32() * (1 + i % 7) as f32).collect();
     for planes in [true, false] {
-        let acts = Q2Acts::new(&x, k, planes);
+        let acts = Q2Acts::new(&x, k, planes, &Pool::new(2));
         let mut y = vec![f32::NAN; m * rows];
         let out = Out { ptr: y.as_mut_ptr(), ld: rows };
         // Two row ranges, as two threads would take them.

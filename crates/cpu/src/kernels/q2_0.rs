@@ -47,33 +47,94 @@ pub struct Q2Acts {
 
 impl Q2Acts {
     /// Quantizes `m = x.len() / k` tokens as `ActType::Q8_0` does (the same
-    /// quants and scales as the reference's activation rows).
-    pub fn new(x: &[f32], k: usize, planes: bool) -> Q2Acts {
+    /// quants and scales as the reference's activation rows), tokens split
+    /// over the pool's threads.
+    pub fn new(x: &[f32], k: usize, planes: bool, pool: &crate::pool::Pool) -> Q2Acts {
         assert!(k.is_multiple_of(QK) && x.len().is_multiple_of(k), "Q2_0 rows are whole 64-weight blocks");
         let m = x.len() / k;
         let halves = k / 32;
         let mut acts = Q2Acts { k, m, q: vec![0; m * k], d: vec![0.0; m * halves], sum: vec![0; m * halves], planes };
-        let mut row = vec![0u8; tern_quant::act_row_bytes(ActType::Q8_0, k)];
-        for t in 0..m {
-            tern_quant::quantize_acts(ActType::Q8_0, &x[t * k..(t + 1) * k], &mut row);
-            let blocks = tern_quant::cast_blocks::<BlockQ8_0>(&row);
-            for (h, b) in blocks.iter().enumerate() {
-                acts.d[t * halves + h] = b.scale();
-                acts.sum[t * halves + h] = b.qs.iter().map(|&q| q as i32).sum();
+        let (q, d, sum) = (Shared(acts.q.as_mut_ptr()), Shared(acts.d.as_mut_ptr()), Shared(acts.sum.as_mut_ptr()));
+        pool.for_chunks(m, 4, |tokens| {
+            let mut row = vec![0u8; tern_quant::act_row_bytes(ActType::Q8_0, k)];
+            for t in tokens {
+                // SAFETY: token t's slices belong to this thread alone.
+                let (q, d, sum) = unsafe {
+                    (
+                        std::slice::from_raw_parts_mut(q.at(t * k), k),
+                        std::slice::from_raw_parts_mut(d.at(t * halves), halves),
+                        std::slice::from_raw_parts_mut(sum.at(t * halves), halves),
+                    )
+                };
+                tern_quant::quantize_acts(ActType::Q8_0, &x[t * k..(t + 1) * k], &mut row);
+                let blocks = tern_quant::cast_blocks::<BlockQ8_0>(&row);
+                for (h, b) in blocks.iter().enumerate() {
+                    d[h] = b.scale();
+                    sum[h] = b.qs.iter().map(|&q| q as i32).sum();
+                    if !planes {
+                        q[32 * h..32 * h + 32].copy_from_slice(&b.qs);
+                        continue;
+                    }
+                    // Plane order: weight 4i + p of a 64-block goes to 16p + i.
+                    let dst = &mut q[32 * (h & !1)..32 * (h & !1) + QK];
+                    for (e, &v) in b.qs.iter().enumerate() {
+                        let j = 32 * (h & 1) + e;
+                        dst[16 * (j % 4) + j / 4] = v;
+                    }
+                }
             }
-            let q = &mut acts.q[t * k..(t + 1) * k];
-            for (j, v) in blocks.iter().flat_map(|b| b.qs).enumerate() {
-                // Plane order: weight 4i + p of a block goes to 16p + i.
-                let (blk, e) = (j / QK, j % QK);
-                let at = if planes { blk * QK + 16 * (e % 4) + e / 4 } else { j };
-                q[at] = v;
-            }
-        }
+        });
         acts
     }
 
     fn q(&self, t: usize) -> &[i8] {
         &self.q[t * self.k..(t + 1) * self.k]
+    }
+}
+
+/// Tokens from which a product decodes panels; fewer read the blocks as
+/// stored, each row once for all its tokens.
+pub const PANEL_TOKENS: usize = 4;
+
+thread_local! {
+    /// A thread's decoded panel, kept between products (fresh pages would be
+    /// faulted in on every call).
+    static PANEL: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `y [n, m] = W [k, n] · x [k, m]` for Q2_0 `w` (`n` rows of `k`), on the
+/// pool's threads, 16 rows a claim.
+///
+/// # Safety
+/// AVX2, FMA and F16C must be available; `y` holds `n · m` floats.
+#[cfg(target_arch = "x86_64")]
+pub unsafe fn mul_mat(w: &[u8], k: usize, n: usize, x: &[f32], y: &mut [f32], pool: &crate::pool::Pool) {
+    let m = x.len() / k;
+    let acts = Q2Acts::new(x, k, m < PANEL_TOKENS, pool);
+    let out = Out { ptr: y.as_mut_ptr(), ld: n };
+    pool.for_chunks_claimed(n.div_ceil(PANEL_ROWS), 1, |g| {
+        let rows = g.start * PANEL_ROWS..(g.end * PANEL_ROWS).min(n);
+        // SAFETY: each claim writes its own rows; the caller checked the ISA.
+        unsafe {
+            if acts.planes {
+                gemv(w, rows, &acts, out)
+            } else {
+                PANEL.with_borrow_mut(|p| gemm(w, rows, &acts, out, p))
+            }
+        }
+    });
+}
+
+/// A base pointer that threads index by disjoint parts.
+struct Shared<T>(*mut T);
+// SAFETY: every thread touches only its own part.
+unsafe impl<T> Sync for Shared<T> {}
+
+impl<T> Shared<T> {
+    /// # Safety
+    /// `i` is in bounds of the allocation.
+    unsafe fn at(&self, i: usize) -> *mut T {
+        self.0.add(i)
     }
 }
 
@@ -121,8 +182,7 @@ pub unsafe fn gemv(w: &[u8], rows: std::ops::Range<usize>, acts: &Q2Acts, out: O
         crate::kernels::prefetch(row.wrapping_add(8 * row_bytes), row_bytes);
         for t in 0..acts.m {
             let (q, ld, ls) = (acts.q(t).as_ptr(), lane_d.as_ptr().add(t * nb * 8), lane_sum.as_ptr().add(t * nb * 8));
-            // Two chains over alternate blocks keep the FMA latency hidden.
-            let mut acc = [_mm256_setzero_ps(); 2];
+            let mut acc = _mm256_setzero_ps();
             for b in 0..nb {
                 let blk = row.add(b * BLOCK_BYTES);
                 let dw = _mm256_set1_ps(f16_at(blk));
@@ -135,9 +195,9 @@ pub unsafe fn gemv(w: &[u8], rows: std::ops::Range<usize>, acts: &Q2Acts, out: O
                 let i =
                     _mm256_add_epi32(_mm256_madd_epi16(s, ones), _mm256_loadu_si256(ls.add(8 * b) as *const __m256i));
                 let sc = _mm256_mul_ps(dw, _mm256_loadu_ps(ld.add(8 * b)));
-                acc[b % 2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), sc, acc[b % 2]);
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), sc, acc);
             }
-            *out.ptr.add(t * out.ld + r) = hsum(_mm256_add_ps(acc[0], acc[1]));
+            *out.ptr.add(t * out.ld + r) = hsum(acc);
         }
     }
 }
@@ -174,32 +234,55 @@ pub unsafe fn gemm(w: &[u8], rows: std::ops::Range<usize>, acts: &Q2Acts, out: O
 
 /// Rows `r0..r0 + nr` (the rest of 16 as zeros) into the panel: step `s`
 /// (weights `4s..4s + 4`) is 64 bytes, rows 0..8 then 8..16, 4 code bytes
-/// a row; then per block 16 f32 scales.
+/// a row; then per block 16 f32 scales. A gather takes code bytes
+/// `4g..4g + 4` of 8 rows at once; each byte's four codes spread to the
+/// four bytes of its row's lane by shifts (`b | b << 6 | b << 12 | b << 18`,
+/// then the low 2 bits of each byte).
 #[cfg(target_arch = "x86_64")]
-#[inline(always)]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn decode_panel(w: &[u8], k: usize, r0: usize, nr: usize, panel: &mut [u8]) {
     let nb = k / QK;
     let scales_at = k / 4 * 64;
     let row_bytes = nb * BLOCK_BYTES;
-    for j in 0..PANEL_ROWS {
-        let lane = (j / 8) * 32 + (j % 8) * 4;
-        if j >= nr {
-            for s in 0..k / 4 {
-                panel[s * 64 + lane..][..4].fill(0);
+    let dst = panel.as_mut_ptr();
+    let m3 = _mm256_set1_epi8(3);
+    for v in 0..2 {
+        // Rows past the matrix read row r0 (any valid row) and are zeroed below.
+        let idx: [i32; 8] = std::array::from_fn(|j| {
+            let r = 8 * v + j;
+            if r < nr {
+                (r * row_bytes) as i32
+            } else {
+                0
             }
-            for b in 0..nb {
-                panel[scales_at + (b * PANEL_ROWS + j) * 4..][..4].fill(0);
+        });
+        let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        let valid = _mm256_cmpgt_epi32(_mm256_set1_epi32(nr as i32 - 8 * v as i32), lanes);
+        let idx = _mm256_loadu_si256(idx.as_ptr() as *const __m256i);
+        let base = w.as_ptr().add(r0 * row_bytes);
+        for b in 0..nb {
+            for g in 0..4 {
+                let words = _mm256_i32gather_epi32::<1>(base.add(b * BLOCK_BYTES + 2 + 4 * g) as *const i32, idx);
+                let words = _mm256_and_si256(words, valid);
+                for e in 0..4 {
+                    let byte = _mm256_and_si256(
+                        _mm256_srlv_epi32(words, _mm256_set1_epi32(8 * e as i32)),
+                        _mm256_set1_epi32(0xff),
+                    );
+                    let spread = _mm256_or_si256(
+                        _mm256_or_si256(byte, _mm256_slli_epi32::<6>(byte)),
+                        _mm256_or_si256(_mm256_slli_epi32::<12>(byte), _mm256_slli_epi32::<18>(byte)),
+                    );
+                    let s = b * 16 + 4 * g + e;
+                    _mm256_storeu_si256(dst.add(s * 64 + 32 * v) as *mut __m256i, _mm256_and_si256(spread, m3));
+                }
             }
-            continue;
         }
-        let row = &w[(r0 + j) * row_bytes..(r0 + j + 1) * row_bytes];
-        for (b, blk) in row.chunks_exact(BLOCK_BYTES).enumerate() {
-            let d = half::f16::from_le_bytes([blk[0], blk[1]]).to_f32();
-            panel[scales_at + (b * PANEL_ROWS + j) * 4..][..4].copy_from_slice(&d.to_le_bytes());
-            for (i, &c) in blk[2..].iter().enumerate() {
-                let s = b * 16 + i;
-                panel[s * 64 + lane..][..4].copy_from_slice(&[c & 3, (c >> 2) & 3, (c >> 4) & 3, c >> 6]);
-            }
+    }
+    for j in 0..PANEL_ROWS {
+        for b in 0..nb {
+            let d = if j < nr { f16_at(w.as_ptr().add((r0 + j) * row_bytes + b * BLOCK_BYTES)) } else { 0.0 };
+            (dst.add(scales_at + (b * PANEL_ROWS + j) * 4) as *mut f32).write_unaligned(d);
         }
     }
 }

@@ -120,6 +120,11 @@ fn mul_mat_rows(w: &Tensor, x: &[f32], precision: Precision, y: &mut [f32], cx: 
         return;
     }
     let bytes = w.bytes();
+    #[cfg(target_arch = "x86_64")]
+    if ty == GgmlType::Q2_0 && precision == Precision::Paired && cx.isa >= crate::isa::Isa::Avx2 {
+        // SAFETY: the backend's ISA level is available; `y` is n · m floats.
+        return unsafe { kernels::q2_0::mul_mat(bytes, k, n, x, y, cx.pool) };
+    }
     let scale = TensorScale::of(ty, bytes, k * n);
     let row_bytes = ty.row_bytes(k as u64).expect("validated at load") as usize;
     let act = match precision {
