@@ -221,12 +221,13 @@ pub unsafe fn gemm(w: &[u8], rows: std::ops::Range<usize>, acts: &Q2Acts, out: O
         let (codes, scales) = panel.split_at(scales_at);
         let scales = scales.as_ptr() as *const f32;
         let mut t0 = 0;
-        while t0 + 2 <= acts.m {
-            tile::<2>(codes, scales, acts, t0, r0, nr, out);
-            t0 += 2;
+        while t0 + 4 <= acts.m {
+            tile::<4>(codes, scales, acts, t0, r0, nr, out);
+            t0 += 4;
         }
-        if t0 < acts.m {
+        while t0 < acts.m {
             tile::<1>(codes, scales, acts, t0, r0, nr, out);
+            t0 += 1;
         }
         r0 += nr;
     }
