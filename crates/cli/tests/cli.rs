@@ -135,6 +135,24 @@ fn q2_0_model_runs_within_the_quantized_bounds() {
     assert!(info.lines().any(|l| l.contains("blk.0.attn_q.weight") && l.contains("Q2_0")), "{info}");
 }
 
+/// Q1_0 keeps one sign a weight (a ternary model's zeros become ±d), so
+/// no accuracy bound holds: the model quantizes, runs, and `tern info` names
+/// the type.
+#[test]
+fn q1_0_model_quantizes_and_runs() {
+    let dir = Scratch::new("q1_0_model_quantizes_and_runs");
+    let out = dir.file("b158-q1_0.gguf");
+    let out = out.to_str().unwrap();
+    ok(&tern(&["quantize", &model("b158-e512-f16.gguf"), out, "Q1_0"]));
+    let info = ok(&tern(&["info", "-m", out]));
+    assert!(info.lines().any(|l| l.contains("blk.0.attn_q.weight") && l.contains("Q1_0")), "{info}");
+    let npy = dir.file("q1_0.npy");
+    let args = ["eval", "-m", out, "--tokens", "510,296,387", "--gen", "4", "-c", "64", "--logits-out"];
+    let stdout = ok(&tern(&[&args[..], &[npy.to_str().unwrap()]].concat()));
+    assert_eq!(stdout.trim().split(',').count(), 4, "{stdout}");
+    assert_eq!(tern_engine::npy::read_f32(&npy).unwrap().0, [7, 512]);
+}
+
 #[test]
 fn eval_writes_the_contract_shape_and_ids() {
     let dir = Scratch::new("eval_writes_the_contract_shape_and_ids");

@@ -52,8 +52,16 @@ impl Rng {
     }
 }
 
-const INT_TYPES: [GgmlType; 7] =
-    [GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::IQ4_NL, GgmlType::Q2_0];
+const INT_TYPES: [GgmlType; 8] = [
+    GgmlType::Q6_K,
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::IQ4_NL,
+    GgmlType::Q2_0,
+    GgmlType::Q1_0,
+];
 const FLOAT_TYPES: [GgmlType; 3] = [GgmlType::F32, GgmlType::F16, GgmlType::BF16];
 
 fn is_kquant(ty: GgmlType) -> bool {
@@ -62,10 +70,12 @@ fn is_kquant(ty: GgmlType) -> bool {
 
 /// Row lengths: several multiples of the block, odd block counts included, and
 /// counts that leave every batch tail of the kernels (8/16 blocks, 8/16/32/64
-/// float lanes, 8/16 activation blocks of a 64-element format) non-empty.
+/// float lanes, 8/16 activation blocks of the 64- and 128-element formats)
+/// non-empty.
 fn lengths(ty: GgmlType) -> &'static [usize] {
     match ty.block_elems() {
         256 => &[256, 768, 1792, 2560, 6912],
+        128 => &[128, 384, 896, 1024, 1152, 2176, 2560, 4224, 6912],
         64 => &[64, 192, 448, 512, 576, 1088, 2560, 4160, 6912],
         32 => &[32, 96, 256, 544, 864, 2560, 2592, 6912],
         _ => &[1, 7, 8, 15, 31, 33, 64, 100, 127, 1000, 2560, 6912],
@@ -76,7 +86,7 @@ fn lengths(ty: GgmlType) -> &'static [usize] {
 /// written there when weights are random bytes).
 fn f16_fields(ty: GgmlType) -> &'static [usize] {
     match ty {
-        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::IQ4_NL | GgmlType::Q2_0 => &[0],
+        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::IQ4_NL | GgmlType::Q2_0 | GgmlType::Q1_0 => &[0],
         GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
         GgmlType::Q6_K => &[208],
         _ => &[],
@@ -201,7 +211,7 @@ fn avx512_q8_0_acts_take_any_byte() {
         return;
     }
     let mut rng = Rng(0x5EED);
-    for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::IQ4_NL, GgmlType::Q2_0] {
+    for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::IQ4_NL, GgmlType::Q2_0, GgmlType::Q1_0] {
         let f = dot_fn(ty, Isa::Avx512).unwrap();
         for &n in lengths(ty).iter().filter(|&&n| n % 32 == 0 && n <= 2560) {
             for _ in 0..4 {
@@ -219,35 +229,38 @@ fn avx512_q8_0_acts_take_any_byte() {
 }
 
 /// Q2_0 rows of each code alone (0x00, 0x55, 0xAA, 0xFF: −1, 0, +1, +2
-/// throughout) and mixed, random f16 scales, odd block counts, and an
-/// activation quant of −128 (both Q2_0 kernels take any byte): within the
-/// integer formats' bound of the scalar twin on every ISA level.
+/// throughout) and mixed, and Q1_0 rows of each sign alone and mixed, with
+/// random f16 scales, odd block counts, and an activation quant of −128
+/// (these kernels take any byte): within the integer formats' bound of the
+/// scalar twin on every ISA level.
 #[test]
-fn q2_0_every_code() {
+fn low_bit_formats_every_code() {
     let mut rng = Rng(0x0202);
-    let ty = GgmlType::Q2_0;
-    for n in [64, 192, 1088, 2624] {
-        for fill in [0x00u8, 0x55, 0xAA, 0xFF, 0xE4, 0x1B] {
-            let mut w = weight_row(ty, n, &mut rng, true);
-            for b in w.chunks_exact_mut(18) {
-                b[2..].fill(fill);
-            }
-            let mut a = act_row(ty, n, &mut rng);
-            a[2 + 34 * (n / 64)] = 0x80;
-            let want = vec_dot(ty, n, &w, TensorScale::ONE, &a);
-            let s = abs_dot(ty, n, &w, &a);
-            for isa in isas() {
-                let f = dot_fn(ty, isa).unwrap();
-                // SAFETY: `isa` is available on this machine.
-                let got = unsafe { f(n, &w, &a) };
-                let ctx = format!("{isa:?} n={n} codes {fill:#04x}: got {got}, want {want}, S={s}");
-                assert!((got as f64 - want as f64).abs() <= 1e-5 * s, "{ctx}");
+    for ty in [GgmlType::Q2_0, GgmlType::Q1_0] {
+        for &n in lengths(ty) {
+            for fill in [0x00u8, 0x55, 0xAA, 0xFF, 0xE4, 0x1B] {
+                let mut w = weight_row(ty, n, &mut rng, true);
+                for b in w.chunks_exact_mut(18) {
+                    b[2..].fill(fill);
+                }
+                let mut a = act_row(ty, n, &mut rng);
+                a[2 + 34 * (n / 64)] = 0x80;
+                let want = vec_dot(ty, n, &w, TensorScale::ONE, &a);
+                let s = abs_dot(ty, n, &w, &a);
+                for isa in isas() {
+                    let f = dot_fn(ty, isa).unwrap();
+                    // SAFETY: `isa` is available on this machine.
+                    let got = unsafe { f(n, &w, &a) };
+                    let ctx = format!("{ty} {isa:?} n={n} codes {fill:#04x}: got {got}, want {want}, S={s}");
+                    assert!((got as f64 - want as f64).abs() <= 1e-5 * s, "{ctx}");
+                }
             }
         }
     }
 }
 
-/// Zero rows give exactly zero; one non-zero element gives the reference exactly.
+/// Zero rows give exactly zero; one non-zero element gives the reference
+/// exactly (not for Q1_0, which has no zero: its row is ±d throughout).
 #[test]
 fn zeros_and_single_elements() {
     for ty in INT_TYPES.into_iter().chain(FLOAT_TYPES) {
@@ -264,8 +277,10 @@ fn zeros_and_single_elements() {
             // SAFETY: `isa` is available on this machine.
             unsafe {
                 assert_eq!(f(n, &w, &a), 0.0, "{ty} {isa:?} zero row");
-                let want = vec_dot(ty, n, &w1, TensorScale::ONE, &a);
-                assert_eq!(f(n, &w1, &a), want, "{ty} {isa:?} one element");
+                if ty != GgmlType::Q1_0 {
+                    let want = vec_dot(ty, n, &w1, TensorScale::ONE, &a);
+                    assert_eq!(f(n, &w1, &a), want, "{ty} {isa:?} one element");
+                }
             }
         }
     }
@@ -371,6 +386,7 @@ fn bench_block_kernels() {
         (GgmlType::Q4_0, &[256, 32768][..]),
         (GgmlType::IQ4_NL, &[256, 32768][..]),
         (GgmlType::Q2_0, &[256, 32768][..]),
+        (GgmlType::Q1_0, &[256, 32768][..]),
         (GgmlType::Q4_K, &[256, 32768][..]),
         (GgmlType::Q5_K, &[256, 32768][..]),
         (GgmlType::BF16, &[256, 16384][..]),

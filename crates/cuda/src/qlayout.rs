@@ -1,14 +1,14 @@
 //! The GPU layouts of block-quantized weights (heads, embeddings,
 //! non-ternary models), both exact: every value is the file's.
 //!
-//! - [`QLayout::Levels`] (Q8_0, Q4_0, Q2_0): `k` int8 levels a row plus an
-//!   f32 scale per 16, read with 16-byte loads.
+//! - [`QLayout::Levels`] (Q8_0, Q4_0, Q2_0, Q1_0): `k` int8 levels a row
+//!   plus an f32 scale per 16, read with 16-byte loads.
 //! - [`QLayout::Q6K`]: Q6_K's 6.56 bits a weight kept, in planes a warp reads
 //!   with coalesced vector loads (the head streams 269 MB a token instead of
 //!   the 410 MB its int8 levels and f32 scales would take).
 
 use half::f16;
-use tern_quant::{cast_blocks, BlockQ2_0, BlockQ4_0, BlockQ6K, BlockQ8_0, GgmlType};
+use tern_quant::{cast_blocks, BlockQ1_0, BlockQ2_0, BlockQ4_0, BlockQ6K, BlockQ8_0, GgmlType};
 
 /// Elements per scale.
 pub const GROUP: usize = 16;
@@ -72,7 +72,7 @@ pub fn pack_q6k(bytes: &[u8], k: usize, rows: usize) -> Vec<u8> {
     out
 }
 
-/// Converts a `[k, rows]` Q8_0, Q4_0 or Q2_0 tensor to [`QLayout::Levels`].
+/// Converts a `[k, rows]` Q8_0, Q4_0, Q2_0 or Q1_0 tensor to [`QLayout::Levels`].
 pub fn pack(ty: GgmlType, bytes: &[u8], k: usize, rows: usize) -> GpuQ8 {
     let mut values = vec![0i8; k * rows];
     let mut scales = vec![0f32; k * rows / GROUP];
@@ -99,6 +99,15 @@ pub fn pack(ty: GgmlType, bytes: &[u8], k: usize, rows: usize) -> GpuQ8 {
                     *v = b.code(j) as i8 - 1;
                 }
                 scales[4 * i..4 * i + 4].fill(f16_at(b.d));
+            }
+        }
+        GgmlType::Q1_0 => {
+            // Levels ±1; the block's eight groups of 16 share its d.
+            for (i, b) in cast_blocks::<BlockQ1_0>(bytes).iter().enumerate() {
+                for (j, v) in values[128 * i..128 * i + 128].iter_mut().enumerate() {
+                    *v = b.sign(j) as i8;
+                }
+                scales[8 * i..8 * i + 8].fill(f16_at(b.d));
             }
         }
         _ => panic!("{ty} has no int8 GPU layout"),
@@ -133,11 +142,13 @@ mod tests {
             (GgmlType::Q6_K, false),
             (GgmlType::Q2_0, false),
             (GgmlType::Q2_0, true),
+            (GgmlType::Q1_0, false),
+            (GgmlType::Q1_0, true),
         ] {
             let mut bytes = vec![0u8; ty.tensor_bytes(&[k as u64, rows as u64]).unwrap() as usize];
             tern_quant::quantize_tensor(ty, &x, k, &mut bytes);
             if raw {
-                // Every code (the quantizer never writes +2), finite scales of both signs.
+                // Every code (Q2_0's quantizer never writes +2), finite scales of both signs.
                 for (i, b) in bytes.iter_mut().enumerate() {
                     *b = match i % 18 {
                         0 => (i / 18 * 29) as u8,

@@ -39,8 +39,8 @@ impl Held {
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => Some(Held::Stored),
             GgmlType::Q8_0 | GgmlType::Q4_0 => quant(QLayout::Levels),
             GgmlType::Q6_K => quant(QLayout::Q6K),
-            // Levels −1..=2 times the block scale: exact as int8 levels.
-            GgmlType::Q2_0 => matrix.then_some(Held::Quant(QLayout::Levels)),
+            // Levels −1..=2 (Q2_0) or ±1 (Q1_0) times the block scale: exact as int8 levels.
+            GgmlType::Q2_0 | GgmlType::Q1_0 => matrix.then_some(Held::Quant(QLayout::Levels)),
             GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::IQ4_NL => None,
         }
     }
@@ -162,12 +162,12 @@ mod tests {
     /// holding but the ternary codes, a matmul every holding of a matrix.
     #[test]
     fn supports_follows_how_weights_are_held() {
-        // Q2_0 matrices are converted to int8 levels; dq does not read its bytes.
+        // Q2_0 and Q1_0 matrices are converted to int8 levels; dq does not read their bytes.
         let rows_read = |ty: GgmlType, matrix: bool| {
             matches!(
                 ty,
                 GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 | GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q6_K
-            ) || (matrix && ty == GgmlType::Q2_0)
+            ) || (matrix && matches!(ty, GgmlType::Q2_0 | GgmlType::Q1_0))
         };
         for ty in GgmlType::ALL {
             for ne in [[256, 4, 1, 1], [256, 4, 2, 1]] {
@@ -195,8 +195,9 @@ mod tests {
     fn weight_bytes_cover_the_repacked_layouts() {
         let (k, rows) = (768, 130);
         let x: Vec<f32> = (0..k * rows).map(|i| ((i * 37) % 3) as f32 - 1.0).collect();
-        let types = [GgmlType::TQ2_0, GgmlType::IQ2_BN, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q2_0];
-        for ty in types.into_iter().chain([GgmlType::F16]) {
+        let quantized = [GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q2_0, GgmlType::Q1_0];
+        let types = [GgmlType::TQ2_0, GgmlType::IQ2_BN].into_iter().chain(quantized);
+        for ty in types.chain([GgmlType::F16]) {
             let mut bytes = vec![0u8; ty.tensor_bytes(&[k as u64, rows as u64]).unwrap() as usize];
             tern_quant::quantize_tensor(ty, &x, k, &mut bytes);
             let desc = WeightDesc { ty, ne: [k, rows, 1, 1] };

@@ -245,8 +245,16 @@ fn gated_pairs_of_odd_row_counts_match_cpu() {
 fn float_and_block_matmuls_and_get_rows_match_cpu() {
     let Some(mut gpu) = gpu() else { return };
     let mut rng = Rng(3);
-    let types =
-        [GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q6_K, GgmlType::Q2_0];
+    let types = [
+        GgmlType::F32,
+        GgmlType::F16,
+        GgmlType::BF16,
+        GgmlType::Q8_0,
+        GgmlType::Q4_0,
+        GgmlType::Q6_K,
+        GgmlType::Q2_0,
+        GgmlType::Q1_0,
+    ];
     for ty in types {
         for &(k, rows, n) in &[(256usize, 33usize, 1usize), (512, 100, 5), (768, 17, 13)] {
             let mut g = Graph::new();

@@ -472,7 +472,8 @@ fn resolve_type(raw: &RawInfo, is_ms_bitnet: bool) -> Result<GgmlType> {
 /// The ids whose meaning differs between forks (spec §2.1), so their size must
 /// be confirmed by the layout. 36 is I2_S only in ik's and Microsoft's trees;
 /// 42 is mainline's Q2_0 (64-element blocks), but PrismML's fork first wrote
-/// its group-128 variant (34-byte blocks) under the same id.
+/// its group-128 variant (34-byte blocks) under the same id. 41 is Q1_0 in
+/// both.
 fn is_ambiguous(ty: GgmlType) -> bool {
     matches!(ty, GgmlType::I2_S | GgmlType::Q2_0)
 }

@@ -12,6 +12,8 @@ use std::fmt;
 pub enum GgmlType {
     F32,
     F16,
+    /// Mainline's 1-bit signs (±d), f16 scale per 128.
+    Q1_0,
     /// Mainline's 2-bit codes for −1, 0, +1, +2, f16 scale per 64.
     Q2_0,
     Q4_0,
@@ -45,9 +47,10 @@ pub struct Layout {
 }
 
 impl GgmlType {
-    pub const ALL: [GgmlType; 15] = [
+    pub const ALL: [GgmlType; 16] = [
         GgmlType::F32,
         GgmlType::F16,
+        GgmlType::Q1_0,
         GgmlType::Q2_0,
         GgmlType::Q4_0,
         GgmlType::Q8_0,
@@ -80,6 +83,7 @@ impl GgmlType {
             GgmlType::I2_S => 36,
             GgmlType::IQ1_BN => 134,
             GgmlType::IQ2_BN => 135,
+            GgmlType::Q1_0 => 41,
             GgmlType::Q2_0 => 42,
         }
     }
@@ -106,6 +110,7 @@ impl GgmlType {
             GgmlType::I2_S => "I2_S",
             GgmlType::IQ1_BN => "IQ1_BN",
             GgmlType::IQ2_BN => "IQ2_BN",
+            GgmlType::Q1_0 => "Q1_0",
             GgmlType::Q2_0 => "Q2_0",
         }
     }
@@ -131,6 +136,7 @@ impl GgmlType {
             GgmlType::IQ1_BN => (64, 13, 2, 0),
             GgmlType::IQ2_BN => (64, 16, 4, 0),
             GgmlType::Q2_0 => (64, 18, 0, 0),
+            GgmlType::Q1_0 => (128, 18, 0, 0),
         };
         Layout { block_elems, block_bytes, row_prefix, tensor_suffix }
     }
@@ -150,6 +156,7 @@ impl GgmlType {
             GgmlType::BF16 => 32,
             GgmlType::TQ1_0 => 36,
             GgmlType::TQ2_0 => 37,
+            GgmlType::Q1_0 => 40,
             GgmlType::Q2_0 => 41,
             GgmlType::I2_S | GgmlType::IQ1_BN | GgmlType::IQ2_BN => return None,
         })
@@ -210,6 +217,8 @@ mod tests {
         assert_eq!(GgmlType::IQ2_BN.tensor_bytes(&[6912, 2560]), Some(4_433_920));
         assert_eq!(GgmlType::Q2_0.tensor_bytes(&ne), Some(1_843_200));
         assert_eq!(GgmlType::Q2_0.tensor_bytes(&[96]), None);
+        assert_eq!(GgmlType::Q1_0.tensor_bytes(&ne), Some(921_600));
+        assert_eq!(GgmlType::Q1_0.tensor_bytes(&[64]), None);
         assert_eq!(GgmlType::Q4_0.tensor_bytes(&[33]), None);
         assert_eq!(GgmlType::F32.tensor_bytes(&[u64::MAX, 2]), None);
     }

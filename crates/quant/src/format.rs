@@ -11,6 +11,7 @@
 use crate::blocks::{cast_blocks, Block};
 use crate::float::{BF16, F16, F32};
 use crate::kquants::{q4k::Q4K, q5k::Q5K, q6k::Q6K};
+use crate::q1_0::Q1_0;
 use crate::q2_0::Q2_0;
 use crate::q4_0::{IQ4NL, Q4_0};
 use crate::q8_0::Q8_0;
@@ -141,5 +142,6 @@ pub(crate) const fn ops(ty: GgmlType) -> &'static FormatOps {
         IQ2_BN => IQ2BN,
         I2_S => I2S,
         Q2_0 => Q2_0,
+        Q1_0 => Q1_0,
     }
 }

@@ -19,7 +19,7 @@
 //! registry in `format.rs` maps each `GgmlType` to it; the functions below
 //! dispatch through that registry.
 //!
-//! Modules: `float` (private) F32/F16/BF16, [`q8_0`], [`q4_0`] (Q4_0 + IQ4_NL), [`q2_0`],
+//! Modules: `float` (private) F32/F16/BF16, [`q8_0`], [`q4_0`] (Q4_0 + IQ4_NL), [`q2_0`], [`q1_0`],
 //! [`kquants`] (Q4_K/Q5_K/Q6_K), [`ternary`] (TQ1_0/TQ2_0, IQ1_BN/IQ2_BN,
 //! I2_S), [`act`] (activation formats), [`blocks`] (casts and scalar helpers),
 //! `format` (the trait and the registry).
@@ -29,6 +29,7 @@ pub mod blocks;
 mod float;
 mod format;
 pub mod kquants;
+pub mod q1_0;
 pub mod q2_0;
 pub mod q4_0;
 pub mod q8_0;
@@ -38,6 +39,7 @@ pub use act::{act_row_bytes, act_type, dequantize_acts, quantize_acts, ActType, 
 pub use blocks::{cast_blocks, cast_blocks_mut, Block};
 pub use format::Format;
 pub use kquants::{q4k::BlockQ4K, q5k::BlockQ5K, q6k::BlockQ6K};
+pub use q1_0::BlockQ1_0;
 pub use q2_0::BlockQ2_0;
 pub use q4_0::{BlockIQ4NL, BlockQ4_0};
 pub use q8_0::BlockQ8_0;
@@ -92,8 +94,8 @@ pub fn dequantize_row(ty: GgmlType, row: &[u8], scale: TensorScale, out: &mut [f
 /// Quantizes one row `x` into `out` (`row_bytes(ty, x.len())` bytes).
 ///
 /// Ternary quantizers reproduce the peers byte for byte (TQ1_0/TQ2_0 as
-/// mainline, IQ1_BN/IQ2_BN as ik); Q8_0, Q4_0 and Q2_0 are ggml's reference
-/// quantizers; IQ4_NL and the k-quants are our own error-minimizing searches.
+/// mainline, IQ1_BN/IQ2_BN as ik); Q8_0, Q4_0, Q2_0 and Q1_0 are ggml's
+/// reference quantizers; IQ4_NL and the k-quants are our own error-minimizing searches.
 ///
 /// I2_S: a row cannot carry the tensor scale, so its codes are taken against
 /// this row's own `max|x|`. That is only right when every row shares the same

@@ -23,10 +23,11 @@ use tern_quant::{dequantize_row, quantize_i2s_tensor, row_bytes, GgmlType, Tenso
 /// | IQ4_NL | 0.095 | 0.0739 | 16 non-linear levels per 32, fitted scale |
 /// | Q4_0 | 0.11 | 0.0867 | 16 levels per 32, extreme pinned to −8 |
 /// | Q2_0 | 0.94 | 0.726 | 3 levels (of its 4) per 64, block max scale |
+/// | Q1_0 | 0.78 | 0.602 | signs per 128, mean-magnitude scale: √(1 − 2/π) on Gaussian data |
 /// | TQ2_0 / TQ1_0 | 0.95 | 0.78 / 0.80 | 3 levels, block max scale |
 /// | IQ2_BN / IQ1_BN | 0.95 | 0.88 / 0.91 | 3 levels, row max scale |
 /// | I2_S | 0.98 | 0.952 | 3 levels, tensor max scale |
-const BOUNDS: [(GgmlType, f64); 14] = [
+const BOUNDS: [(GgmlType, f64); 15] = [
     (GgmlType::F32, 0.0),
     (GgmlType::F16, 3e-4),
     (GgmlType::BF16, 2.5e-3),
@@ -37,6 +38,7 @@ const BOUNDS: [(GgmlType, f64); 14] = [
     (GgmlType::IQ4_NL, 0.095),
     (GgmlType::Q4_0, 0.11),
     (GgmlType::Q2_0, 0.94),
+    (GgmlType::Q1_0, 0.78),
     (GgmlType::TQ2_0, 0.95),
     (GgmlType::TQ1_0, 0.95),
     (GgmlType::IQ2_BN, 0.95),
@@ -100,8 +102,9 @@ fn zero_rows_decode_to_zero() {
 
 #[test]
 fn constant_and_one_hot_rows_are_sane() {
-    // Degenerate shapes that break naive min/max scale fitting.
-    for (ty, _) in BOUNDS.iter().filter(|(t, _)| !t.is_ternary()) {
+    // Degenerate shapes that break naive min/max scale fitting. Q1_0's ±d
+    // cannot hold a one-hot row (nor a zero), whatever its scale.
+    for (ty, _) in BOUNDS.iter().filter(|(t, _)| !t.is_ternary() && *t != GgmlType::Q1_0) {
         for x in [vec![-0.75f32; 256], vec![0.75f32; 256], (0..256).map(|i| if i == 77 { 5.0 } else { 0.0 }).collect()]
         {
             let (_, y) = round_trip(*ty, &x);

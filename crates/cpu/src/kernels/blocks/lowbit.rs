@@ -1,26 +1,30 @@
 //! The low-bit formats whose 18-byte blocks (f16 `d`, then 16 bytes of
-//! codes) span several Q8_0 activation blocks (34 B: f16 `d`, 32 i8): Q2_0,
-//! 64 elements of 2-bit codes `c`, values `d·(c − 1)`.
+//! codes) span several Q8_0 activation blocks (34 B: f16 `d`, 32 i8):
+//! * Q2_0, 64 elements of 2-bit codes `c`, values `d·(c − 1)`;
+//! * Q1_0, 128 elements of sign bits, taken as codes `u = 2·bit`, so that
+//!   `d·(u − 1)` is `±d`.
 //!
 //! Each element's code `u` is formed unsigned and every activation block's
 //! exact i32 `Σ (u − 1)·a` is `Σ u·a − Σ a`, the activation block's own sum
 //! folding the −1 in (no per-element subtraction):
 //! * AVX-512: one 64-element chunk of codes per 512-bit vector (a whole Q2_0
-//!   block); `dpbusd` of codes and quants, and the sum `−Σa` from a second
-//!   `dpbusd` of the biased quants (`x86_512::dot_codes`); 16 activation
-//!   blocks' sums are reduced together and scaled in 16 f32 lanes.
+//!   block, half a Q1_0 block: its 64 bits are the mask of a byte move);
+//!   `dpbusd` of codes and quants, and the sum `−Σa` from a second `dpbusd`
+//!   of the biased quants (`x86_512::dot_codes`); 16 activation blocks'
+//!   sums are reduced together and scaled in 16 f32 lanes.
 //! * AVX2: `maddubs(u, a) − maddubs(1, a)` in i16 (at most 2·3·128 a pair, so
 //!   nothing saturates), `madd` to i32; 8 activation blocks at a time.
 //!
 //! Both are exact for every weight and activation byte. The scaled sums are
-//! `(d·d_a)·s` per activation block, as the scalar twin forms them, summed
+//! `(d·d_a)·s` per activation block, as the scalar twins form them, summed
 //! in 16 or 8 f32 lanes (order differs, ≈1 ulp per block).
 //!
 //! Q2_0's code of element `4b + m` sits in bits `2m..2m+2` of byte `b`. Codes
 //! are decoded by whole 4-byte words: a word's byte `k` shifted by `2m`
 //! yields element `4k + m`, so each 16-element lane holds its elements in
 //! the order [`Q2_0_ORDER`], and the activations are shuffled the same way
-//! within their lanes (sums of a lane do not depend on the order).
+//! within their lanes (sums of a lane do not depend on the order). Q1_0's
+//! codes come in element order.
 
 use std::arch::x86_64::*;
 
@@ -38,8 +42,9 @@ trait LowBit {
     /// Elements per weight block: a multiple of 64.
     const ELEMS: usize;
     /// Where each position of a 16-element lane takes its element from
-    /// (lane-relative), for the codes below and so for the activations.
-    const ORDER: [u8; 16];
+    /// (lane-relative), for the codes below and so for the activations;
+    /// `None` for element order.
+    const ORDER: Option<[u8; 16]>;
     /// The unsigned codes of the 32 elements of activation block `j` of the
     /// weight block at `p`, each 128-bit lane in [`LowBit::ORDER`].
     unsafe fn codes32(p: *const u8, j: usize) -> __m256i;
@@ -54,7 +59,7 @@ const Q2_0_ORDER: [u8; 16] = [0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 
 
 impl LowBit for Q2_0 {
     const ELEMS: usize = 64;
-    const ORDER: [u8; 16] = Q2_0_ORDER;
+    const ORDER: Option<[u8; 16]> = Some(Q2_0_ORDER);
 
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
@@ -95,17 +100,22 @@ static Q2_0_WORDS: [u8; 64] = {
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn acts32<F: LowBit>(a: *const u8) -> __m256i {
-    let order = _mm256_broadcastsi128_si256(_mm_loadu_si128(F::ORDER.as_ptr().cast()));
-    _mm256_shuffle_epi8(load256(a.add(2)), order)
+    let q = load256(a.add(2));
+    match F::ORDER {
+        Some(order) => _mm256_shuffle_epi8(q, _mm256_broadcastsi128_si256(_mm_loadu_si128(order.as_ptr().cast()))),
+        None => q,
+    }
 }
 
 /// The activation quants of the blocks at `a` and `a + 34`, each lane in `F::ORDER`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
 unsafe fn acts64<F: LowBit>(a: *const u8) -> __m512i {
-    let order = _mm512_broadcast_i32x4(_mm_loadu_si128(F::ORDER.as_ptr().cast()));
     let q = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(load256(a.add(2))), load256(a.add(ACT_BYTES + 2)));
-    _mm512_shuffle_epi8(q, order)
+    match F::ORDER {
+        Some(order) => _mm512_shuffle_epi8(q, _mm512_broadcast_i32x4(_mm_loadu_si128(order.as_ptr().cast()))),
+        None => q,
+    }
 }
 
 /// Eight i32 lanes of `Σ (u − 1)·a`, exact for codes `u` ≤ 3 and any quants.
@@ -114,6 +124,34 @@ unsafe fn acts64<F: LowBit>(a: *const u8) -> __m512i {
 unsafe fn dot32(u: __m256i, a: __m256i) -> __m256i {
     let pairs = _mm256_sub_epi16(_mm256_maddubs_epi16(u, a), _mm256_maddubs_epi16(_mm256_set1_epi8(1), a));
     _mm256_madd_epi16(pairs, _mm256_set1_epi16(1))
+}
+
+struct Q1_0;
+
+impl LowBit for Q1_0 {
+    const ELEMS: usize = 128;
+    const ORDER: Option<[u8; 16]> = None;
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn codes32(p: *const u8, j: usize) -> __m256i {
+        // Byte i of the result tests bit i%8 of byte i/8 of the four at 4j.
+        let q = _mm256_set1_epi32(p.add(2 + 4 * j).cast::<i32>().read_unaligned());
+        let bytes = _mm256_setr_epi8(
+            0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, //
+            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
+        );
+        let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+        let set = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(q, bytes), bit), bit);
+        _mm256_and_si256(set, _mm256_set1_epi8(2))
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn codes64(p: *const u8, h: usize) -> __m512i {
+        let bits = p.add(2 + 8 * h).cast::<u64>().read_unaligned();
+        _mm512_maskz_mov_epi8(bits, _mm512_set1_epi8(2))
+    }
 }
 
 /// Activation blocks per weight block.
@@ -193,4 +231,5 @@ unsafe fn dot_avx512<F: LowBit>(n: usize, w: &[u8], act: &[u8]) -> f32 {
 
 kernels! {
     q2_0_avx2, q2_0_avx512, Q2_0 => Q2_0;
+    q1_0_avx2, q1_0_avx512, Q1_0 => Q1_0;
 }
