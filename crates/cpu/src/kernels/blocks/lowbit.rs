@@ -135,7 +135,7 @@ impl LowBit for Q1_0 {
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
     unsafe fn codes32(p: *const u8, j: usize) -> __m256i {
-        // Byte i takes bits byte i/8 of bytes 4j..4j+4, then its own bit i%8.
+        // Byte i of the result tests bit i%8 of byte i/8 of the four at 4j.
         let q = _mm256_set1_epi32(p.add(2 + 4 * j).cast::<i32>().read_unaligned());
         let bytes = _mm256_setr_epi8(
             0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, //
