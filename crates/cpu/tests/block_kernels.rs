@@ -52,16 +52,8 @@ impl Rng {
     }
 }
 
-const INT_TYPES: [GgmlType; 8] = [
-    GgmlType::Q6_K,
-    GgmlType::Q8_0,
-    GgmlType::Q4_0,
-    GgmlType::Q4_K,
-    GgmlType::Q5_K,
-    GgmlType::IQ4_NL,
-    GgmlType::Q2_0,
-    GgmlType::Q1_0,
-];
+const INT_TYPES: [GgmlType; 7] =
+    [GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::IQ4_NL, GgmlType::Q1_0];
 const FLOAT_TYPES: [GgmlType; 3] = [GgmlType::F32, GgmlType::F16, GgmlType::BF16];
 
 fn is_kquant(ty: GgmlType) -> bool {
@@ -211,7 +203,7 @@ fn avx512_q8_0_acts_take_any_byte() {
         return;
     }
     let mut rng = Rng(0x5EED);
-    for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::IQ4_NL, GgmlType::Q2_0, GgmlType::Q1_0] {
+    for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::IQ4_NL, GgmlType::Q1_0] {
         let f = dot_fn(ty, Isa::Avx512).unwrap();
         for &n in lengths(ty).iter().filter(|&&n| n % 32 == 0 && n <= 2560) {
             for _ in 0..4 {
@@ -228,15 +220,14 @@ fn avx512_q8_0_acts_take_any_byte() {
     }
 }
 
-/// Q2_0 rows of each code alone (0x00, 0x55, 0xAA, 0xFF: −1, 0, +1, +2
-/// throughout) and mixed, and Q1_0 rows of each sign alone and mixed, with
-/// random f16 scales, odd block counts, and an activation quant of −128
-/// (these kernels take any byte): within the integer formats' bound of the
-/// scalar twin on every ISA level.
+/// Q1_0 rows of each sign alone and mixed, with random f16 scales, odd
+/// block counts, and an activation quant of −128 (these kernels take any
+/// byte): within the integer formats' bound of the scalar twin on every ISA
+/// level. (Q2_0's kernels are tested in `q2_0_kernels.rs`.)
 #[test]
 fn low_bit_formats_every_code() {
     let mut rng = Rng(0x0202);
-    for ty in [GgmlType::Q2_0, GgmlType::Q1_0] {
+    for ty in [GgmlType::Q1_0] {
         for &n in lengths(ty) {
             for fill in [0x00u8, 0x55, 0xAA, 0xFF, 0xE4, 0x1B] {
                 let mut w = weight_row(ty, n, &mut rng, true);
@@ -385,7 +376,6 @@ fn bench_block_kernels() {
         (GgmlType::Q8_0, &[256, 16384][..]),
         (GgmlType::Q4_0, &[256, 32768][..]),
         (GgmlType::IQ4_NL, &[256, 32768][..]),
-        (GgmlType::Q2_0, &[256, 32768][..]),
         (GgmlType::Q1_0, &[256, 32768][..]),
         (GgmlType::Q4_K, &[256, 32768][..]),
         (GgmlType::Q5_K, &[256, 32768][..]),

@@ -2,8 +2,8 @@
 //! reference arithmetic written out in float64 from the raw bytes: per
 //! 32-weight half `d_w · d_a · Σ (code − 1)·q`, summed. Every code 0..=3
 //! (so +2 too), random f16 scales of both signs, odd block and row counts.
-//! Bound: |Δ| ≤ 1e-5 · Σ |d_w · d_a · Σ (code − 1)·q| + 1e-30 (f32 sums of
-//! the same terms in another order).
+//! Bound: |Δ| ≤ 1e-5 · Σ |d_w · d_a| · Σ (code·|q| + |q|) + 1e-30 (f32 sums
+//! of partial sums of `code·q` and `q` in another order).
 #![cfg(target_arch = "x86_64")]
 
 use tern_cpu::kernels::q2_0::{gemm, gemv, Out, Q2Acts};
@@ -43,28 +43,41 @@ fn reference(w: &[u8], r: usize, k: usize, x: &[f32]) -> (f64, f64) {
         let dw = half::f16::from_le_bytes([blk[0], blk[1]]).to_f32() as f64;
         for h in 0..2 {
             let a = &acts[2 * b + h];
-            let isum: i32 = (0..32)
-                .map(|e| {
-                    let j = 32 * h + e;
-                    let code = (blk[2 + j / 4] >> (2 * (j % 4))) & 3;
-                    (code as i32 - 1) * a.qs[e] as i32
-                })
-                .sum();
-            let term = dw * a.scale() as f64 * isum as f64;
-            sum += term;
-            mag += term.abs();
+            let (mut isum, mut abs) = (0i32, 0i32);
+            for e in 0..32 {
+                let j = 32 * h + e;
+                let code = ((blk[2 + j / 4] >> (2 * (j % 4))) & 3) as i32;
+                let q = a.qs[e] as i32;
+                isum += (code - 1) * q;
+                // The kernels' partial sums are of c·q and of q apart.
+                abs += code * q.abs() + q.abs();
+            }
+            let scale = dw * a.scale() as f64;
+            sum += scale * isum as f64;
+            mag += (scale * abs as f64).abs();
         }
     }
     (sum, 1e-5 * mag + 1e-30)
 }
 
 fn check(rows: usize, k: usize, m: usize, seed: u64) {
+    check_codes(rows, k, m, seed, None)
+}
+
+/// As `check`, with every code byte `fill` when given (0x00, 0x55, 0xAA,
+/// 0xFF: −1, 0, +1, +2 throughout).
+fn check_codes(rows: usize, k: usize, m: usize, seed: u64, fill: Option<u8>) {
     if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")) {
         eprintln!("skipped: no AVX2");
         return;
     }
     let mut rng = Rng(seed);
-    let w = weights(rows, k, &mut rng);
+    let mut w = weights(rows, k, &mut rng);
+    if let Some(f) = fill {
+        for b in w.chunks_exact_mut(18) {
+            b[2..].fill(f);
+        }
+    }
     let x: Vec<f32> = (0..m * k).map(|i| rng.f32() * (1 + i % 7) as f32).collect();
     for planes in [true, false] {
         let acts = Q2Acts::new(&x, k, planes, &Pool::new(2));
@@ -100,6 +113,14 @@ fn check(rows: usize, k: usize, m: usize, seed: u64) {
 fn one_token() {
     check(37, 64 * 7, 1, 1);
     check(5, 64, 1, 2);
+}
+
+#[test]
+fn each_code_alone() {
+    for (i, fill) in [0x00u8, 0x55, 0xAA, 0xFF, 0xE4].into_iter().enumerate() {
+        check_codes(19, 64 * 3, 1, 10 + i as u64, Some(fill));
+        check_codes(19, 64 * 3, 5, 20 + i as u64, Some(fill));
+    }
 }
 
 #[test]

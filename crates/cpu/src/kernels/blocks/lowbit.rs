@@ -1,30 +1,24 @@
 //! The low-bit formats whose 18-byte blocks (f16 `d`, then 16 bytes of
 //! codes) span several Q8_0 activation blocks (34 B: f16 `d`, 32 i8):
-//! * Q2_0, 64 elements of 2-bit codes `c`, values `d·(c − 1)`;
-//! * Q1_0, 128 elements of sign bits, taken as codes `u = 2·bit`, so that
-//!   `d·(u − 1)` is `±d`.
+//! Q1_0, 128 elements of sign bits, taken as codes `u = 2·bit`, so that
+//! `d·(u − 1)` is `±d`. (Q2_0 has whole-matrix kernels of its own,
+//! `kernels/q2_0.rs`.)
 //!
 //! Each element's code `u` is formed unsigned and every activation block's
 //! exact i32 `Σ (u − 1)·a` is `Σ u·a − Σ a`, the activation block's own sum
 //! folding the −1 in (no per-element subtraction):
-//! * AVX-512: one 64-element chunk of codes per 512-bit vector (a whole Q2_0
-//!   block, half a Q1_0 block: its 64 bits are the mask of a byte move);
-//!   `dpbusd` of codes and quants, and the sum `−Σa` from a second `dpbusd`
-//!   of the biased quants (`x86_512::dot_codes`); 16 activation blocks'
-//!   sums are reduced together and scaled in 16 f32 lanes.
+//! * AVX-512: one 64-element chunk of codes per 512-bit vector (half a
+//!   Q1_0 block: its 64 bits are the mask of a byte move); `dpbusd` of codes
+//!   and quants, and the sum `−Σa` from a second `dpbusd` of the biased
+//!   quants (`x86_512::dot_codes`); 16 activation blocks' sums are reduced
+//!   together and scaled in 16 f32 lanes.
 //! * AVX2: `maddubs(u, a) − maddubs(1, a)` in i16 (at most 2·3·128 a pair, so
 //!   nothing saturates), `madd` to i32; 8 activation blocks at a time.
 //!
 //! Both are exact for every weight and activation byte. The scaled sums are
-//! `(d·d_a)·s` per activation block, as the scalar twins form them, summed
-//! in 16 or 8 f32 lanes (order differs, ≈1 ulp per block).
-//!
-//! Q2_0's code of element `4b + m` sits in bits `2m..2m+2` of byte `b`. Codes
-//! are decoded by whole 4-byte words: a word's byte `k` shifted by `2m`
-//! yields element `4k + m`, so each 16-element lane holds its elements in
-//! the order [`Q2_0_ORDER`], and the activations are shuffled the same way
-//! within their lanes (sums of a lane do not depend on the order). Q1_0's
-//! codes come in element order.
+//! `(d·d_a)·s` per activation block, as the scalar twin forms them, summed
+//! in 16 or 8 f32 lanes (order differs, ≈1 ulp per block). Codes come in
+//! element order.
 
 use std::arch::x86_64::*;
 
@@ -41,81 +35,25 @@ const ACT_BYTES: usize = 34;
 trait LowBit {
     /// Elements per weight block: a multiple of 64.
     const ELEMS: usize;
-    /// Where each position of a 16-element lane takes its element from
-    /// (lane-relative), for the codes below and so for the activations;
-    /// `None` for element order.
-    const ORDER: Option<[u8; 16]>;
     /// The unsigned codes of the 32 elements of activation block `j` of the
-    /// weight block at `p`, each 128-bit lane in [`LowBit::ORDER`].
+    /// weight block at `p`, in element order.
     unsafe fn codes32(p: *const u8, j: usize) -> __m256i;
     /// The codes of the 64 elements of activation blocks `2h` and `2h + 1`.
     unsafe fn codes64(p: *const u8, h: usize) -> __m512i;
 }
 
-struct Q2_0;
-
-/// Lane position `4m + k` holds element `4k + m` (see the module docs).
-const Q2_0_ORDER: [u8; 16] = [0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15];
-
-impl LowBit for Q2_0 {
-    const ELEMS: usize = 64;
-    const ORDER: Option<[u8; 16]> = Some(Q2_0_ORDER);
-
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    unsafe fn codes32(p: *const u8, j: usize) -> __m256i {
-        // Bytes 8j..8j+8: the low lane's four words are bytes 0..4, the high's 4..8.
-        let q = _mm256_set1_epi64x(p.add(2 + 8 * j).cast::<i64>().read_unaligned());
-        let words = _mm256_setr_epi8(
-            0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, //
-            4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7,
-        );
-        let shifted = _mm256_srlv_epi32(_mm256_shuffle_epi8(q, words), _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6));
-        _mm256_and_si256(shifted, _mm256_set1_epi8(3))
-    }
-
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    #[inline]
-    unsafe fn codes64(p: *const u8, _h: usize) -> __m512i {
-        // The 16 bytes in every lane; lane L takes its words from bytes 4L..4L+4.
-        let q = _mm512_broadcast_i32x4(load128(p.add(2)));
-        let words = _mm512_loadu_si512(Q2_0_WORDS.as_ptr().cast());
-        let shifts = _mm512_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6);
-        _mm512_and_si512(_mm512_srlv_epi32(_mm512_shuffle_epi8(q, words), shifts), _mm512_set1_epi8(3))
-    }
-}
-
-/// `shuffle_epi8` indices of [`Q2_0::codes64`]: lane `L` repeats bytes `4L..4L+4`.
-static Q2_0_WORDS: [u8; 64] = {
-    let mut t = [0u8; 64];
-    let mut i = 0;
-    while i < 64 {
-        t[i] = (4 * (i / 16) + i % 4) as u8;
-        i += 1;
-    }
-    t
-};
-
-/// The activation quants of the block at `a`, each lane in `F::ORDER`.
+/// The activation quants of the block at `a`.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn acts32<F: LowBit>(a: *const u8) -> __m256i {
-    let q = load256(a.add(2));
-    match F::ORDER {
-        Some(order) => _mm256_shuffle_epi8(q, _mm256_broadcastsi128_si256(_mm_loadu_si128(order.as_ptr().cast()))),
-        None => q,
-    }
+unsafe fn acts32(a: *const u8) -> __m256i {
+    load256(a.add(2))
 }
 
-/// The activation quants of the blocks at `a` and `a + 34`, each lane in `F::ORDER`.
+/// The activation quants of the blocks at `a` and `a + 34`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
-unsafe fn acts64<F: LowBit>(a: *const u8) -> __m512i {
-    let q = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(load256(a.add(2))), load256(a.add(ACT_BYTES + 2)));
-    match F::ORDER {
-        Some(order) => _mm512_shuffle_epi8(q, _mm512_broadcast_i32x4(_mm_loadu_si128(order.as_ptr().cast()))),
-        None => q,
-    }
+unsafe fn acts64(a: *const u8) -> __m512i {
+    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(load256(a.add(2))), load256(a.add(ACT_BYTES + 2)))
 }
 
 /// Eight i32 lanes of `Σ (u − 1)·a`, exact for codes `u` ≤ 3 and any quants.
@@ -130,7 +68,6 @@ struct Q1_0;
 
 impl LowBit for Q1_0 {
     const ELEMS: usize = 128;
-    const ORDER: Option<[u8; 16]> = None;
 
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
@@ -176,7 +113,7 @@ unsafe fn dot_avx2<F: LowBit>(n: usize, w: &[u8], act: &[u8]) -> f32 {
         let mut s = [_mm256_setzero_si256(); 8];
         for (k, s) in s.iter_mut().enumerate() {
             let b = j + k;
-            *s = dot32(F::codes32(wp.add(b / r * W_BYTES), b % r), acts32::<F>(ap.add(b * ACT_BYTES)));
+            *s = dot32(F::codes32(wp.add(b / r * W_BYTES), b % r), acts32(ap.add(b * ACT_BYTES)));
         }
         let sums = _mm256_cvtepi32_ps(reduce8x8(&s));
         let dw = f16x8_at(wp.add(j / r * W_BYTES), w_idx);
@@ -187,7 +124,7 @@ unsafe fn dot_avx2<F: LowBit>(n: usize, w: &[u8], act: &[u8]) -> f32 {
     let mut sum = hsum_f32x8(acc);
     for b in j..na {
         let (wb, ab) = (wp.add(b / r * W_BYTES), ap.add(b * ACT_BYTES));
-        let sumi = hsum_i32x8(dot32(F::codes32(wb, b % r), acts32::<F>(ab)));
+        let sumi = hsum_i32x8(dot32(F::codes32(wb, b % r), acts32(ab)));
         sum += f16_at(wb) * f16_at(ab) * sumi as f32;
     }
     sum
@@ -212,7 +149,7 @@ unsafe fn dot_avx512<F: LowBit>(n: usize, w: &[u8], act: &[u8]) -> f32 {
         for (k, s) in s.iter_mut().enumerate() {
             let b = j + 2 * k;
             let codes = F::codes64(wp.add(b / r * W_BYTES), b % r / 2);
-            *s = dot_codes(codes, acts64::<F>(ap.add(b * ACT_BYTES)), 1);
+            *s = dot_codes(codes, acts64(ap.add(b * ACT_BYTES)), 1);
         }
         let sums = _mm512_cvtepi32_ps(reduce16(&s, false));
         let dw = f16x16_at(wp.add(j / r * W_BYTES), w_idx);
@@ -223,13 +160,12 @@ unsafe fn dot_avx512<F: LowBit>(n: usize, w: &[u8], act: &[u8]) -> f32 {
     let mut sum = _mm512_reduce_add_ps(acc);
     for b in j..na {
         let (wb, ab) = (wp.add(b / r * W_BYTES), ap.add(b * ACT_BYTES));
-        let sumi = hsum_i32x8(dot_codes256(F::codes32(wb, b % r), acts32::<F>(ab), 1));
+        let sumi = hsum_i32x8(dot_codes256(F::codes32(wb, b % r), acts32(ab), 1));
         sum += f16_at(wb) * f16_at(ab) * sumi as f32;
     }
     sum
 }
 
 kernels! {
-    q2_0_avx2, q2_0_avx512, Q2_0 => Q2_0;
     q1_0_avx2, q1_0_avx512, Q1_0 => Q1_0;
 }

@@ -11,7 +11,7 @@
 //! | Q8_0, Q4_0, IQ4_NL | Q8_0 | `maddubs` (sign trick), 8 blocks per step | `dpbusd` on unsigned codes + offset term, 16 blocks per step |
 //! | Q4_K, Q5_K, Q6_K | Q8_K | `maddubs` + `madd` by sub-scale | `maddubs` + `dpwssd` by sub-scale |
 //! | F32, F16, BF16 | f32 | 4 × 8-lane FMA accumulators | 4 × 16-lane FMA accumulators, masked tail |
-//! | Q2_0, Q1_0 | Q8_0 | `maddubs` of unsigned codes − `maddubs` of ones, 8 activation blocks per step | `dpbusd` + offset term, 64 codes per vector, 16 activation blocks per step |
+//! | Q1_0 | Q8_0 | `maddubs` of unsigned codes − `maddubs` of ones, 8 activation blocks per step | `dpbusd` + offset term, 64 codes per vector, 16 activation blocks per step |
 //!
 //! Numerics: the integer sum of every block (sub-scales and the Q4_K/Q5_K mins
 //! included) is exactly the integer the reference forms; it is converted to
