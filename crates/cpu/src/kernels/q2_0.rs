@@ -138,16 +138,9 @@ impl<T> Shared<T> {
     }
 }
 
-/// Where a product writes: `y[t · ld + r]`, each thread its own rows.
-#[derive(Clone, Copy)]
-pub struct Out {
-    pub ptr: *mut f32,
-    pub ld: usize,
-}
-
-// SAFETY: callers give each thread a disjoint row range.
-unsafe impl Send for Out {}
-unsafe impl Sync for Out {}
+/// Where a product writes: `y[t · ld + r]`, each thread its own rows (the
+/// ternary kernels' output handle).
+pub use super::ternary::Out;
 
 /// `y[t·ld + r] = W[r] · x[t]` for one-token activations (`planes`), every
 /// token of `acts`, rows `rows` of `w` (`k / 64` blocks a row).
