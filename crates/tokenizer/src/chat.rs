@@ -36,6 +36,9 @@ impl From<JinjaError> for TemplateError {
 
 const KEY_TEMPLATE: &str = "tokenizer.chat_template";
 
+/// Instructions one render may run.
+const TEMPLATE_FUEL: u64 = 20_000_000;
+
 impl ChatTemplate {
     /// The model's template, `Ok(None)` when it has none.
     pub fn from_metadata(md: &Metadata, bos: &str, eos: &str) -> Result<Option<ChatTemplate>, TemplateError> {
@@ -46,6 +49,10 @@ impl ChatTemplate {
     pub fn new(src: &str, bos: &str, eos: &str) -> Result<ChatTemplate, TemplateError> {
         let mut env = Environment::new();
         crate::jinja::install(&mut env);
+        // A template comes from a file: a loop that never ends (or nests
+        // ranges without bound) stops with an error instead of hanging.
+        // Real templates spend a few hundred instructions a message.
+        env.set_fuel(Some(TEMPLATE_FUEL));
         env.add_template_owned("chat", src.to_string())?;
         Ok(ChatTemplate { env, bos: bos.to_string(), eos: eos.to_string() })
     }
@@ -88,5 +95,18 @@ mod tests {
         let err = t.render(&[Message::new("user", "a"), Message::new("user", "b")], false).unwrap_err();
         assert!(err.to_string().contains("one only"), "{err}");
         assert!(ChatTemplate::new("{% if %}", "", "").is_err());
+    }
+
+    /// A template that would loop for ever (nested ranges, 10^15 steps) is an
+    /// error, and a long real conversation is not.
+    #[test]
+    fn endless_templates_run_out_of_fuel() {
+        let t = ChatTemplate::new("{% for a in range(100000) %}{% for b in range(100000) %}{% for c in range(100000) %}x{% endfor %}{% endfor %}{% endfor %}", "", "").unwrap();
+        assert!(t.render(&[], false).is_err());
+        let qwen3 = include_str!("../../../testdata/templates/Qwen-Qwen3-0.6B.jinja");
+        let t = ChatTemplate::new(qwen3, "", "").unwrap();
+        let talk: Vec<Message> =
+            (0..2000).map(|i| Message::new(["user", "assistant"][i % 2], "some words here")).collect();
+        assert!(t.render(&talk, true).is_ok());
     }
 }
