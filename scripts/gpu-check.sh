@@ -22,20 +22,23 @@ done
 export TERN_REQUIRE_GPU=1 TERN_REQUIRE_NVRTC=1
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
 status=0
+# The tests build their options (no process-wide variables), but run one at
+# a time: two tests' persistent decoding kernels on one GPU could each hold
+# some SMs and wait for blocks that never become resident (a trap after two
+# seconds), and the timing table wants the GPU to itself.
 for t in kernels_compile gpu_ops gpu_golden; do
     echo "=== $t"
     "$bin/$t" --nocapture --test-threads=1 || status=1
 done
-# The GPU ops again with the prompt GEMM on mma.sync (TERN_CUDA_WGMMA=0;
-# on sm_90 the default is ternary_gemm_wg): both GEMMs stay checked.
+# The GPU ops again with the prompt GEMM on mma.sync (TERN_CUDA_WGMMA=0, read
+# by the tests' options; on sm_90 the default is ternary_gemm_wg): both GEMMs
+# stay checked.
 echo "=== gpu_ops, TERN_CUDA_WGMMA=0"
 TERN_CUDA_WGMMA=0 "$bin/gpu_ops" --nocapture --test-threads=1 || status=1
 # The golden models again with decoding as separate launches
-# (TERN_CUDA_FUSE=0; on sm_90 the default is one persistent kernel,
-# decode_run): the same logits and greedy tokens as the CPU.
+# (TERN_CUDA_FUSE=0, read by the tests' options; on sm_90 the default is one
+# persistent kernel, decode_run, whose attention takes f32 caches, as here,
+# over (KV head, split) units): the same logits and greedy tokens as the CPU.
 echo "=== gpu_golden, TERN_CUDA_FUSE=0"
 TERN_CUDA_FUSE=0 "$bin/gpu_golden" --nocapture --test-threads=1 || status=1
-# And fused with its attention over (KV head, split) units (TERN_CUDA_ATT_BLOCK=0).
-echo "=== gpu_golden, TERN_CUDA_ATT_BLOCK=0"
-TERN_CUDA_ATT_BLOCK=0 "$bin/gpu_golden" --nocapture --test-threads=1 || status=1
 exit $status

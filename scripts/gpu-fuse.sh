@@ -5,7 +5,7 @@
 # makes the 2B-4T-shaped IQ2_BN model in the lease while scripts/gpu-check.sh
 # runs (CHECK=0 skips it), then greedy text with and without fusing, the
 # per-phase trace, ROUNDS alternating tg128 rounds, and tg128 fused with
-# each setting in VARIANTS (e.g. "TERN_CUDA_SPIN_NS=100 TERN_CUDA_ATT_SPLIT=64").
+# each setting in VARIANTS (e.g. "TERN_CUDA_PDL=0 TERN_CUDA_GRAPHS=0"; docs/environment.md).
 # CHECK=fuse runs only the golden models through decode_run, CHECK=ops the
 # ops and golden models both ways; FORMATS (default IQ2_BN) adds tg128 of
 # other ternary formats, STATS=1 launches per token and pp512. Logs go to $OUT.
@@ -31,7 +31,7 @@ elif [ "${CHECK:-1}" = fuse ]; then
     # decode_run alone: the golden models fused against the CPU.
     built_at=$(cat .gpu/built-at); [ -e "$built_at" ] || { mkdir -p "$(dirname "$built_at")"; ln -s "$PWD" "$built_at"; }
     TERN_REQUIRE_GPU=1 TERN_CUDA_FUSE=1 timeout 120 .gpu/gpu_golden --nocapture --test-threads=1 > "$OUT/check.log" 2>&1
-    echo "gpu_golden TERN_CUDA_FUSE=1 (TERN_CUDA_ATT_BLOCK=${TERN_CUDA_ATT_BLOCK:-1}) rc=$?"
+    echo "gpu_golden TERN_CUDA_FUSE=1 rc=$?"
     grep -E 'test result|FAILED|panicked' "$OUT/check.log" | head -20
 elif [ "${CHECK:-1}" = 1 ]; then
     timeout 300 scripts/gpu-check.sh > "$OUT/check.log" 2>&1

@@ -239,6 +239,7 @@ impl Instance {
             ..LoadOptions::default()
         };
         self.offload.apply(&mut opts)?;
+        crate::env::apply(&mut opts)?;
         let path = &models[self.model].path;
         Session::load(path, &opts).map_err(|e| CliError(format!("{}: {e}", path.display())))
     }

@@ -4,6 +4,7 @@
 
 mod bench;
 mod chat;
+mod env;
 mod eval;
 mod info;
 mod info_plan;
@@ -19,7 +20,12 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "tern", version, about = "Fast GGUF inference for ternary (BitNet b1.58) and llama-family models")]
+#[command(
+    name = "tern",
+    version,
+    about = "Fast GGUF inference for ternary (BitNet b1.58) and llama-family models",
+    after_long_help = env::help()
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -100,8 +100,8 @@ impl ModelArgs {
         if let Some(p) = &self.model {
             return Ok(p.clone());
         }
-        if let Some(p) = std::env::var_os("TERN_MODEL") {
-            return Ok(PathBuf::from(p));
+        if let Some(p) = crate::env::model() {
+            return Ok(p);
         }
         let built_from = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..").join(DEMO_MODEL);
         [PathBuf::from(DEMO_MODEL), built_from]
@@ -135,6 +135,7 @@ impl ModelArgs {
         opts.overrides = self.override_tensor.clone();
         opts.n_gpu_layers = self.n_gpu_layers;
         self.offload.apply(&mut opts)?;
+        crate::env::apply(&mut opts)?;
         Ok(opts)
     }
 }

@@ -1,8 +1,7 @@
 //! Instruction-set selection. Kernels exist per ISA level; the best one the
-//! processor has is chosen at run time, and `TERN_CPU_ISA=scalar|avx2|avx512`
-//! forces a lower one (tests use it to cover every path the machine has).
-
-use std::sync::OnceLock;
+//! processor has is chosen at run time, and `CpuOptions::isa` (the CLI's
+//! `TERN_CPU_ISA=scalar|avx2|avx512`) caps it (tests cover every level the
+//! machine has).
 
 /// ISA levels, lowest first. `Avx512` means AVX-512 F/BW/VL plus VNNI.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -45,19 +44,14 @@ impl Isa {
         self <= Isa::detected()
     }
 
-    fn parse(s: &str) -> Option<Isa> {
+    /// A level by its [`Isa::name`], in any case.
+    pub fn parse(s: &str) -> Option<Isa> {
         Isa::ALL.into_iter().find(|i| i.name().eq_ignore_ascii_case(s.trim()))
     }
 }
 
-/// The level kernels use: the detected one, lowered by `TERN_CPU_ISA`.
-pub fn active() -> Isa {
-    static ACTIVE: OnceLock<Isa> = OnceLock::new();
-    *ACTIVE.get_or_init(|| {
-        let best = Isa::detected();
-        match std::env::var("TERN_CPU_ISA").ok().as_deref().and_then(Isa::parse) {
-            Some(forced) if forced <= best => forced,
-            _ => best,
-        }
-    })
+/// The level kernels use: the detected one, lowered to `cap` if given.
+pub fn active(cap: Option<Isa>) -> Isa {
+    let best = Isa::detected();
+    cap.map_or(best, |c| c.min(best))
 }

@@ -19,9 +19,19 @@ use tern_quant::GgmlType;
 pub use calibrate::Rates;
 
 use buffer::{Buffers, Storage};
-use isa::Isa;
+pub use isa::Isa;
 use kernels::ternary::{Base3Decode, PackedTernary};
 use pool::Pool;
+
+/// Options of [`CpuBackend::with_options`]. The library reads no
+/// environment; the CLI fills this from its table (`docs/environment.md`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CpuOptions {
+    /// Threads that compute (the caller's included).
+    pub threads: usize,
+    /// The highest ISA level kernels may use (`None`: the best detected).
+    pub isa: Option<Isa>,
+}
 
 pub struct CpuBackend {
     id: BackendId,
@@ -33,9 +43,15 @@ pub struct CpuBackend {
 
 impl CpuBackend {
     /// A CPU backend named `id` (`CPU`, `CPU1`, ...) computing on `n_threads`
-    /// threads with the best kernels the processor has (see `isa::active`).
+    /// threads with the best kernels the processor has.
     pub fn new(id: BackendId, n_threads: usize) -> CpuBackend {
-        CpuBackend { id, pool: Pool::new(n_threads), isa: isa::active(), buffers: Buffers::default(), profile: None }
+        CpuBackend::with_options(id, &CpuOptions { threads: n_threads, isa: None })
+    }
+
+    /// A CPU backend named `id` with `opts` (see `isa::active`).
+    pub fn with_options(id: BackendId, opts: &CpuOptions) -> CpuBackend {
+        let isa = isa::active(opts.isa);
+        CpuBackend { id, pool: Pool::new(opts.threads), isa, buffers: Buffers::default(), profile: None }
     }
 
     pub fn isa(&self) -> Isa {

@@ -132,12 +132,8 @@ impl Pool {
     /// Like [`Pool::for_chunks`], but threads claim shrinking chunks of
     /// `0..n` (none under `min_per_chunk`, except the last) as they go, so
     /// the op ends when the work does rather than when the slowest thread's
-    /// fixed share does. Matrix products use it; `TERN_CPU_STEAL=0` falls
-    /// back to fixed shares.
+    /// fixed share does. Matrix products use it.
     pub fn for_chunks_claimed(&self, n: usize, min_per_chunk: usize, f: impl Fn(Range<usize>) + Sync) {
-        if !*CLAIMING {
-            return self.for_chunks(n, min_per_chunk, f);
-        }
         let threads = self.threads();
         if threads == 1 || n < 2 * min_per_chunk.max(1) {
             return f(0..n);
@@ -154,9 +150,6 @@ impl Pool {
         });
     }
 }
-
-static CLAIMING: std::sync::LazyLock<bool> =
-    std::sync::LazyLock::new(|| std::env::var("TERN_CPU_STEAL").map_or(true, |v| v != "0"));
 
 fn worker(s: &Shared, i: usize) {
     let mut seen = 0u64;

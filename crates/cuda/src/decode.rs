@@ -194,20 +194,9 @@ pub struct Config {
     /// `phases_at`); one row of it serves every layer in turn.
     pub private: u64,
     pub private_cap: usize,
-    /// Keys per attention unit (0: as lowered): fewer splits are fewer
-    /// merges on the critical path, more are more blocks at work.
-    pub att_split: i32,
     /// The most shared memory the weight ring may take (0: all there is):
     /// what a block leaves unused is L1 cache, which attention reads through.
     pub ring_max: usize,
-    /// Nanoseconds a block sleeps between polls of the barrier (0: none).
-    pub spin_ns: i32,
-    /// One-token attention with f16 caches as a block per q head and chunk
-    /// of keys (`att_head`) where it fits, instead of (KV head, split) units.
-    pub att_block: bool,
-    /// Bytes of weights a block's producer may copy at one barrier (a
-    /// multiple of 16; 0: no limit), beyond the next GEMV phase's own.
-    pub refill_bytes: u32,
     /// How many keys this step's attention reads: which module the launch
     /// runs.
     pub span: CacheSpan,
@@ -432,7 +421,7 @@ fn gemv(l: &Launch) -> Option<GemvArgs> {
 }
 
 /// A one-token attention that `decode_run`'s units can take.
-fn attention(l: &Launch, cfg: &Config) -> Option<AttArgs> {
+fn attention(l: &Launch) -> Option<AttArgs> {
     if l.kernel != Kernel::Attention || l.grid.1 != 1 || l.serial {
         return None;
     }
@@ -456,13 +445,6 @@ fn attention(l: &Launch, cfg: &Config) -> Option<AttArgs> {
         r: *r,
     };
     let group = (a.n_head / a.n_head_kv.max(1)) as usize;
-    let mut a = a;
-    if cfg.att_split > a.split {
-        // The partial rows were sized for n_split splits; fewer fit.
-        let n_ctx = a.split * a.n_split;
-        a.split = cfg.att_split;
-        a.n_split = (n_ctx + a.split - 1) / a.split;
-    }
     let fits = a.n_head_kv > 0 && (1..=WARPS).contains(&group) && a.head_dim as usize <= MAX_HEAD_DIM;
     fits.then_some(a)
 }
@@ -505,7 +487,7 @@ fn read_later(launches: &[Launch], from: usize, p: u64) -> bool {
 /// the run's last phase so far.
 fn phases_at(launches: &[Launch], i: usize, prev: Option<&mut Phase>, cfg: &Config) -> Option<(Phase, usize)> {
     let l = &launches[i];
-    if let Some(a) = attention(l, cfg) {
+    if let Some(a) = attention(l) {
         return Some((Phase { kind: PhaseKind::Attention, a, ..Default::default() }, 1));
     }
     if let Some(g) = gemv(l) {
@@ -723,9 +705,12 @@ fn fused_launch(phases: &[Phase], cfg: &Config) -> Option<Launch> {
         .ptr(shared_pos(phases))
         .i32(ring as i32)
         .i32(copies(phases).len() as i32)
-        .i32(cfg.spin_ns)
+        // The barrier's poll backoff in ns (none: a backoff lost, BENCHMARKS.md).
+        .i32(0)
         .i32(att_floats(phases, cfg.span) as i32)
-        .i32(cfg.refill_bytes as i32),
+        // Bytes a block's producer may copy at one barrier beyond the next
+        // GEMV phase's own (no limit: a limit gained nothing, BENCHMARKS.md).
+        .i32(0),
     )
 }
 
@@ -742,9 +727,7 @@ pub fn fuse(launches: Vec<Launch>, cfg: &Config) -> Fused {
             i += n;
         }
         link_stats(&mut phases);
-        if cfg.att_block {
-            block_attention(&mut phases);
-        }
+        block_attention(&mut phases);
         match fused_launch(&phases, cfg) {
             Some(l) => {
                 out.tables.push((out.launches.len(), phases));

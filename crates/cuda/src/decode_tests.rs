@@ -12,11 +12,7 @@ const CFG: Config = Config {
     smem_max: 200 << 10,
     private: 0xf00_0000,
     private_cap: 1 << 16,
-    att_split: 0,
     ring_max: 0,
-    spin_ns: 0,
-    att_block: false,
-    refill_bytes: 0,
     span: CacheSpan::Short,
 };
 
@@ -243,7 +239,7 @@ fn rows_with_a_scale_per_chunk_stay_launches() {
 
 #[test]
 fn block_attention_takes_f16_caches_with_rope_in_the_kernel() {
-    let cfg = Config { att_block: true, ..CFG };
+    let cfg = CFG;
     let mut launches = layer();
     let rope = AttRope { on: 1, n_rot: 128, ..Default::default() };
     launches[2].args[15] = Arg::Rope(rope);
@@ -263,14 +259,11 @@ fn block_attention_takes_f16_caches_with_rope_in_the_kernel() {
         _ => panic!("the ring's bytes"),
     };
     assert_eq!(ring(&f) - ring(&long), 4 * (kv - (128 + 128 + 16 + 8 * 128)), "the ring makes room");
-    let f = fuse(layer(), &Config { refill_bytes: 32 << 10, ..cfg });
-    assert_eq!(f.launches[0].args[12], Arg::I32(32 << 10), "the producer's budget a barrier");
+    assert_eq!(f.launches[0].args[12], Arg::I32(0), "no cap on the producer's copies at a barrier");
     assert_eq!(att_floats(&fuse(layer(), &cfg).tables[0].1, CacheSpan::Short), 8 * 128, "the units' q heads");
-    // Rope done before the attention, an f32 cache, or the switch off: units.
+    // Rope done before the attention, or an f32 cache: units.
     let f = fuse(layer(), &cfg);
     assert_eq!(f.tables[0].1[1].att_block, 0);
     launches[2].args[13] = Arg::I32(0);
-    assert_eq!(fuse(launches.clone(), &cfg).tables[0].1[1].att_block, 0);
-    launches[2].args[13] = Arg::I32(1);
-    assert_eq!(fuse(launches, &CFG).tables[0].1[1].att_block, 0);
+    assert_eq!(fuse(launches, &cfg).tables[0].1[1].att_block, 0);
 }

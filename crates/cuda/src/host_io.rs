@@ -70,7 +70,7 @@ impl CudaBackend {
     /// Whether a split's copies to and from these host bytes can be part of
     /// its work.
     pub(crate) fn copies_inside(&self, span: HostSpan) -> bool {
-        self.zero_copy && self.pinned_addr(span).is_some()
+        self.pinned_addr(span).is_some()
     }
 
     /// The steps of `io`'s imports and exports, in that order.
@@ -105,9 +105,6 @@ impl CudaBackend {
         locs: &'a [Option<TensorLoc>],
         io: &'a HostIo,
     ) -> (Cow<'a, [Option<TensorLoc>]>, Cow<'a, HostIo>) {
-        if !self.zero_copy {
-            return (Cow::Borrowed(locs), Cow::Borrowed(io));
-        }
         let host_loc = |span: HostSpan, nbytes: usize| {
             let pin = self.pinned.iter().find(|p| p.dev_addr(span).is_some())?;
             Some(TensorLoc { buffer: pin.buffer, offset: span.addr - pin.host, nbytes })

@@ -5,7 +5,7 @@
 //!   [`CudaBackend::new`] says why and the engine stays on the CPU.
 //! * Kernels are `.cu` sources embedded in the binary (`kernels/`), compiled
 //!   by NVRTC for the device's architecture at first use and cached on disk
-//!   (`nvrtc::cache_dir`).
+//!   (`CudaOptions::kernel_cache`).
 //! * Ternary weights are repacked at load into the GPU layout (`layout.rs`);
 //!   other weights are uploaded as stored.
 //! * `compute` lowers a split's nodes to kernel launches (`lower.rs`, where
@@ -24,6 +24,7 @@ mod lower;
 #[cfg(test)]
 mod lower_tests;
 pub mod nvrtc;
+mod options;
 mod plan_key;
 mod profile;
 pub mod qlayout;
@@ -45,6 +46,10 @@ pub use driver::{devices, DeviceInfo, Unavailable};
 use host_io::{Dir, PinnedHost};
 use kernels::Kernels;
 use launch::{Launch, Step};
+pub use options::{kernel_cache_dir, CudaOptions};
+
+/// What the CUDA crate's fallible calls return.
+pub type CudaResult<T> = std::result::Result<T, String>;
 use layout::GpuTernary;
 use lower::{lower, Need, Scratch};
 use profile::Profile;
@@ -52,7 +57,7 @@ pub(crate) use weights::Weight;
 pub use weights::{streams, weight_bytes};
 use weights::{Held, Image, TernaryShape};
 
-/// Counts for `TERN_CUDA_STATS=1` and the benchmarks.
+/// Counts for `CudaOptions::stats` and the benchmarks.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Stats {
     pub computes: u64,
@@ -76,7 +81,7 @@ struct Plan {
     profiled_ran: bool,
     /// Device memory of the plan's `decode_run` tables, freed with the plan.
     tables: Vec<u64>,
-    /// `TERN_CUDA_FUSE_TRACE=1`: each table's trace buffer and phases.
+    /// `CudaOptions::fuse_trace`: each table's trace buffer and phases.
     traces: Vec<(u64, Vec<decode::Phase>)>,
 }
 
@@ -92,27 +97,26 @@ pub struct CudaBackend {
     /// Lowered launch lists by the fingerprint of (nodes, locations), with
     /// their captured graph once one exists.
     plans: HashMap<u64, Plan>,
+    /// What this backend was opened with.
+    opts: CudaOptions,
     use_graphs: bool,
     pdl: bool,
     /// Prompt GEMMs on wgmma (`ternary_gemm_wg`): sm_90, unless
-    /// `TERN_CUDA_WGMMA=0`.
+    /// `CudaOptions::wgmma` is off.
     wgmma: bool,
     /// Runs of one-token launches become one persistent kernel
-    /// (on by default on sm_90, `TERN_CUDA_FUSE=0` off; `decode.rs`).
+    /// (on by default on sm_90, `CudaOptions::fused_decode`; `decode.rs`).
     fuse: Option<decode::Config>,
     pub stats: Stats,
-    /// `TERN_CUDA_PROFILE=1`: every launch timed with events (no graphs).
+    /// `--profile` or `CudaOptions::profile`: every launch timed with events.
     profile: Option<Profile>,
     /// Host memory page-locked through `pin_host`.
     pinned: Vec<PinnedHost>,
-    /// Small copies to and from pinned memory run as copy kernels over the
-    /// host link instead of DMA transfers (`TERN_CUDA_ZERO_COPY`).
-    zero_copy: bool,
     /// A `write` from pinned memory, or a `compute_io` copy, may still be running.
     io_in_flight: std::cell::Cell<bool>,
     /// Last, because fields drop in order: modules, graphs, events and pinned
-    /// memory above are released while the context is still alive (events of
-    /// `TERN_CUDA_PROFILE=1` destroyed after it crashed the process at exit).
+    /// memory above are released while the context is still alive (profile
+    /// events destroyed after it crashed the process at exit).
     gpu: Gpu,
 }
 
@@ -121,21 +125,16 @@ pub struct CudaBackend {
 const FUSE_PRIVATE_BYTES: usize = 256 << 10;
 
 /// How `decode_run` runs on this device (when `fuse_wanted`), or `None` to
-/// keep launches. On by default on sm_90 (`TERN_CUDA_FUSE=0` keeps the
-/// launches): on an H100 it decoded the 2B-4T at 742–754 t/s against
-/// 648–665 with launches in one lease, all three ternary formats
+/// keep launches. On by default on sm_90 (`CudaOptions::fused_decode` off
+/// keeps the launches): on an H100 it decoded the 2B-4T at 742–754 t/s
+/// against 648–665 with launches in one lease, all three ternary formats
 /// (2026-11-25, BENCHMARKS.md). Its blocks wait for each other, so all of
 /// them must be resident at once: a GPU shared through MPS with an SM limit
 /// can starve one, and the kernel then traps after two seconds (an error,
-/// not a hang); `TERN_CUDA_FUSE=0` is the way out. One block per
-/// SM; `TERN_CUDA_LOOK` descriptors ahead (default 3), `TERN_CUDA_RING_KB`
-/// caps the weight ring, `TERN_CUDA_SPIN_NS` backs off the barrier's polls,
-/// attention takes a block per q head (`TERN_CUDA_ATT_BLOCK=0`: (KV head,
-/// split) units of `TERN_CUDA_ATT_SPLIT` keys instead; 3–5% slower on an
-/// H100), and `TERN_CUDA_REFILL_KB` caps what a block's producer copies at
-/// a barrier.
-fn fuse_config(gpu: &Gpu, kernels: &Kernels) -> std::result::Result<Option<decode::Config>, String> {
-    let var = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<i32>().ok());
+/// not a hang); turning it off is the way out. One block per SM, three
+/// descriptors ahead; attention takes a block per q head where it fits
+/// (`decode::block_attention`), (KV head, split) units elsewhere.
+fn fuse_config(gpu: &Gpu, kernels: &Kernels, opts: &CudaOptions) -> CudaResult<Option<decode::Config>> {
     // Static shared memory (descriptor scratch, reductions) is well under 4 KiB.
     let smem_max = (gpu.info.smem_optin as usize).saturating_sub(4096);
     for k in kernels::DECODE_RUNS {
@@ -146,40 +145,37 @@ fn fuse_config(gpu: &Gpu, kernels: &Kernels) -> std::result::Result<Option<decod
     let private = gpu.alloc(FUSE_PRIVATE_BYTES)?;
     Ok(Some(decode::Config {
         blocks: gpu.info.sm_count as u32,
-        look: var("TERN_CUDA_LOOK").unwrap_or(3).clamp(0, 4),
+        look: 3,
         smem_max,
         private,
         private_cap: FUSE_PRIVATE_BYTES,
-        att_split: var("TERN_CUDA_ATT_SPLIT").unwrap_or(0),
-        ring_max: var("TERN_CUDA_RING_KB").unwrap_or(0).max(0) as usize * 1024,
-        spin_ns: var("TERN_CUDA_SPIN_NS").unwrap_or(0).clamp(0, 1000),
-        att_block: env_flag("TERN_CUDA_ATT_BLOCK", true),
-        refill_bytes: var("TERN_CUDA_REFILL_KB").unwrap_or(0).clamp(0, 1 << 20) as u32 * 1024,
+        ring_max: opts.ring_max,
         span: decode::CacheSpan::Short,
     }))
 }
 
 /// Whether this device decodes through `decode_run`: not turned off, and
 /// sm_90 (the weight ring needs the bulk copy engine).
-fn fuse_wanted(gpu: &Gpu) -> bool {
-    env_flag("TERN_CUDA_FUSE", true) && gpu.info.arch.0 >= 9
-}
-
-fn env_flag(name: &str, default: bool) -> bool {
-    std::env::var(name).map_or(default, |v| !matches!(v.as_str(), "0" | "off" | "false"))
+fn fuse_wanted(gpu: &Gpu, opts: &CudaOptions) -> bool {
+    opts.fused_decode && gpu.info.arch.0 >= 9
 }
 
 impl CudaBackend {
-    /// Opens device `index` and compiles (or loads from the cache) every kernel.
-    pub fn new(index: u8) -> std::result::Result<CudaBackend, String> {
+    /// Opens device `index` with the default options (no kernel cache).
+    pub fn new(index: u8) -> CudaResult<CudaBackend> {
+        CudaBackend::with_options(index, &CudaOptions::default())
+    }
+
+    /// Opens device `index` and compiles (or loads from `opts.kernel_cache`)
+    /// every kernel.
+    pub fn with_options(index: u8, opts: &CudaOptions) -> CudaResult<CudaBackend> {
         let gpu = Gpu::open(index as usize).map_err(|e| e.to_string())?;
-        let cache = nvrtc::cache_dir();
-        let want_fuse = fuse_wanted(&gpu);
-        let kernels = Kernels::load(&gpu, cache.as_deref(), want_fuse)?;
-        let pdl = gpu.info.arch.0 >= 9 && env_flag("TERN_CUDA_PDL", true);
-        // `TERN_CUDA_WGMMA=0` keeps the mma.sync prompt GEMM on sm_90 (its tests).
-        let wgmma = kernels::has_wgmma(gpu.info.arch) && env_flag("TERN_CUDA_WGMMA", true);
-        let fuse = if want_fuse { fuse_config(&gpu, &kernels)? } else { None };
+        let want_fuse = fuse_wanted(&gpu, opts);
+        let kernels = Kernels::load(&gpu, opts.kernel_cache.as_deref(), want_fuse)?;
+        let pdl = gpu.info.arch.0 >= 9 && opts.pdl;
+        // `wgmma` off keeps the mma.sync prompt GEMM on sm_90 (its tests).
+        let wgmma = kernels::has_wgmma(gpu.info.arch) && opts.wgmma;
+        let fuse = if want_fuse { fuse_config(&gpu, &kernels, opts)? } else { None };
         Ok(CudaBackend {
             id: BackendId::cuda(index),
             gpu,
@@ -190,14 +186,14 @@ impl CudaBackend {
             counters_buf: None,
             staging_buf: None,
             plans: HashMap::new(),
-            use_graphs: env_flag("TERN_CUDA_GRAPHS", true),
+            opts: opts.clone(),
+            use_graphs: opts.graphs,
             pdl,
             wgmma,
             fuse,
             stats: Stats::default(),
-            profile: env_flag("TERN_CUDA_PROFILE", false).then(Profile::default),
+            profile: opts.profile.then(Profile::default),
             pinned: Vec::new(),
-            zero_copy: env_flag("TERN_CUDA_ZERO_COPY", true),
             io_in_flight: std::cell::Cell::new(false),
         })
     }
@@ -344,7 +340,7 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// `TERN_CUDA_FUSE_TRACE=1`: where the last run of each traced table went.
+    /// `CudaOptions::fuse_trace`: where the last run of each traced table went.
     fn report_traces(&self) {
         let Some(cfg) = self.fuse else { return };
         for (ptr, phases) in self.plans.values().flat_map(|p| &p.traces) {
@@ -385,7 +381,7 @@ impl CudaBackend {
         let mut fused = decode::fuse(launches, &cfg);
         let mut tables = Vec::with_capacity(fused.tables.len());
         let mut traces = Vec::new();
-        let tracing = env_flag("TERN_CUDA_FUSE_TRACE", false);
+        let tracing = self.opts.fuse_trace;
         for (at, phases) in &fused.tables {
             if tracing {
                 for w in phases.windows(3).filter(|w| w[1].kind == decode::PhaseKind::NormQuant).take(1) {
@@ -439,14 +435,14 @@ impl CudaBackend {
 
 impl Drop for CudaBackend {
     fn drop(&mut self) {
-        if env_flag("TERN_CUDA_STATS", false) {
+        if self.opts.stats {
             let s = self.stats;
             eprintln!(
                 "{}: {} computes, {} launches ({} in the last), {} graphs captured, {} replays",
                 self.id, s.computes, s.launches, s.last_launches, s.captures, s.replays
             );
         }
-        if let Some(p) = self.profile.as_ref().filter(|_| env_flag("TERN_CUDA_PROFILE", false)) {
+        if let Some(p) = self.profile.as_ref().filter(|_| self.opts.profile) {
             p.report(self.id);
         }
         self.clear_plans();
@@ -640,7 +636,7 @@ impl Backend for CudaBackend {
     }
 
     fn pin_host(&mut self, mem: &[u8]) -> Result<bool> {
-        if mem.is_empty() || !env_flag("TERN_CUDA_PIN", true) {
+        if mem.is_empty() || !self.opts.pin_host {
             return Ok(false);
         }
         let dev = self.gpu.register_host(mem.as_ptr(), mem.len()).map_err(|m| self.dev_err(m))?;

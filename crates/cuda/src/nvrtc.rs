@@ -3,7 +3,7 @@
 //! source, the options, the architecture and the NVRTC version.
 
 use std::ffi::{c_char, CStr, CString};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use cudarc::nvrtc::sys;
 
@@ -38,18 +38,6 @@ fn check(r: sys::nvrtcResult, what: &str) -> Result<(), String> {
     } else {
         Err(format!("{what} failed: {r:?}"))
     }
-}
-
-/// The directory compiled kernels are cached in: `$TERN_KERNEL_CACHE`, else
-/// `$XDG_CACHE_HOME/tern/kernels`, else `~/.cache/tern/kernels`.
-pub fn cache_dir() -> Option<PathBuf> {
-    if let Some(d) = std::env::var_os("TERN_KERNEL_CACHE") {
-        return Some(PathBuf::from(d));
-    }
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
-    Some(base.join("tern").join("kernels"))
 }
 
 /// FNV-1a, 64 bits: stable across builds and platforms, unlike std's hasher.

@@ -304,9 +304,10 @@ pub fn plan_for(path: impl AsRef<std::path::Path>, opts: &LoadOptions, devices: 
 /// `opts.n_threads`) and the first GPU's host link (`tern info --plan` for
 /// the machine it runs on; a session measures its own when it uses `auto`).
 pub fn measure_costs(opts: &mut LoadOptions) -> std::result::Result<(), String> {
-    let mut gpu = CudaBackend::new(0).map_err(|e| format!("CUDA0: {e}"))?;
+    let mut gpu = CudaBackend::with_options(0, &opts.cuda).map_err(|e| format!("CUDA0: {e}"))?;
     opts.offload.cost.h2d_bytes_per_s = gpu.measure_h2d().map_err(|e| e.to_string())?;
-    set_cpu_rates(&mut opts.offload.cost, CpuBackend::new(BackendId::CPU, opts.n_threads).measure_rates());
+    let rates = CpuBackend::with_options(BackendId::CPU, &opts.cpu_options()).measure_rates();
+    set_cpu_rates(&mut opts.offload.cost, rates);
     Ok(())
 }
 

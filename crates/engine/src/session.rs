@@ -6,8 +6,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use tern_backend::{Backend, BackendId, HostBytes, TensorLoc, WeightDesc};
-use tern_cpu::CpuBackend;
-use tern_cuda::CudaBackend;
+use tern_cpu::{CpuBackend, CpuOptions, Isa};
+use tern_cuda::{CudaBackend, CudaOptions};
 use tern_gguf::{File, GgmlType};
 use tern_graph::Op;
 use tern_models::{Batch, Built, Model};
@@ -40,9 +40,18 @@ pub struct LoadOptions {
     /// `-op` and `--offload-batch`: which ops on host-resident weights run on
     /// the GPU, streaming the weight in (prompts, by default).
     pub offload: OffloadPolicy,
+    /// The highest ISA level CPU kernels may use (`None`: the best there is).
+    pub cpu_isa: Option<Isa>,
+    /// How CUDA backends run (graphs, the fused decode, the kernel cache).
+    pub cuda: CudaOptions,
 }
 
 impl LoadOptions {
+    /// The CPU backends' options: `n_threads` and `cpu_isa`.
+    pub fn cpu_options(&self) -> CpuOptions {
+        CpuOptions { threads: self.n_threads, isa: self.cpu_isa }
+    }
+
     /// Whether these options ask for a GPU (`-ngl`, or `-ot` to a CUDA device).
     pub fn wants_gpu(&self) -> bool {
         self.n_gpu_layers > 0 || self.overrides.iter().any(|o| o.to_ascii_uppercase().contains("=CUDA"))
@@ -62,6 +71,8 @@ impl Default for LoadOptions {
             cpu_instances: 1,
             n_gpu_layers: 0,
             offload: OffloadPolicy::default(),
+            cpu_isa: None,
+            cuda: CudaOptions::default(),
         }
     }
 }
@@ -160,13 +171,14 @@ impl Session {
         let used = placement.backends();
         for id in ids.iter().filter(|id| id.is_host() || used.contains(id)) {
             list.push(if id.is_host() {
-                let cpu = CpuBackend::new(*id, opts.n_threads);
+                let cpu = CpuBackend::with_options(*id, &opts.cpu_options());
                 if measure && *id == BackendId::CPU {
                     planning::set_cpu_rates(&mut placement.offload.cost, cpu.measure_rates());
                 }
                 Box::new(cpu)
             } else {
-                let mut gpu = CudaBackend::new(id.index).map_err(|e| Error::Device(format!("{id}: {e}")))?;
+                let mut gpu =
+                    CudaBackend::with_options(id.index, &opts.cuda).map_err(|e| Error::Device(format!("{id}: {e}")))?;
                 if measure && placement.staged.iter().any(|c| c.backend == *id) {
                     placement.offload.cost.h2d_bytes_per_s = gpu.measure_h2d()?;
                 }

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 mod common;
 
 use common::argmax;
-use tern_engine::{npy, LoadOptions, Logits, Session};
+use tern_engine::{npy, CudaOptions, LoadOptions, Logits, Session};
 use tern_gguf::GgmlType;
 
 fn compact() -> PathBuf {
@@ -45,8 +45,20 @@ fn have_gpu() -> bool {
     }
 }
 
+/// The kernel cache `tern` uses, and separate launches under
+/// `TERN_CUDA_FUSE=0` (scripts/gpu-check.sh runs these tests both ways).
+fn cuda_options() -> CudaOptions {
+    let var = |k| std::env::var_os(k);
+    CudaOptions {
+        kernel_cache: tern_cuda::kernel_cache_dir(var("TERN_KERNEL_CACHE"), var("XDG_CACHE_HOME"), var("HOME")),
+        fused_decode: !std::env::var("TERN_CUDA_FUSE").is_ok_and(|v| v == "0"),
+        ..CudaOptions::default()
+    }
+}
+
 fn opts(ngl: usize) -> LoadOptions {
     LoadOptions {
+        cuda: cuda_options(),
         n_ctx: 64,
         n_threads: 2,
         k_type: GgmlType::F32,

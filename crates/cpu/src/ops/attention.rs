@@ -422,7 +422,7 @@ mod tests {
         ];
         let mut out = vec![f32::NAN; p.head_dim * p.n_head * n_tokens];
         // SAFETY: the caches are only viewed through `srcs`.
-        unsafe { attention_in_parts(&srcs, p, &mut out, &Pool::new(3), crate::isa::active(), parts) };
+        unsafe { attention_in_parts(&srcs, p, &mut out, &Pool::new(3), crate::isa::active(None), parts) };
         out
     }
 

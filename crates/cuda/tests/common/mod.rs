@@ -7,13 +7,30 @@ use std::sync::Arc;
 
 use tern_backend::{Backend, BackendId, HostBytes, TensorLoc, WeightDesc};
 use tern_cpu::CpuBackend;
-use tern_cuda::CudaBackend;
+use tern_cuda::{CudaBackend, CudaOptions};
 use tern_graph::{DType, Graph, NodeId, Op};
 use tern_quant::GgmlType;
 
+/// The options tests open a backend with: the kernel cache `tern` uses, and
+/// the mma.sync prompt GEMM under `TERN_CUDA_WGMMA=0` (scripts/gpu-check.sh
+/// runs the tests both ways).
+pub fn options() -> CudaOptions {
+    let var = |k| std::env::var_os(k);
+    CudaOptions {
+        kernel_cache: tern_cuda::kernel_cache_dir(var("TERN_KERNEL_CACHE"), var("XDG_CACHE_HOME"), var("HOME")),
+        wgmma: !std::env::var("TERN_CUDA_WGMMA").is_ok_and(|v| v == "0"),
+        ..CudaOptions::default()
+    }
+}
+
+/// Device 0 with [`options`], or `None` (said why) without a GPU.
 pub fn gpu() -> Option<CudaBackend> {
+    gpu_with_options(&options())
+}
+
+pub fn gpu_with_options(opts: &CudaOptions) -> Option<CudaBackend> {
     match tern_cuda::devices() {
-        Ok(_) => Some(CudaBackend::new(0).expect("opening CUDA0")),
+        Ok(_) => Some(CudaBackend::with_options(0, opts).expect("opening CUDA0")),
         Err(why) => {
             if std::env::var("TERN_REQUIRE_GPU").is_ok_and(|v| v == "1") {
                 panic!("TERN_REQUIRE_GPU=1 but no GPU: {why}");
