@@ -137,7 +137,7 @@ struct AttArgs {
     int v_type;
     AttRope r;
 };
-static_assert(sizeof(AttArgs) == 136, "AttArgs layout (tern_cuda::decode::AttArgs)");
+static_assert(sizeof(AttArgs) == 136, "AttArgs layout (tern_cuda::args::AttentionArgs)");
 
 // The threads that take one (KV head, token, split): `nthreads` = 32 ·
 // group of them, `tid` this thread's index among them and `warp` its query

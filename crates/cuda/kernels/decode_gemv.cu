@@ -189,11 +189,11 @@ __device__ __forceinline__ void gemv_phase(const GemvArgs& g, int blk, int nblk,
     const i8* q = g.nq.q;
     const int* lsum = g.nq.lsum;
     float d;
-    if (g.fused == 2) {
+    if (g.fused == FUSED_STATS) {
         d = nq_from_stats(g.nq, xw_rows + g.stat_in * ROW_MAX, stats + g.stat_in * STAT_BLOCKS, nblk,
                           blk == 0 ? g.nq.y : nullptr, qs, ls);
         if (stamp) tr[TR_STAGED] = now_ns();
-    } else if (g.fused == 1) {
+    } else if (g.fused == FUSED_BLOCK) {
         const NqArgs& n = g.nq;
         bool vec = nq_vec(n.x, n.w, n.ne0);
         float4 wpre[ROW_UNROLL];

@@ -40,11 +40,12 @@ struct NqArgs {
     int norm;
     float eps;
 };
-static_assert(sizeof(NqArgs) == 64, "NqArgs layout (tern_cuda::decode::NqArgs)");
+static_assert(sizeof(NqArgs) == 64, "NqArgs layout (tern_cuda::args::NormQuantArgs)");
 
-// A ternary GEMV phase. `fused`: 0 reads nq.q / nq.d / nq.lsum; 1 has every
-// block norm and quantize nq.x into shared memory with block reductions; 2
-// the same from the statistics slot `stat_in`. `rows` counts virtual rows:
+// A ternary GEMV phase. `fused` (enum Fused): FUSED_LEVELS reads nq.q /
+// nq.d / nq.lsum; FUSED_BLOCK has every block norm and quantize nq.x into
+// shared memory with block reductions; FUSED_STATS the same from the
+// statistics slot `stat_in`. `rows` counts virtual rows:
 // (gate, up) pairs when pair_act ≥ 0, else the batch's matrices' rows end
 // to end. `stat_out` ≥ 0: each block leaves (Σ out², max |out · stat_w|) of
 // the rows it wrote in that slot, for the next phase's norm (stat_w null:

@@ -32,7 +32,7 @@ extern "C" __global__ void binary(const float* a, const float* b, float* out, u6
     pdl_launch();
     for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
         float y = b[i % nb];
-        out[i] = op == 0 ? a[i] + y : a[i] * y;
+        out[i] = op == BIN_ADD ? a[i] + y : a[i] * y;
     }
 }
 

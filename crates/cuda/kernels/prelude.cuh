@@ -105,8 +105,15 @@ __device__ __forceinline__ void rope_angle(int pos, int i, int n_rot, float base
     sincos((double)pos * f, s, c);
 }
 
-// The two dimensions of rotation pair i (of head_dim / 2): (2i, 2i+1) in mode
-// 0, NeoX (i, i + n_rot/2) in mode 1. Pairs past n_rot/2 are not rotated (the
+// The integer codes kernels take as `int` parameters and table fields: the
+// host's `#[repr(i32)]` enums in tern_cuda::args (a host test compares them).
+enum Act { ACT_NONE = -1, ACT_SILU = 0, ACT_RELU2 = 1 };
+enum RopeMode { ROPE_NORM = 0, ROPE_NEOX = 1 };
+enum BinOp { BIN_ADD = 0, BIN_MUL = 1 };
+enum Fused { FUSED_LEVELS = 0, FUSED_BLOCK = 1, FUSED_STATS = 2 };
+
+// The two dimensions of rotation pair i (of head_dim / 2): (2i, 2i+1) in
+// ROPE_NORM, NeoX (i, i + n_rot/2) in ROPE_NEOX. Pairs past n_rot/2 are not rotated (the
 // result is false) and cover the dimensions past n_rot two at a time.
 __device__ __forceinline__ bool rope_pair(int i, int n_rot, int mode, int* a, int* b) {
     int half = n_rot / 2;
@@ -115,8 +122,8 @@ __device__ __forceinline__ bool rope_pair(int i, int n_rot, int mode, int* a, in
         *b = *a + 1;
         return false;
     }
-    *a = mode == 0 ? 2 * i : i;
-    *b = mode == 0 ? 2 * i + 1 : i + half;
+    *a = mode == ROPE_NORM ? 2 * i : i;
+    *b = mode == ROPE_NORM ? 2 * i + 1 : i + half;
     return true;
 }
 
@@ -150,9 +157,9 @@ __device__ __forceinline__ float dq(const u8* row, int e, int type) {
     return 0.0f;
 }
 
-// act(gate) · up: 0 = SiLU, 1 = relu². Every kernel that gates uses this one
+// act(gate) · up: ACT_SILU or ACT_RELU2. Every kernel that gates uses this one
 // definition, so a fused product is bit for bit the separate launch's.
 __device__ __forceinline__ float gated(float g, float up, int act) {
-    float a = act == 0 ? g / (1.0f + expf(-g)) : fmaxf(g, 0.0f) * fmaxf(g, 0.0f);
+    float a = act == ACT_SILU ? g / (1.0f + expf(-g)) : fmaxf(g, 0.0f) * fmaxf(g, 0.0f);
     return a * up;
 }

@@ -7,30 +7,18 @@
 //! whose levels only the GEMV right after it reads is folded into that GEMV:
 //! every block quantizes the input itself.
 //!
-//! The pass reads launches by their argument positions, which mirror the
-//! kernels' signatures as `lower.rs` builds them.
+//! The pass reads the launches' argument structs (`args.rs`); those of
+//! `norm_quant` and `attention` are also the table's records of their
+//! phases.
 
 use tern_quant::GgmlType;
 
+use crate::args::{Act, Args, AttentionArgs, DecodeRunArgs, FusedMode, NormQuantArgs, TernaryGemvArgs};
 use crate::kernels::Kernel;
-use crate::launch::{Arg, AttRope, Launch, TernaryBatch};
+use crate::launch::{Arg, Launch, TernaryBatch};
 
-/// `struct NqArgs` in decode.cu: `norm_quant`'s arguments for one row.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct NqArgs {
-    pub x: u64,
-    pub w: u64,
-    pub y: u64,
-    pub q: u64,
-    pub d: u64,
-    pub lsum: u64,
-    pub ne0: i32,
-    pub k_pad: i32,
-    pub norm: i32,
-    pub eps: f32,
-}
-const _: () = assert!(std::mem::size_of::<NqArgs>() == 64);
+/// `struct NqArgs` in decode_table.cu: `norm_quant`'s arguments for one row.
+const _: () = assert!(std::mem::size_of::<NormQuantArgs>() == 64);
 
 /// `struct GemvArgs`: a ternary GEMV phase (an attention phase uses its
 /// statistics fields alone).
@@ -38,15 +26,13 @@ const _: () = assert!(std::mem::size_of::<NqArgs>() == 64);
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct GemvArgs {
     pub b: TernaryBatch,
-    pub nq: NqArgs,
+    pub nq: NormQuantArgs,
     /// The next norm's weight, for the statistics this phase leaves (0: an
     /// unweighted norm).
     pub stat_w: u64,
-    /// 0: levels from `nq.q`; 1: every block quantizes `nq.x` itself, with
-    /// block reductions; 2: the same from the statistics slot `stat_in`.
-    pub fused: i32,
-    /// ≥ 0: (gate, up) pairs with this activation.
-    pub pair_act: i32,
+    pub fused: FusedMode,
+    /// Not `None`: (gate, up) pairs with this activation.
+    pub pair_act: Act,
     /// Virtual rows: pairs, or the batch's rows end to end.
     pub rows: i32,
     pub k_pad: i32,
@@ -61,10 +47,10 @@ impl Default for GemvArgs {
     fn default() -> Self {
         GemvArgs {
             b: TernaryBatch::default(),
-            nq: NqArgs::default(),
+            nq: NormQuantArgs::default(),
             stat_w: 0,
-            fused: 0,
-            pair_act: -1,
+            fused: FusedMode::Levels,
+            pair_act: Act::None,
             rows: 0,
             k_pad: 0,
             stat_out: -1,
@@ -74,27 +60,7 @@ impl Default for GemvArgs {
 }
 
 /// `struct AttArgs` in attention.cu: `attention`'s arguments.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct AttArgs {
-    pub q: u64,
-    pub kc: u64,
-    pub vc: u64,
-    pub pos: u64,
-    pub out: u64,
-    pub part: u64,
-    pub counters: u64,
-    pub n_head: i32,
-    pub n_head_kv: i32,
-    pub head_dim: i32,
-    pub scale: f32,
-    pub split: i32,
-    pub n_split: i32,
-    pub k_type: i32,
-    pub v_type: i32,
-    pub r: AttRope,
-}
-const _: () = assert!(std::mem::size_of::<AttArgs>() == 136);
+const _: () = assert!(std::mem::size_of::<AttentionArgs>() == 136);
 
 #[repr(i32)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -115,7 +81,7 @@ pub struct Phase {
     /// Attention phases: 1 runs it as a block per (q head, chunk of keys) (`att_head`).
     pub att_block: i32,
     pub g: GemvArgs,
-    pub a: AttArgs,
+    pub a: AttentionArgs,
 }
 const _: () = assert!(std::mem::size_of::<Phase>() == 384);
 
@@ -140,8 +106,13 @@ const _: () = assert!(std::mem::size_of::<Copy>() == 56);
 impl Copy {
     fn of(g: &GemvArgs) -> Copy {
         let n = (g.b.n as usize).min(3);
-        let mut c =
-            Copy { n: n as i32, vrows: g.rows, k_pad: g.k_pad, pair: (g.pair_act >= 0) as i32, ..Default::default() };
+        let mut c = Copy {
+            n: n as i32,
+            vrows: g.rows,
+            k_pad: g.k_pad,
+            pair: (g.pair_act != Act::None) as i32,
+            ..Default::default()
+        };
         for (i, m) in g.b.m[..n].iter().enumerate() {
             c.w[i] = m.w;
             c.rows[i] = m.rows;
@@ -248,9 +219,8 @@ pub fn cache_span(p: &tern_graph::AttentionParams, n_tok: usize) -> CacheSpan {
 }
 
 /// The launches with each fused run as one `decode_run` launch, and the
-/// phase table of each such launch by its index. Arguments 0 (the table),
-/// 2 (the barrier) and 6 (the trace, optional) of those launches are left 0
-/// for the backend to set once it has uploaded the table.
+/// phase table of each such launch by its index. The backend uploads each
+/// table and gives its launch the addresses (`bind`).
 pub struct Fused {
     pub launches: Vec<Launch>,
     pub tables: Vec<(usize, Vec<Phase>)>,
@@ -288,8 +258,9 @@ pub fn trace_summary(phases: &[Phase], blocks: usize, trace: &[u64]) -> Vec<Stri
         let next = if p + 1 < phases.len() { first(p + 1, START) } else { done };
         let t = if ph.kind == PhaseKind::Gemv {
             let (staged, quant, ready, rows_done) = (last(p, STAGED), last(p, QUANT), last(p, READY), last(p, ROWS));
-            let staged = if ph.g.fused != 0 { staged } else { start };
-            let quant = if ph.g.fused != 0 { quant } else { start };
+            let folded = ph.g.fused != FusedMode::Levels;
+            let staged = if folded { staged } else { start };
+            let quant = if folded { quant } else { start };
             [
                 us(start, last(p, START)),
                 us(start, staged),
@@ -318,7 +289,12 @@ pub fn trace_summary(phases: &[Phase], blocks: usize, trace: &[u64]) -> Vec<Stri
         };
         let label = match ph.kind {
             PhaseKind::Gemv => {
-                format!("gemv {} rows k {}{}", ph.g.rows, ph.g.k_pad, if ph.g.pair_act >= 0 { " pairs" } else { "" })
+                format!(
+                    "gemv {} rows k {}{}",
+                    ph.g.rows,
+                    ph.g.k_pad,
+                    if ph.g.pair_act != Act::None { " pairs" } else { "" }
+                )
             }
             PhaseKind::Attention => "attention".to_string(),
             PhaseKind::NormQuant => "norm_quant".to_string(),
@@ -359,91 +335,37 @@ pub fn table_bytes(phases: &[Phase]) -> Vec<u8> {
     [p, c].concat()
 }
 
-fn ptr(l: &Launch, i: usize) -> Option<u64> {
-    match l.args.get(i)? {
-        Arg::Ptr(v) => Some(*v),
+/// One row's `norm_quant`.
+fn norm_quant(l: &Launch) -> Option<NormQuantArgs> {
+    match l.args {
+        Args::NormQuant(a) if l.grid == (1, 1, 1) && !l.serial => Some(a),
         _ => None,
     }
 }
 
-fn int(l: &Launch, i: usize) -> Option<i32> {
-    match l.args.get(i)? {
-        Arg::I32(v) => Some(*v),
-        _ => None,
-    }
-}
-
-fn float(l: &Launch, i: usize) -> Option<f32> {
-    match l.args.get(i)? {
-        Arg::F32(v) => Some(f32::from_bits(*v)),
-        _ => None,
-    }
-}
-
-/// One row's `norm_quant` (x, w, y, q, d, lsum, ne0, k_pad, norm, eps).
-fn norm_quant(l: &Launch) -> Option<NqArgs> {
-    if l.kernel != Kernel::NormQuant || l.grid != (1, 1, 1) || l.serial {
-        return None;
-    }
-    Some(NqArgs {
-        x: ptr(l, 0)?,
-        w: ptr(l, 1)?,
-        y: ptr(l, 2)?,
-        q: ptr(l, 3)?,
-        d: ptr(l, 4)?,
-        lsum: ptr(l, 5)?,
-        ne0: int(l, 6)?,
-        k_pad: int(l, 7)?,
-        norm: int(l, 8)?,
-        eps: float(l, 9)?,
-    })
-}
-
-/// A one-token GEMV (batch, k_pad, q, d, lsum, n_tok, pair_act), reading
-/// its levels from global memory.
+/// A one-token GEMV reading its levels from global memory.
 fn gemv(l: &Launch) -> Option<GemvArgs> {
-    if !matches!(l.kernel, Kernel::TernaryGemv1 | Kernel::TernaryGemv1Pair) || l.serial || int(l, 5)? != 1 {
+    let Args::TernaryGemv(TernaryGemvArgs { b, k_pad, q, d, lsum, n_tok, pair_act }) = l.args else { return None };
+    if !matches!(l.kernel, Kernel::TernaryGemv1 | Kernel::TernaryGemv1Pair) || l.serial || n_tok != 1 {
         return None;
     }
-    let Some(Arg::Batch(b)) = l.args.first() else { return None };
-    let pair_act = int(l, 6)?;
     let n = (b.n as usize).min(3);
-    let rows = if pair_act >= 0 { b.m[0].rows } else { b.m[..n].iter().map(|m| m.rows).sum() };
-    let k_pad = int(l, 1)?;
+    let rows = if pair_act != Act::None { b.m[0].rows } else { b.m[..n].iter().map(|m| m.rows).sum() };
     // decode_run's tiles take rows with one scale (per-chunk scales stay
     // launches), at most MAX_BLOCK_ROWS a block.
-    let n = (b.n as usize).min(3);
     if k_pad > MAX_K_PAD || b.m[..n].iter().any(|m| m.groups != 1) {
         return None;
     }
-    let nq = NqArgs { q: ptr(l, 2)?, d: ptr(l, 3)?, lsum: ptr(l, 4)?, k_pad, ..Default::default() };
-    Some(GemvArgs { b: *b, nq, pair_act, rows, k_pad, ..Default::default() })
+    let nq = NormQuantArgs { q, d, lsum, k_pad, ..Default::default() };
+    Some(GemvArgs { b, nq, pair_act, rows, k_pad, ..Default::default() })
 }
 
 /// A one-token attention that `decode_run`'s units can take.
-fn attention(l: &Launch) -> Option<AttArgs> {
-    if l.kernel != Kernel::Attention || l.grid.1 != 1 || l.serial {
+fn attention(l: &Launch) -> Option<AttentionArgs> {
+    let Args::Attention(a) = l.args else { return None };
+    if l.grid.1 != 1 || l.serial {
         return None;
     }
-    let Some(Arg::Rope(r)) = l.args.get(15) else { return None };
-    let a = AttArgs {
-        q: ptr(l, 0)?,
-        kc: ptr(l, 1)?,
-        vc: ptr(l, 2)?,
-        pos: ptr(l, 3)?,
-        out: ptr(l, 4)?,
-        part: ptr(l, 5)?,
-        counters: ptr(l, 6)?,
-        n_head: int(l, 7)?,
-        n_head_kv: int(l, 8)?,
-        head_dim: int(l, 9)?,
-        scale: float(l, 10)?,
-        split: int(l, 11)?,
-        n_split: int(l, 12)?,
-        k_type: int(l, 13)?,
-        v_type: int(l, 14)?,
-        r: *r,
-    };
     let group = (a.n_head / a.n_head_kv.max(1)) as usize;
     let fits = a.n_head_kv > 0 && (1..=WARPS).contains(&group) && a.head_dim as usize <= MAX_HEAD_DIM;
     fits.then_some(a)
@@ -456,9 +378,9 @@ fn disjoint(a: u64, a_len: u64, b: u64, b_len: u64) -> bool {
 /// Whether every block may quantize `nq`'s row itself while the GEMV `g`
 /// writes its outputs: no output (nor the f32 copy `y`, written by block 0)
 /// may land on a row another block is still reading.
-fn can_fold(nq: &NqArgs, g: &GemvArgs) -> bool {
+fn can_fold(nq: &NormQuantArgs, g: &GemvArgs) -> bool {
     let x = (nq.x, 4 * nq.ne0 as u64);
-    let n = if g.pair_act >= 0 { 1 } else { (g.b.n as usize).min(3) };
+    let n = if g.pair_act != Act::None { 1 } else { (g.b.n as usize).min(3) };
     let mut writes: Vec<(u64, u64)> = g.b.m[..n].iter().map(|m| (m.out, 4 * m.rows as u64)).collect();
     let reads: Vec<(u64, u64)> = g.b.m[..n].iter().filter(|m| m.res != 0).map(|m| (m.res, 4 * m.rows as u64)).collect();
     if nq.y != 0 {
@@ -479,7 +401,7 @@ fn read_later(launches: &[Launch], from: usize, p: u64) -> bool {
         Arg::Map(m) => m.ptr == p,
         _ => false,
     };
-    launches[from..].iter().any(|l| l.args.iter().any(reads))
+    launches[from..].iter().any(|l| l.params().iter().any(reads))
 }
 
 /// The phases of launches[i..] that one step of the walk takes, and how
@@ -508,7 +430,7 @@ fn phases_at(launches: &[Launch], i: usize, prev: Option<&mut Phase>, cfg: &Conf
         let room = cfg.private != 0 && 4 * nq.ne0 as usize <= cfg.private_cap;
         match prev {
             Some(p) if p.kind == PhaseKind::Attention && p.a.out == nq.x && overwritten && room => {
-                let moved = NqArgs { x: cfg.private, ..nq };
+                let moved = NormQuantArgs { x: cfg.private, ..nq };
                 if !can_fold(&moved, &g) {
                     return Some((alone, 1));
                 }
@@ -519,7 +441,7 @@ fn phases_at(launches: &[Launch], i: usize, prev: Option<&mut Phase>, cfg: &Conf
         }
     }
     g.nq = nq;
-    g.fused = 1;
+    g.fused = FusedMode::Block;
     Some((Phase { kind: PhaseKind::Gemv, g, ..Default::default() }, 2))
 }
 
@@ -545,7 +467,7 @@ fn staged_sizes(phases: &[Phase]) -> (usize, usize) {
     for p in phases {
         match p.kind {
             PhaseKind::Gemv => {
-                if p.g.fused == 1 {
+                if p.g.fused == FusedMode::Block {
                     ne0 = ne0.max(p.g.nq.ne0 as usize);
                 }
                 k_pad = k_pad.max(p.g.k_pad as usize);
@@ -564,7 +486,7 @@ fn segment_bytes(g: &GemvArgs, blk: usize, blocks: usize) -> usize {
     let per = rows.div_ceil(blocks);
     let r0 = (blk * per).min(rows);
     let r1 = (r0 + per).min(rows);
-    (r1 - r0) * (g.k_pad as usize / 4) * if g.pair_act >= 0 { 2 } else { 1 }
+    (r1 - r0) * (g.k_pad as usize / 4) * if g.pair_act != Act::None { 2 } else { 1 }
 }
 
 /// The largest segment any block copies for `phases`.
@@ -584,12 +506,12 @@ fn link_stats(phases: &mut [Phase]) {
         let (prev, cur) = (&mut before[i - 1], &mut after[0]);
         let nq = cur.g.nq;
         let aligned = nq.ne0 % 4 == 0 && nq.ne0 as usize <= ROW_MAX;
-        if cur.kind != PhaseKind::Gemv || cur.g.fused != 1 || !aligned {
+        if cur.kind != PhaseKind::Gemv || cur.g.fused != FusedMode::Block || !aligned {
             continue;
         }
         let writes_row = match prev.kind {
             PhaseKind::Gemv => {
-                let single = prev.g.pair_act >= 0 || prev.g.b.n == 1;
+                let single = prev.g.pair_act != Act::None || prev.g.b.n == 1;
                 let m = &prev.g.b.m[0];
                 single && m.out == nq.x && m.rows == nq.ne0
             }
@@ -600,7 +522,7 @@ fn link_stats(phases: &mut [Phase]) {
             let slot = ((i - 1) % 2) as i32;
             prev.g.stat_out = slot;
             prev.g.stat_w = nq.w;
-            cur.g.fused = 2;
+            cur.g.fused = FusedMode::Stats;
             cur.g.stat_in = slot;
         }
     }
@@ -684,34 +606,39 @@ fn fused_launch(phases: &[Phase], cfg: &Config) -> Option<Launch> {
         return None;
     }
     let (ne0, k_pad) = staged_sizes(phases);
-    Some(
-        Launch::new(
-            match cfg.span {
-                CacheSpan::Short => Kernel::DecodeRun,
-                CacheSpan::Chunked => Kernel::DecodeRunLong,
-                CacheSpan::Grouped => Kernel::DecodeRunGrouped,
-            },
-            (cfg.blocks, 1, 1),
-            THREADS,
-        )
-        .smem(fixed + ring)
-        .ptr(0)
-        .i32(phases.len() as i32)
-        .ptr(0)
-        .i32(cfg.look)
-        .i32(ne0 as i32)
-        .i32(k_pad as i32)
-        .ptr(0)
-        .ptr(shared_pos(phases))
-        .i32(ring as i32)
-        .i32(copies(phases).len() as i32)
+    let kernel = match cfg.span {
+        CacheSpan::Short => Kernel::DecodeRun,
+        CacheSpan::Chunked => Kernel::DecodeRunLong,
+        CacheSpan::Grouped => Kernel::DecodeRunGrouped,
+    };
+    let args = DecodeRunArgs {
+        phases: None,
+        n: phases.len() as i32,
+        bar: None,
+        look: cfg.look,
+        ne0_max: ne0 as i32,
+        k_pad_max: k_pad as i32,
+        trace: 0,
+        pos: shared_pos(phases),
+        ring_cap: ring as u32,
+        n_copies: copies(phases).len() as i32,
         // The barrier's poll backoff in ns (none: a backoff lost, BENCHMARKS.md).
-        .i32(0)
-        .i32(att_floats(phases, cfg.span) as i32)
+        spin_ns: 0,
+        att_floats: att_floats(phases, cfg.span) as i32,
         // Bytes a block's producer may copy at one barrier beyond the next
         // GEMV phase's own (no limit: a limit gained nothing, BENCHMARKS.md).
-        .i32(0),
-    )
+        refill: 0,
+    };
+    Some(Launch::new(kernel, (cfg.blocks, 1, 1), THREADS, args).smem(fixed + ring))
+}
+
+/// Gives fused launch `l` its table, uploaded at `table` (the header, then
+/// the phases), and where a traced run leaves its stamps.
+pub fn bind(l: &mut Launch, table: u64, trace: Option<u64>) {
+    let Args::DecodeRun(a) = &mut l.args else { panic!("{:?} is not a decode_run launch", l.kernel) };
+    a.phases = Some(table + HEADER_BYTES as u64);
+    a.bar = Some(table);
+    a.trace = trace.unwrap_or(0);
 }
 
 /// Replaces each run of fusable launches by one `decode_run` launch.

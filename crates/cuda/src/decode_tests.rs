@@ -4,7 +4,8 @@
 //! pointers are never dereferenced).
 
 use super::*;
-use crate::launch::TernaryMat;
+use crate::args::{GetRowsArgs, Q8GemvArgs};
+use crate::launch::{AttRope, TernaryMat};
 
 const CFG: Config = Config {
     blocks: 132,
@@ -17,48 +18,55 @@ const CFG: Config = Config {
 };
 
 fn nq(x: u64, q: u64, ne0: i32) -> Launch {
-    Launch::new(Kernel::NormQuant, (1, 1, 1), 1024)
-        .ptr(x)
-        .ptr(0x9000)
-        .ptr(0)
-        .ptr(q)
-        .ptr(q + 0x10000)
-        .ptr(q + 0x20000)
-        .i32(ne0)
-        .i32((ne0 + 255) / 256 * 256)
-        .i32(1)
-        .f32(1e-5)
+    let (d, lsum, k_pad) = (q + 0x10000, q + 0x20000, (ne0 + 255) / 256 * 256);
+    let args = NormQuantArgs { x, w: 0x9000, y: 0, q, d, lsum, ne0, k_pad, norm: 1, eps: 1e-5 };
+    Launch::new(Kernel::NormQuant, (1, 1, 1), 1024, args)
 }
 
-fn gemv(q: u64, mats: &[(u64, u64, i32)], k_pad: i32, pair: i32) -> Launch {
+fn gemv(q: u64, mats: &[(u64, u64, i32)], k_pad: i32, pair_act: Act) -> Launch {
     let mut b = TernaryBatch { n: mats.len() as i32, ..Default::default() };
     for (i, &(out, res, rows)) in mats.iter().enumerate() {
         b.m[i] = TernaryMat { w: 0x100_0000 * (i as u64 + 1), scales: 1, out, res, rows, groups: 1 };
     }
-    let kernel = if pair >= 0 { Kernel::TernaryGemv1Pair } else { Kernel::TernaryGemv1 };
-    Launch::new(kernel, (1, 1, 1), 256)
-        .arg(Arg::Batch(b))
-        .i32(k_pad)
-        .ptr(q)
-        .ptr(q + 0x10000)
-        .ptr(q + 0x20000)
-        .i32(1)
-        .i32(pair)
+    let kernel = if pair_act != Act::None { Kernel::TernaryGemv1Pair } else { Kernel::TernaryGemv1 };
+    let args = TernaryGemvArgs { b, k_pad, q, d: q + 0x10000, lsum: q + 0x20000, n_tok: 1, pair_act };
+    Launch::new(kernel, (1, 1, 1), 256, args)
 }
 
+/// 20 q heads over 5 KV heads of 128 dims, f16 caches (type 1) in 4
+/// splits of 32 keys; the rope done before it.
 fn att(q: u64, out: u64) -> Launch {
-    let mut l = Launch::new(Kernel::Attention, (5, 1, 128), 128).smem(2048);
-    for p in [q, 0xa000, 0xb000, 0xc000, out, 0xd000, 0xe000] {
-        l = l.ptr(p);
-    }
-    for v in [20, 5, 128] {
-        l = l.i32(v);
-    }
-    l = l.f32(0.088);
-    for v in [32, 128, 1, 1] {
-        l = l.i32(v);
-    }
-    l.arg(Arg::Rope(AttRope::default()))
+    let args = AttentionArgs {
+        q,
+        kc: 0xa000,
+        vc: 0xb000,
+        pos: 0xc000,
+        out,
+        part: 0xd000,
+        counters: 0xe000,
+        n_head: 20,
+        n_head_kv: 5,
+        head_dim: 128,
+        scale: 0.088,
+        split: 32,
+        n_split: 128,
+        k_type: 1,
+        v_type: 1,
+        r: AttRope::default(),
+    };
+    Launch::new(Kernel::Attention, (5, 1, 128), 128, args).smem(2048)
+}
+
+/// The arguments of `decode_run` launch `l`.
+fn run_args(l: &Launch) -> DecodeRunArgs {
+    let Args::DecodeRun(a) = l.args else { panic!("{:?} is not decode_run", l.kernel) };
+    a
+}
+
+/// Launch `l`'s attention arguments, to change.
+fn att_args(l: &mut Launch) -> &mut AttentionArgs {
+    let Args::Attention(a) = &mut l.args else { panic!("{:?} is not an attention", l.kernel) };
+    a
 }
 
 /// One BitNet layer as lowering emits it: x at 0x1_0000, then q/k/v,
@@ -72,20 +80,20 @@ fn layer_ws(ws: u64) -> Vec<Launch> {
     let (q1, q2, q3, q4) = (0x100_0000 + ws, 0x200_0000 + ws, 0x300_0000 + ws, 0x400_0000 + ws);
     vec![
         nq(0x1_0000, q1, 2560),
-        gemv(q1, &[(0x2_0000, 0, 2560), (0x3_0000, 0, 640), (0x4_0000, 0, 640)], 2560, -1),
+        gemv(q1, &[(0x2_0000, 0, 2560), (0x3_0000, 0, 640), (0x4_0000, 0, 640)], 2560, Act::None),
         att(0x2_0000, 0x5_0000),
         nq(0x5_0000, q2, 2560),
-        gemv(q2, &[(0x6_0000, 0x1_0000, 2560)], 2560, -1),
+        gemv(q2, &[(0x6_0000, 0x1_0000, 2560)], 2560, Act::None),
         nq(0x6_0000, q3, 2560),
-        gemv(q3, &[(0x7_0000, 0, 6912), (0x8_0000, 0, 6912)], 2560, 1),
+        gemv(q3, &[(0x7_0000, 0, 6912), (0x8_0000, 0, 6912)], 2560, Act::Relu2),
         nq(0x7_0000, q4, 6912),
-        gemv(q4, &[(0x1_0000, 0x6_0000, 2560)], 6912, -1),
+        gemv(q4, &[(0x1_0000, 0x6_0000, 2560)], 6912, Act::None),
     ]
 }
 
 #[test]
 fn a_layer_becomes_five_phases_of_one_launch() {
-    let head = Launch::new(Kernel::Q8Gemv1, (1, 1, 1), 256).ptr(0x1_0000);
+    let head = Launch::new(Kernel::Q8Gemv1, (1, 1, 1), 256, Q8GemvArgs { q: 0x1_0000, ..Default::default() });
     let mut launches = layer();
     launches.push(head.clone());
     let f = fuse(launches, &CFG);
@@ -100,16 +108,19 @@ fn a_layer_becomes_five_phases_of_one_launch() {
     // The first norm reduces in each block (the embedding wrote its
     // row); the others read what the phase before left.
     let fused: Vec<_> = phases.iter().map(|p| p.g.fused).collect();
-    assert_eq!(fused, [1, 0, 2, 2, 2]);
+    use FusedMode::{Block, Levels, Stats};
+    assert_eq!(fused, [Block, Levels, Stats, Stats, Stats]);
     let outs: Vec<_> = phases.iter().map(|p| (p.g.stat_out, p.g.stat_in)).collect();
     assert_eq!(outs, [(-1, -1), (1, -1), (0, 1), (1, 0), (-1, 1)], "a writer at phase i uses slot i % 2");
     assert_eq!(phases[1].g.stat_w, 0x9000, "the attention's stats weigh by the next norm");
     assert_eq!(phases[0].g.rows, 2560 + 640 + 640);
     assert_eq!(phases[3].g.rows, 6912, "a pair phase counts pairs");
     assert_eq!(phases[4].g.nq.ne0, 6912);
-    assert_eq!(f.launches[0].args[1], Arg::I32(5));
-    assert_eq!(f.launches[0].args[4], Arg::I32(2560), "ne0_max: only the first norm stages floats");
-    assert_eq!(f.launches[0].args[5], Arg::I32(6912), "k_pad_max");
+    let a = run_args(&f.launches[0]);
+    assert_eq!(a.n, 5);
+    assert_eq!(a.ne0_max, 2560, "ne0_max: only the first norm stages floats");
+    assert_eq!(a.k_pad_max, 6912, "k_pad_max");
+    assert_eq!((a.phases, a.bar), (None, None), "the table's addresses come with the upload");
     assert_eq!(table_bytes(phases).len(), 5 * 384 + 4 * 56, "the phases, then a Copy per GEMV");
     // Block 0's gate/up rows: 53 pairs of 640-byte rows.
     assert_eq!(max_segment(phases, 132), 53 * 2 * 640);
@@ -158,17 +169,17 @@ fn cache_spans_follow_keys_and_groups() {
 fn an_output_over_the_input_keeps_the_quantization_apart() {
     // The O projection's sum lands on the attention output it reads.
     let mut launches = layer();
-    launches[4] = gemv(0x200_0000, &[(0x5_0000, 0x1_0000, 2560)], 2560, -1);
+    launches[4] = gemv(0x200_0000, &[(0x5_0000, 0x1_0000, 2560)], 2560, Act::None);
     let f = fuse(launches.clone(), &Config { private: 0, ..CFG });
     let kinds: Vec<_> = f.tables[0].1.iter().map(|p| (p.kind, p.g.fused)).collect();
     use PhaseKind::*;
-    assert_eq!(kinds[2..4], [(NormQuant, 0), (Gemv, 0)]);
+    assert_eq!(kinds[2..4], [(NormQuant, FusedMode::Levels), (Gemv, FusedMode::Levels)]);
     // With a private row the attention writes there and the norm folds.
     let f = fuse(launches, &CFG);
     let phases = &f.tables[0].1;
     assert_eq!(phases.len(), 5);
     assert_eq!(phases[1].a.out, CFG.private);
-    assert_eq!((phases[2].g.fused, phases[2].g.nq.x), (2, CFG.private));
+    assert_eq!((phases[2].g.fused, phases[2].g.nq.x), (FusedMode::Stats, CFG.private));
     assert_eq!(phases[2].g.b.m[0].out, 0x5_0000);
 }
 
@@ -185,10 +196,10 @@ fn a_ring_too_small_for_a_segment_keeps_the_launches() {
 fn rows_written_by_several_matrices_or_elsewhere_carry_no_statistics() {
     let mut launches = layer();
     // The O projection writes somewhere else than gate/up's norm reads.
-    launches[4] = gemv(0x200_0000, &[(0x6_4000, 0x1_0000, 2560)], 2560, -1);
+    launches[4] = gemv(0x200_0000, &[(0x6_4000, 0x1_0000, 2560)], 2560, Act::None);
     let f = fuse(launches, &CFG);
     let p = &f.tables[0].1;
-    assert_eq!((p[2].g.stat_out, p[3].g.fused), (-1, 1));
+    assert_eq!((p[2].g.stat_out, p[3].g.fused), (-1, FusedMode::Block));
     // Q/K/V write three rows: the attention after reads no norm anyway.
     assert_eq!(p[0].g.stat_out, -1);
 }
@@ -196,14 +207,14 @@ fn rows_written_by_several_matrices_or_elsewhere_carry_no_statistics() {
 #[test]
 fn levels_read_again_later_are_not_folded() {
     let mut launches = layer();
-    launches.push(gemv(0x100_0000, &[(0x9_0000, 0, 100)], 2560, -1));
+    launches.push(gemv(0x100_0000, &[(0x9_0000, 0, 100)], 2560, Act::None));
     let f = fuse(launches, &CFG);
     assert_eq!(f.tables[0].1[0].kind, PhaseKind::NormQuant);
 }
 
 #[test]
 fn short_runs_and_other_kernels_stay_launches() {
-    let other = Launch::new(Kernel::GetRows, (1, 1, 1), 256).ptr(1);
+    let other = Launch::new(Kernel::GetRows, (1, 1, 1), 256, GetRowsArgs { table: 1, ..Default::default() });
     let launches = vec![other.clone(), nq(0x1_0000, 0x100_0000, 2560), layer()[1].clone(), other.clone()];
     let f = fuse(launches.clone(), &CFG);
     assert!(f.tables.is_empty());
@@ -224,7 +235,7 @@ fn rows_with_a_scale_per_chunk_stay_launches() {
     let mut launches = layer();
     launches.extend(layer_ws(0x80_0000));
     for i in [6, 15] {
-        let Arg::Batch(b) = &mut launches[i].args[0] else { panic!("a batch") };
+        let Args::TernaryGemv(TernaryGemvArgs { b, .. }) = &mut launches[i].args else { panic!("a GEMV") };
         b.m[1].groups = 10;
     }
     let f = fuse(launches, &CFG);
@@ -234,7 +245,7 @@ fn rows_with_a_scale_per_chunk_stay_launches() {
     assert_eq!(kinds, [vec![Gemv, Attention, Gemv, NormQuant], vec![Gemv, Gemv, Attention, Gemv, NormQuant]]);
     // The down projection's statistics feed the next layer's q/k/v.
     let second = &f.tables[1].1;
-    assert_eq!((second[0].g.stat_out, second[1].g.fused), (0, 2));
+    assert_eq!((second[0].g.stat_out, second[1].g.fused), (0, FusedMode::Stats));
 }
 
 #[test]
@@ -242,28 +253,25 @@ fn block_attention_takes_f16_caches_with_rope_in_the_kernel() {
     let cfg = CFG;
     let mut launches = layer();
     let rope = AttRope { on: 1, n_rot: 128, ..Default::default() };
-    launches[2].args[15] = Arg::Rope(rope);
+    att_args(&mut launches[2]).r = rope;
     let f = fuse(launches.clone(), &cfg);
     assert_eq!(f.tables[0].1[1].att_block, 1, "rope on, f16 caches, head_dim 128");
     // Its scratch: q of 128, the new k and v as f16, 8 warps' max, sum and sums.
     assert_eq!(att_floats(&f.tables[0].1, CacheSpan::Short), 128 + 128 + 16 + 8 * 128);
-    assert_eq!(f.launches[0].args[11], Arg::I32(128 + 128 + 16 + 8 * 128));
+    assert_eq!(run_args(&f.launches[0]).att_floats, 128 + 128 + 16 + 8 * 128);
     // The grouped path's scratch for a group of 4 q heads: the group's q,
     // the new k and v, 8 warps' max and sum a head and V sums.
     let long = fuse(launches.clone(), &Config { span: CacheSpan::Grouped, ..cfg });
     let kv = 4 * 128 + 128 + 2 * 8 * 4 + 8 * 4 * 128;
     assert_eq!(f.tables[0].1[1].a.n_head / f.tables[0].1[1].a.n_head_kv, 4);
-    assert_eq!(long.launches[0].args[11], Arg::I32(kv));
-    let ring = |f: &Fused| match f.launches[0].args[8] {
-        Arg::I32(v) => v,
-        _ => panic!("the ring's bytes"),
-    };
+    assert_eq!(run_args(&long.launches[0]).att_floats, kv);
+    let ring = |f: &Fused| run_args(&f.launches[0]).ring_cap as i32;
     assert_eq!(ring(&f) - ring(&long), 4 * (kv - (128 + 128 + 16 + 8 * 128)), "the ring makes room");
-    assert_eq!(f.launches[0].args[12], Arg::I32(0), "no cap on the producer's copies at a barrier");
+    assert_eq!(run_args(&f.launches[0]).refill, 0, "no cap on the producer's copies at a barrier");
     assert_eq!(att_floats(&fuse(layer(), &cfg).tables[0].1, CacheSpan::Short), 8 * 128, "the units' q heads");
     // Rope done before the attention, or an f32 cache: units.
     let f = fuse(layer(), &cfg);
     assert_eq!(f.tables[0].1[1].att_block, 0);
-    launches[2].args[13] = Arg::I32(0);
+    att_args(&mut launches[2]).k_type = 0;
     assert_eq!(fuse(launches, &cfg).tables[0].1[1].att_block, 0);
 }

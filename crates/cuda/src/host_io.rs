@@ -7,6 +7,7 @@ use std::borrow::Cow;
 use tern_backend::{BufferId, HostIo, HostSpan, Result, TensorLoc};
 use tern_graph::{Graph, NodeId, Op};
 
+use crate::args::CopyInArgs;
 use crate::kernels::Kernel;
 use crate::launch::{Arg, Launch, Step};
 use crate::lower::is_q6k_q8;
@@ -62,7 +63,8 @@ impl CudaBackend {
             // One 16-byte word per thread. Serial: the copy must see its
             // producer finished, and its consumer may not overwrite what it reads.
             let grid = (n16.div_ceil(256).max(1) as u32, 1, 1);
-            return Step::Kernel(Launch::new(Kernel::HostWrite, grid, 256).ptr(src).ptr(dst).u64(n16 as u64).serial());
+            let args = CopyInArgs { src, dst, n16: n16 as u64 };
+            return Step::Kernel(Launch::new(Kernel::HostWrite, grid, 256, args).serial());
         }
         Step::Dma { src, dst, bytes }
     }
@@ -163,7 +165,7 @@ impl CudaBackend {
             Step::Dma { .. } => true,
             Step::Kernel(l) => {
                 l.kernel == Kernel::HostWrite
-                    || l.args.iter().any(|a| {
+                    || l.params().iter().any(|a| {
                         let Arg::Ptr(p) = *a else { return false };
                         self.pinned.iter().any(|h| p >= h.dev && p < h.dev + h.len as u64)
                     })

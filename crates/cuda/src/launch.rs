@@ -1,10 +1,12 @@
 //! A kernel launch as plain data: the kernel, its grid and its arguments by
-//! value. Lowering produces a list of these; a plan is that list with the
+//! value (the kernel's argument struct, `args.rs`). Lowering produces a list of these; a plan is that list with the
 //! split's copies around it (`Step`), and its hash identifies a captured CUDA
 //! graph that replays it.
 
 use std::ffi::c_void;
+use std::hash::{Hash, Hasher};
 
+use crate::args::{Args, RopeMode};
 use crate::driver::{DResult, Gpu};
 use crate::kernels::{Kernel, Kernels};
 use crate::tma::{MatrixMap, TmaMap};
@@ -44,7 +46,7 @@ pub struct AttRope {
     pub v: u64,
     pub factors: u64,
     pub n_rot: i32,
-    pub mode: i32,
+    pub mode: RopeMode,
     pub base: u32,
     pub fscale: u32,
     pub on: i32,
@@ -67,47 +69,56 @@ pub enum Arg {
     Map(MatrixMap),
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+/// A kernel launch: the kernel, its shape, and its arguments as the struct
+/// of its kernel (`args.rs`), encoded only when it runs.
+#[derive(Clone, Debug)]
 pub struct Launch {
     pub kernel: Kernel,
     pub grid: (u32, u32, u32),
     pub block: u32,
     /// Dynamic shared memory, bytes.
     pub smem: u32,
-    pub args: Vec<Arg>,
+    pub args: Args,
     /// Starts only once the previous launch has finished (no programmatic
     /// dependent launch): for launches around a weight being streamed in,
     /// since the kernels read their weights before `pdl_wait`.
     pub serial: bool,
 }
 
+/// Launches compare and hash as what the driver is given (floats by their
+/// bits), so equality and hashing agree.
 impl Launch {
-    pub fn new(kernel: Kernel, grid: (u32, u32, u32), block: u32) -> Launch {
-        Launch { kernel, grid, block, smem: 0, args: Vec::with_capacity(12), serial: false }
+    #[allow(clippy::type_complexity)]
+    fn key(&self) -> (Kernel, (u32, u32, u32), u32, u32, Vec<Arg>, bool, bool) {
+        let e = self.args.encode();
+        (self.kernel, self.grid, self.block, self.smem, e.args, e.unbound, self.serial)
+    }
+}
+
+impl PartialEq for Launch {
+    fn eq(&self, o: &Launch) -> bool {
+        self.key() == o.key()
+    }
+}
+
+impl Eq for Launch {}
+
+impl Hash for Launch {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        self.key().hash(h);
+    }
+}
+
+impl Launch {
+    /// A launch of `kernel`, which must be one that takes `args`.
+    pub fn new(kernel: Kernel, grid: (u32, u32, u32), block: u32, args: impl Into<Args>) -> Launch {
+        let args = args.into();
+        assert!(args.kernels().contains(&kernel), "{kernel:?} does not take {args:?}");
+        Launch { kernel, grid, block, smem: 0, args, serial: false }
     }
 
     pub fn smem(mut self, bytes: usize) -> Launch {
         self.smem = bytes as u32;
-        self
-    }
-
-    pub fn ptr(mut self, p: u64) -> Launch {
-        self.args.push(Arg::Ptr(p));
-        self
-    }
-
-    pub fn u64(mut self, v: u64) -> Launch {
-        self.args.push(Arg::U64(v));
-        self
-    }
-
-    pub fn i32(mut self, v: i32) -> Launch {
-        self.args.push(Arg::I32(v));
-        self
-    }
-
-    pub fn f32(mut self, v: f32) -> Launch {
-        self.args.push(Arg::F32(v.to_bits()));
         self
     }
 
@@ -116,13 +127,17 @@ impl Launch {
         self
     }
 
-    pub fn arg(mut self, a: Arg) -> Launch {
-        self.args.push(a);
-        self
+    /// The arguments in signature order, as the driver takes them.
+    pub fn params(&self) -> Vec<Arg> {
+        self.args.encode().args
     }
 
     pub fn run(&self, gpu: &Gpu, kernels: &Kernels, pdl: bool) -> DResult<()> {
-        let maps: Vec<TmaMap> = self
+        let enc = self.args.encode();
+        if enc.unbound {
+            return Err("an argument set after lowering is unset".into());
+        }
+        let maps: Vec<TmaMap> = enc
             .args
             .iter()
             .filter_map(|a| match a {
@@ -131,9 +146,9 @@ impl Launch {
             })
             .collect::<Result<_, _>>()?;
         let mut next_map = maps.iter();
-        // The driver copies the argument values at launch; `args` and `maps`
+        // The driver copies the argument values at launch; `enc` and `maps`
         // outlive the call.
-        let mut params: Vec<*mut c_void> = self
+        let mut params: Vec<*mut c_void> = enc
             .args
             .iter()
             .map(|a| match a {
@@ -151,6 +166,9 @@ impl Launch {
 
 /// One entry of a plan: a kernel launch, or a copy that the copy engine runs
 /// (a copy node in a captured graph).
+// Launches hold their arguments inline (a wgmma GEMM's are ~350 bytes,
+// less than the heap vector of `Arg`s they replaced); copies are few.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
 pub enum Step {
     Kernel(Launch),

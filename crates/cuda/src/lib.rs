@@ -13,6 +13,7 @@
 //!   graph and replayed from then on; per-step values (positions) are read
 //!   from device memory, so a decoding step replays the same graph.
 
+mod args;
 mod buffers;
 mod decode;
 mod driver;
@@ -240,7 +241,8 @@ impl CudaBackend {
                 return Err(e);
             }
         };
-        let copy = Launch::new(kernels::Kernel::CopyIn, (1024, 1, 1), 256).ptr(src).ptr(dst).u64(bytes as u64 / 16);
+        let args = args::CopyInArgs { src, dst, n16: bytes as u64 / 16 };
+        let copy = Launch::new(kernels::Kernel::CopyIn, (1024, 1, 1), 256, args);
         let timed = (|| -> std::result::Result<f64, String> {
             let (start, end) = (self.gpu.event()?, self.gpu.event()?);
             let mut best = f64::INFINITY;
@@ -406,12 +408,10 @@ impl CudaBackend {
             };
             tables.push(ptr);
             self.gpu.upload(ptr, &bytes).map_err(|m| self.dev_err(m))?;
-            let l = &mut fused.launches[*at];
-            l.args[0] = launch::Arg::Ptr(ptr + decode::HEADER_BYTES as u64);
-            l.args[2] = launch::Arg::Ptr(ptr);
-            if tracing {
-                l.args[6] = launch::Arg::Ptr(ptr + trace_at as u64);
-                traces.push((ptr + trace_at as u64, phases.clone()));
+            let trace = tracing.then_some(ptr + trace_at as u64);
+            decode::bind(&mut fused.launches[*at], ptr, trace);
+            if let Some(t) = trace {
+                traces.push((t, phases.clone()));
             }
         }
         Ok((fused.launches, tables, traces))

@@ -14,12 +14,16 @@
 use std::collections::HashMap;
 
 use tern_backend::TensorLoc;
-use tern_graph::{Activation, DType, Graph, NodeId, Op};
+use tern_graph::{DType, Graph, NodeId, Op};
 
+use crate::args::{
+    Act, BinOp, BinaryArgs, CopyInArgs, GatedActArgs, GetRowsArgs, GetRowsQ6KArgs, GetRowsQ8Args, RmsNormArgs,
+    ScaleArgs, TernaryGemmArgs, TernaryGemmWgArgs, TernaryGemvArgs,
+};
 use crate::buffers::Buffers;
 use crate::decode::CacheSpan;
 use crate::kernels::Kernel;
-use crate::launch::{Arg, Launch, TernaryBatch, TernaryMat};
+use crate::launch::{Launch, TernaryBatch, TernaryMat};
 use crate::qlayout::QLayout;
 use crate::tma::{MatrixMap, Swizzle};
 use crate::Weight;
@@ -159,15 +163,24 @@ struct Lower<'a> {
 fn wg_gemm(shape: WgShape, b: TernaryBatch, q: Quant, n_tok: usize, grid: (u32, u32, u32)) -> Result<Launch, Need> {
     let map = |ptr, row_bytes: usize, rows, box_bytes, box_rows: usize, swizzle| {
         let m = MatrixMap { ptr, row_bytes: row_bytes as u64, rows, box_bytes, box_rows: box_rows as u32, swizzle };
-        m.check().map(|()| Arg::Map(m)).map_err(Need::Error)
+        m.check().map(|()| m).map_err(Need::Error)
     };
-    let levels = map(q.q, q.k_pad, n_tok as u64, 128, WG_TOKENS, Swizzle::B128)?;
-    let mut l = Launch::new(shape.kernel, grid, shape.threads()).smem(shape.smem()).arg(Arg::Batch(b)).arg(levels);
-    for k in 0..3 {
+    let codes = |k: usize| {
         let m = &b.m[if k < b.n as usize { k } else { 0 }];
-        l = l.arg(map(m.w, q.k_pad / 4, m.rows as u64, 64, shape.rows(), Swizzle::B64)?);
-    }
-    Ok(l.i32(q.k_pad as i32).ptr(q.d).ptr(q.lsum).i32(n_tok as i32))
+        map(m.w, q.k_pad / 4, m.rows as u64, 64, shape.rows(), Swizzle::B64)
+    };
+    let args = TernaryGemmWgArgs {
+        b,
+        tq: map(q.q, q.k_pad, n_tok as u64, 128, WG_TOKENS, Swizzle::B128)?,
+        tw0: codes(0)?,
+        tw1: codes(1)?,
+        tw2: codes(2)?,
+        k_pad: q.k_pad as i32,
+        d: q.d,
+        lsum: q.lsum,
+        n_tok: n_tok as i32,
+    };
+    Ok(Launch::new(shape.kernel, grid, shape.threads(), args).smem(shape.smem()))
 }
 
 fn fail<T>(m: impl Into<String>) -> Result<T, Need> {
@@ -290,8 +303,8 @@ impl Lower<'_> {
             self.stage_used = (self.stage_used + bytes).next_multiple_of(256);
             let n16 = bytes / 16;
             let blocks = n16.div_ceil(1024).clamp(1, 1024) as u32;
-            let l =
-                Launch::new(Kernel::CopyIn, (blocks, 1, 1), 256).ptr(w.ptr_codes).ptr(slot).u64(n16 as u64).serial();
+            let args = CopyInArgs { src: w.ptr_codes, dst: slot, n16: n16 as u64 };
+            let l = Launch::new(Kernel::CopyIn, (blocks, 1, 1), 256, args).serial();
             self.out.push(l);
             w.ptr_scales = slot + (w.ptr_scales - w.ptr_codes);
             w.ptr_codes = slot;
@@ -315,29 +328,27 @@ impl Lower<'_> {
                 // norm kernel with its weight, a block per head.
                 let rows = node.n_elements() / head_dim;
                 let (x, w, y) = (self.ptr(node.srcs[0])?, self.ptr(node.srcs[1])?, self.ptr(id)?);
-                let l = Launch::new(Kernel::RmsNorm, (rows as u32, 1, 1), 128)
-                    .ptr(x)
-                    .ptr(w)
-                    .ptr(y)
-                    .i32(*head_dim as i32)
-                    .f32(*eps);
+                let args = RmsNormArgs { x, w, y, ne0: *head_dim as i32, eps: *eps };
+                let l = Launch::new(Kernel::RmsNorm, (rows as u32, 1, 1), 128, args);
                 self.out.push(l);
                 Ok(1)
             }
             Op::MulMat { .. } => self.mul_mat(nodes, i),
             Op::GetRows if self.weight(node.srcs[0]).is_some_and(|w| w.quant.is_some()) => {
                 let w = self.weight(node.srcs[0]).cloned().expect("checked by the guard");
+                let (k, ids, out) = (node.ne[0] as i32, self.ptr(node.srcs[1])?, self.ptr(id)?);
                 let l = match w.quant {
                     Some(QLayout::Q6K) => {
-                        Launch::new(Kernel::GetRowsQ6K, (node.ne[1] as u32, node.ne[0].div_ceil(256) as u32, 1), 256)
-                            .ptr(w.ptr_codes)
-                            .i32(self.node_ref(node.srcs[0]).ne[1] as i32)
+                        let rows = self.node_ref(node.srcs[0]).ne[1] as i32;
+                        let args = GetRowsQ6KArgs { base: w.ptr_codes, rows, k, ids, out };
+                        let grid = (node.ne[1] as u32, node.ne[0].div_ceil(256) as u32, 1);
+                        Launch::new(Kernel::GetRowsQ6K, grid, 256, args)
                     }
-                    _ => Launch::new(Kernel::GetRowsQ8, (node.ne[1] as u32, 1, 1), 256)
-                        .ptr(w.ptr_codes)
-                        .ptr(w.ptr_scales),
+                    _ => {
+                        let args = GetRowsQ8Args { q: w.ptr_codes, s: w.ptr_scales, k, ids, out };
+                        Launch::new(Kernel::GetRowsQ8, (node.ne[1] as u32, 1, 1), 256, args)
+                    }
                 };
-                let l = l.i32(node.ne[0] as i32).ptr(self.ptr(node.srcs[1])?).ptr(self.ptr(id)?);
                 self.out.push(l);
                 Ok(1)
             }
@@ -345,37 +356,38 @@ impl Lower<'_> {
                 let table = self.node_ref(node.srcs[0]);
                 let DType::Ggml(ty) = table.dtype else { return fail("get_rows on a non-float table") };
                 let row_bytes = ty.row_bytes(table.ne[0] as u64).unwrap_or(0);
-                let l = Launch::new(Kernel::GetRows, (node.ne[1] as u32, 1, 1), 256)
-                    .ptr(self.ptr(node.srcs[0])?)
-                    .u64(row_bytes)
-                    .i32(ty.id() as i32)
-                    .ptr(self.ptr(node.srcs[1])?)
-                    .ptr(self.ptr(id)?)
-                    .i32(node.ne[0] as i32);
+                let args = GetRowsArgs {
+                    table: self.ptr(node.srcs[0])?,
+                    row_bytes,
+                    ty: ty.id() as i32,
+                    ids: self.ptr(node.srcs[1])?,
+                    out: self.ptr(id)?,
+                    ne0: node.ne[0] as i32,
+                };
+                let l = Launch::new(Kernel::GetRows, (node.ne[1] as u32, 1, 1), 256, args);
                 self.out.push(l);
                 Ok(1)
             }
             Op::Mul | Op::Add => {
                 let n = node.n_elements();
                 let nb = self.node_ref(node.srcs[1]).n_elements();
-                let op = if matches!(node.op, Op::Add) { 0 } else { 1 };
-                let l = Launch::new(Kernel::Binary, grid1(n, 256), 256)
-                    .ptr(self.ptr(node.srcs[0])?)
-                    .ptr(self.ptr(node.srcs[1])?)
-                    .ptr(self.ptr(id)?)
-                    .u64(n as u64)
-                    .u64(nb as u64)
-                    .i32(op);
+                let op = if matches!(node.op, Op::Add) { BinOp::Add } else { BinOp::Mul };
+                let args = BinaryArgs {
+                    a: self.ptr(node.srcs[0])?,
+                    b: self.ptr(node.srcs[1])?,
+                    out: self.ptr(id)?,
+                    n: n as u64,
+                    nb: nb as u64,
+                    op,
+                };
+                let l = Launch::new(Kernel::Binary, grid1(n, 256), 256, args);
                 self.out.push(l);
                 Ok(1)
             }
             Op::Scale { factor } => {
                 let n = node.n_elements();
-                let l = Launch::new(Kernel::Scale, grid1(n, 256), 256)
-                    .ptr(self.ptr(node.srcs[0])?)
-                    .ptr(self.ptr(id)?)
-                    .u64(n as u64)
-                    .f32(*factor);
+                let args = ScaleArgs { x: self.ptr(node.srcs[0])?, out: self.ptr(id)?, n: n as u64, f: *factor };
+                let l = Launch::new(Kernel::Scale, grid1(n, 256), 256, args);
                 self.out.push(l);
                 Ok(1)
             }
@@ -384,16 +396,14 @@ impl Lower<'_> {
                     return Ok(n);
                 }
                 let n = node.n_elements();
-                let a = match act {
-                    Activation::Silu => 0,
-                    Activation::Relu2 => 1,
+                let args = GatedActArgs {
+                    gate: self.ptr(node.srcs[0])?,
+                    up: self.ptr(node.srcs[1])?,
+                    out: self.ptr(id)?,
+                    n: n as u64,
+                    act: Act::of(*act),
                 };
-                let l = Launch::new(Kernel::GatedAct, grid1(n, 256), 256)
-                    .ptr(self.ptr(node.srcs[0])?)
-                    .ptr(self.ptr(node.srcs[1])?)
-                    .ptr(self.ptr(id)?)
-                    .u64(n as u64)
-                    .i32(a);
+                let l = Launch::new(Kernel::GatedAct, grid1(n, 256), 256, args);
                 self.out.push(l);
                 Ok(1)
             }
@@ -475,7 +485,7 @@ impl Lower<'_> {
                             && self.uses[u.index()] == 1
                             && same_rows =>
                     {
-                        Some((a, if act == Activation::Silu { 0 } else { 1 }))
+                        Some((a, Act::of(act)))
                     }
                     _ => None,
                 }
@@ -548,19 +558,15 @@ impl Lower<'_> {
         let l = if let Some(shape) = wg {
             wg_gemm(shape, b, q, n_tok, (blocks as u32, grid_y as u32, 1))?
         } else {
-            let l = Launch::new(kernel, (blocks as u32, grid_y as u32, 1), threads)
-                .arg(Arg::Batch(b))
-                .i32(q.k_pad as i32)
-                .ptr(q.q)
-                .ptr(q.d)
-                .ptr(q.lsum)
-                .i32(n_tok as i32);
-            // The GEMV also takes the paired activation (-1: none).
-            let gemm = matches!(kernel, Kernel::TernaryGemm | Kernel::TernaryGemmGrouped);
-            if gemm {
-                l
+            let (k_pad, n_tok) = (q.k_pad as i32, n_tok as i32);
+            let grid = (blocks as u32, grid_y as u32, 1);
+            if matches!(kernel, Kernel::TernaryGemm | Kernel::TernaryGemmGrouped) {
+                let args = TernaryGemmArgs { b, k_pad, q: q.q, d: q.d, lsum: q.lsum, n_tok };
+                Launch::new(kernel, grid, threads, args)
             } else {
-                l.i32(pair.map_or(-1, |(_, a)| a))
+                let pair_act = pair.map_or(Act::None, |(_, a)| a);
+                let args = TernaryGemvArgs { b, k_pad, q: q.q, d: q.d, lsum: q.lsum, n_tok, pair_act };
+                Launch::new(kernel, grid, threads, args)
             }
         };
         self.out.push(if streamed { l.serial() } else { l });

@@ -6,9 +6,9 @@ use tern_backend::TensorLoc;
 use tern_graph::{Activation, AttentionParams, Graph, InputKind, KvKind, NodeId, Op, Precision, RopeMode, RopeParams};
 use tern_quant::GgmlType;
 
+use crate::args::{Act, Args, TernaryGemvArgs};
 use crate::buffers::{Backing, Buffers, DevBuf};
 use crate::kernels::Kernel;
-use crate::launch::Arg;
 use crate::lower::{lower, Scratch};
 use crate::qlayout::QLayout;
 use crate::weights::TernaryShape;
@@ -154,7 +154,17 @@ fn kernels(ls: &[crate::launch::Launch]) -> Vec<Kernel> {
 }
 
 fn batch(l: &crate::launch::Launch) -> crate::launch::TernaryBatch {
-    l.args.iter().find_map(|a| if let Arg::Batch(b) = a { Some(*b) } else { None }).expect("a batch argument")
+    match l.args {
+        Args::TernaryGemv(a) => a.b,
+        Args::TernaryGemm(a) => a.b,
+        Args::TernaryGemmWg(a) => a.b,
+        _ => panic!("{:?} takes no batch", l.kernel),
+    }
+}
+
+fn gemv_args(l: &crate::launch::Launch) -> TernaryGemvArgs {
+    let Args::TernaryGemv(a) = l.args else { panic!("{:?} is not a GEMV", l.kernel) };
+    a
 }
 
 #[test]
@@ -176,14 +186,14 @@ fn decoding_a_layer_takes_nine_launches() {
     assert_eq!(kernels(&ls), want);
     assert_eq!(batch(&ls[1]).n, 3);
     // The attention reads the GEMV's unrotated q and k and rotates them itself.
-    let Some(Arg::Rope(r)) = ls[2].args.last() else { panic!("no rope argument: {:?}", ls[2].args) };
-    let b = batch(&ls[1]);
-    assert_eq!((r.on, r.k, r.n_rot, r.mode), (1, b.m[1].out, HD as i32, 1));
-    assert_eq!(ls[2].args[0], Arg::Ptr(b.m[0].out), "q as the GEMV wrote it");
+    let Args::Attention(a) = ls[2].args else { panic!("not an attention: {:?}", ls[2].args) };
+    let (r, b) = (a.r, batch(&ls[1]));
+    assert_eq!((r.on, r.k, r.n_rot, r.mode), (1, b.m[1].out, HD as i32, crate::args::RopeMode::Neox));
+    assert_eq!(a.q, b.m[0].out, "q as the GEMV wrote it");
     assert_eq!(r.v, b.m[2].out);
-    // The GEMV's last argument is the paired activation: relu² (1) for gate/up, none (-1) elsewhere.
-    assert_eq!(ls[6].args.last(), Some(&Arg::I32(1)));
-    assert_eq!(ls[1].args.last(), Some(&Arg::I32(-1)));
+    // The GEMV pairs gate/up with relu², and nothing elsewhere.
+    assert_eq!(gemv_args(&ls[6]).pair_act, Act::Relu2);
+    assert_eq!(gemv_args(&ls[1]).pair_act, Act::None);
     for i in [4, 8] {
         assert_ne!(batch(&ls[i]).m[0].res, 0, "launch {i} adds the residual");
     }
@@ -246,8 +256,9 @@ fn the_final_norm_folds_into_a_one_token_q6k_head() {
     let ptr =
         |id: NodeId| bufs.get(locs[id.index()].unwrap().buffer).unwrap().ptr + locs[id.index()].unwrap().offset as u64;
     let wn = l.g.ids().find(|&id| l.g.node(id).label.as_deref() == Some("output_norm")).unwrap();
-    assert_eq!(ls[0].args[3], Arg::Ptr(ptr(l.x)), "x, not the normed row");
-    assert_eq!(ls[0].args[ls[0].args.len() - 2..], [Arg::Ptr(ptr(wn)), Arg::F32(1e-5f32.to_bits())]);
+    let Args::Q6KGemv1Q8(a) = ls[0].args else { panic!("{:?}", ls[0].args) };
+    assert_eq!(a.io.x, ptr(l.x), "x, not the normed row");
+    assert_eq!((a.nw, a.eps), (ptr(wn), 1e-5));
     let y = *l.g.outputs.first().unwrap();
     assert_eq!(kernels(&launches(&l, Some((y, l.x))))[1..], [Q6KGemv1Q8]);
     assert!(!kernels(&launches(&head(2), None)).contains(&Q6KGemv1Q8));
@@ -263,7 +274,7 @@ fn an_attention_output_over_its_inputs_keeps_the_rope_launch() {
     let att = l.g.ids().find(|&id| matches!(l.g.node(id).op, Op::Attention(_))).unwrap();
     let ls = launches(&l, Some((att, k)));
     assert_eq!(kernels(&ls)[..4], [NormQuant, TernaryGemv1, RopeStore, Attention]);
-    assert!(matches!(ls[3].args.last(), Some(Arg::Rope(r)) if r.on == 0));
+    assert!(matches!(ls[3].args, Args::Attention(a) if a.r.on == 0));
 }
 
 #[test]
@@ -286,12 +297,14 @@ fn a_prompt_uses_the_gemm_and_tensor_core_attention() {
     assert_eq!(batch(&ls[1]).n, 3);
     assert_eq!(batch(&ls[7]).n, 2);
     // relu², then ffn_sub_norm's norm and weight.
-    assert_eq!((&ls[8].args[2], &ls[8].args[9]), (&Arg::I32(1), &Arg::I32(1)));
+    let Args::GatedNormQuant(a) = ls[8].args else { panic!("{:?}", ls[8].args) };
+    assert_eq!((a.act, a.norm), (Act::Relu2, 1));
     // 256-row tiles (q: 1, k: 1, v: 1) by 32-token tiles, a thread a row;
     // the GEMM takes no activation argument.
     assert_eq!(ls[1].grid, (3, 2, 1));
     assert_eq!(batch(&ls[1]).block_start, [0, 1, 2, 3]);
-    assert_eq!((ls[1].block, ls[1].args.last()), (256, Some(&Arg::I32(64))));
+    let Args::TernaryGemm(a) = ls[1].args else { panic!("{:?}", ls[1].args) };
+    assert_eq!((ls[1].block, a.n_tok), (256, 64));
     assert_eq!(ls[7].grid, (4, 2, 1));
 }
 
@@ -342,7 +355,8 @@ fn a_prompts_gated_product_is_quantized_as_it_loads() {
     use Kernel::*;
     let ls = launches(&ffn(64, false), None);
     assert_eq!(kernels(&ls), [NormQuant, TernaryGemm, GatedNormQuant, TernaryGemm]);
-    assert_eq!((&ls[2].args[2], &ls[2].args[9]), (&Arg::I32(0), &Arg::I32(0)), "SiLU, no norm");
+    let Args::GatedNormQuant(a) = ls[2].args else { panic!("{:?}", ls[2].args) };
+    assert_eq!((a.act, a.norm), (Act::Silu, 0), "SiLU, no norm");
     let kept = kernels(&launches(&ffn(64, true), None));
     assert_eq!(kept, [NormQuant, TernaryGemm, GatedAct, NormQuant, TernaryGemm]);
     assert!(!kernels(&launches(&ffn(4, false), None)).contains(&GatedNormQuant));
@@ -407,7 +421,8 @@ fn sm_90_prompts_take_the_wgmma_gemm_with_its_tensor_maps() {
             [(wg[0], narrow, E), (wg[1], narrow, E), (wg[2], gate_up, E), (wg[3], narrow, F)].into_iter().enumerate()
         {
             let (kernel, rows, threads, stages) = shape;
-            let Arg::Batch(b) = launch.args[0] else { panic!("{:?}", launch.args[0]) };
+            let Args::TernaryGemmWg(a) = launch.args else { panic!("{:?}", launch.args) };
+            let b = a.b;
             let blocks: usize = (0..b.n as usize).map(|m| (b.m[m].rows as usize).div_ceil(rows)).sum();
             let smem = stages * (128 * 256 + rows * 64) + 2048;
             assert_eq!(
@@ -415,8 +430,7 @@ fn sm_90_prompts_take_the_wgmma_gemm_with_its_tensor_maps() {
                 (kernel, (blocks as u32, 2, 1), threads, smem),
                 "GEMM {i} on {sms} SMs"
             );
-            let maps: Vec<_> =
-                launch.args[1..5].iter().map(|a| if let Arg::Map(m) = a { *m } else { panic!("{a:?}") }).collect();
+            let maps = [a.tq, a.tw0, a.tw1, a.tw2];
             let kp = k_pad(k);
             assert_eq!(
                 (maps[0].row_bytes, maps[0].rows, maps[0].box_bytes, maps[0].box_rows),
@@ -427,11 +441,11 @@ fn sm_90_prompts_take_the_wgmma_gemm_with_its_tensor_maps() {
                 assert_eq!((m.ptr, m.rows), (b.m[j].w, b.m[j].rows as u64), "GEMM {i} matrix {j}");
                 assert_eq!((m.row_bytes, m.box_bytes, m.box_rows, m.swizzle), (kp / 4, 64, rows as u32, Swizzle::B64));
             }
-            assert_eq!(launch.args[5..], [Arg::I32(kp as i32), launch.args[6], launch.args[7], Arg::I32(n as i32)]);
+            assert_eq!((a.k_pad, a.n_tok), (kp as i32, n as i32));
         }
-        let Arg::Batch(b) = wg[2].args[0] else { panic!() };
-        assert_eq!(b.n, 2);
-        assert_eq!(wg[2].args[4], wg[2].args[2], "the unused slot repeats matrix 0's map");
+        let Args::TernaryGemmWg(a) = wg[2].args else { panic!() };
+        assert_eq!(a.b.n, 2);
+        assert_eq!(a.tw2, a.tw0, "the unused slot repeats matrix 0's map");
     }
     // Levels the copy engine cannot read (a workspace off 16 bytes) take mma.sync.
     let odd = Scratch { base: SCRATCH.base + 8, ..SCRATCH };
@@ -484,7 +498,7 @@ fn staged_weights_are_streamed_in_before_their_matmul() {
     // The GEMM reads the ring, not the host copy.
     let b = batch(&ls[9]);
     assert_eq!((b.m[0].w, b.m[1].w), (1 << 44, (1 << 44) + (1 << 20)));
-    assert_eq!(ls[7].args[1], Arg::Ptr(1 << 44));
+    assert!(matches!(ls[7].args, Args::CopyIn(a) if a.dst == 1 << 44));
     assert!(b.m[0].scales > b.m[0].w && b.m[0].scales < b.m[1].w);
 }
 

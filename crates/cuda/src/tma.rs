@@ -15,8 +15,9 @@ const _: () = assert!(std::mem::size_of::<TmaMap>() == 128);
 
 /// How a box lands in shared memory: its 16-byte units permuted within
 /// each span of this many bytes (wgmma's swizzled layouts).
-#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, Hash, PartialEq, Eq)]
 pub enum Swizzle {
+    #[default]
     B64,
     B128,
 }
@@ -25,7 +26,7 @@ pub enum Swizzle {
 /// address `ptr`, read in boxes of `box_bytes` × `box_rows`; boxes reaching
 /// past the matrix read zeros there. Plain data (launches hash it); the
 /// launch encodes it.
-#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, Hash, PartialEq, Eq)]
 pub struct MatrixMap {
     pub ptr: u64,
     pub row_bytes: u64,

@@ -3,12 +3,13 @@
 //! decoding splits, rope inside), and the prompt attention on tensor cores
 //! (`flash_attn*`).
 
-use tern_graph::{AttentionParams, DType, Node, NodeId, Op, RopeMode};
+use tern_graph::{AttentionParams, DType, Node, NodeId, Op};
 use tern_quant::GgmlType;
 
 use super::{fail, grid1, Lower, Need, GEMV_MAX_TOKENS};
+use crate::args::{AttentionArgs, FlashAttnArgs, KvStoreArgs, RopeArgs, RopeMode, RopeStoreArgs};
 use crate::kernels::Kernel;
-use crate::launch::{Arg, AttRope, Launch};
+use crate::launch::{AttRope, Launch};
 
 /// Keys per attention split, at least; long caches use larger splits so that
 /// a token never has more than this many splits.
@@ -56,18 +57,20 @@ impl Lower<'_> {
             None => 0,
         };
         let pairs = n_tok * n_head * (p.head_dim / 2);
-        let l = Launch::new(Kernel::Rope, grid1(pairs, 256), 256)
-            .ptr(self.ptr(node.srcs[0])?)
-            .ptr(self.ptr(id)?)
-            .ptr(self.ptr(node.srcs[1])?)
-            .ptr(factors)
-            .i32(p.head_dim as i32)
-            .i32(n_head as i32)
-            .i32(n_tok as i32)
-            .i32(p.n_rot as i32)
-            .i32(if p.mode == RopeMode::Norm { 0 } else { 1 })
-            .f32(p.freq_base)
-            .f32(p.freq_scale);
+        let args = RopeArgs {
+            x: self.ptr(node.srcs[0])?,
+            out: self.ptr(id)?,
+            pos: self.ptr(node.srcs[1])?,
+            factors,
+            head_dim: p.head_dim as i32,
+            n_head: n_head as i32,
+            n_tok: n_tok as i32,
+            n_rot: p.n_rot as i32,
+            mode: RopeMode::of(p.mode),
+            base: p.freq_base,
+            fscale: p.freq_scale,
+        };
+        let l = Launch::new(Kernel::Rope, grid1(pairs, 256), 256, args);
         self.out.push(l);
         Ok(())
     }
@@ -114,7 +117,7 @@ impl Lower<'_> {
                     None => 0,
                 },
                 n_rot: r.n_rot as i32,
-                mode: if r.mode == RopeMode::Norm { 0 } else { 1 },
+                mode: RopeMode::of(r.mode),
                 base: r.freq_base.to_bits(),
                 fscale: r.freq_scale.to_bits(),
                 on: 1,
@@ -127,24 +130,26 @@ impl Lower<'_> {
                 Some(&f) => self.ptr(f)?,
                 None => 0,
             };
-            let l = Launch::new(Kernel::RopeStore, (n_tok as u32, 1, 1), 256)
-                .ptr(self.ptr(nq.srcs[0])?)
-                .ptr(self.ptr(rq)?)
-                .ptr(self.ptr(nk.srcs[0])?)
-                .ptr(self.ptr(s[2])?)
-                .ptr(kcp)
-                .ptr(vcp)
-                .ptr(pos)
-                .ptr(factors)
-                .i32(p.head_dim as i32)
-                .i32(p.n_head as i32)
-                .i32(p.n_head_kv as i32)
-                .i32(r.n_rot as i32)
-                .i32(if r.mode == RopeMode::Norm { 0 } else { 1 })
-                .f32(r.freq_base)
-                .f32(r.freq_scale)
-                .i32(k_type)
-                .i32(v_type);
+            let args = RopeStoreArgs {
+                q: self.ptr(nq.srcs[0])?,
+                q_out: self.ptr(rq)?,
+                k: self.ptr(nk.srcs[0])?,
+                v: self.ptr(s[2])?,
+                kc: kcp,
+                vc: vcp,
+                pos,
+                factors,
+                head_dim: p.head_dim as i32,
+                n_head: p.n_head as i32,
+                n_head_kv: p.n_head_kv as i32,
+                n_rot: r.n_rot as i32,
+                mode: RopeMode::of(r.mode),
+                base: r.freq_base,
+                fscale: r.freq_scale,
+                k_type,
+                v_type,
+            };
+            let l = Launch::new(Kernel::RopeStore, (n_tok as u32, 1, 1), 256, args);
             self.out.push(l);
         } else {
             for n in [rq, rk] {
@@ -152,15 +157,17 @@ impl Lower<'_> {
                     self.rope(n)?;
                 }
             }
-            let store = Launch::new(Kernel::KvStore, (n_tok as u32, 1, 1), 256)
-                .ptr(self.ptr(s[1])?)
-                .ptr(self.ptr(s[2])?)
-                .ptr(kcp)
-                .ptr(vcp)
-                .ptr(pos)
-                .i32(row as i32)
-                .i32(k_type)
-                .i32(v_type);
+            let args = KvStoreArgs {
+                k: self.ptr(s[1])?,
+                v: self.ptr(s[2])?,
+                kc: kcp,
+                vc: vcp,
+                pos,
+                row: row as i32,
+                k_type,
+                v_type,
+            };
+            let store = Launch::new(Kernel::KvStore, (n_tok as u32, 1, 1), 256, args);
             self.out.push(store);
         }
         let group = p.n_head / p.n_head_kv;
@@ -186,18 +193,19 @@ impl Lower<'_> {
                 (false, _) => Kernel::FlashAttn,
                 (true, _) => Kernel::FlashAttnSplit,
             };
-            let l = Launch::new(kernel, (p.n_head_kv as u32, tiles_y as u32, 1), block)
-                .smem(tiles.max(merge))
-                .ptr(self.ptr(s[0])?)
-                .ptr(kcp)
-                .ptr(vcp)
-                .ptr(pos)
-                .ptr(self.ptr(id)?)
-                .i32(n_tok as i32)
-                .i32(p.n_head as i32)
-                .i32(p.n_head_kv as i32)
-                .i32(p.head_dim as i32)
-                .f32(p.scale);
+            let args = FlashAttnArgs {
+                q: self.ptr(s[0])?,
+                kc: kcp,
+                vc: vcp,
+                pos,
+                out: self.ptr(id)?,
+                n_tok: n_tok as i32,
+                n_head: p.n_head as i32,
+                n_head_kv: p.n_head_kv as i32,
+                head_dim: p.head_dim as i32,
+                scale: p.scale,
+            };
+            let l = Launch::new(kernel, (p.n_head_kv as u32, tiles_y as u32, 1), block, args).smem(tiles.max(merge));
             self.out.push(l);
             return Ok(());
         }
@@ -214,24 +222,26 @@ impl Lower<'_> {
         let counters = self.scratch.counters + (self.counters_used * 4) as u64;
         self.counters_used += n_tok * p.n_head_kv;
         let q = if in_attention { self.node_ref(rq).srcs[0] } else { s[0] };
-        let l = Launch::new(Kernel::Attention, (p.n_head_kv as u32, n_tok as u32, n_split as u32), 32 * group as u32)
-            .smem(group * p.head_dim * 4)
-            .ptr(self.ptr(q)?)
-            .ptr(kcp)
-            .ptr(vcp)
-            .ptr(pos)
-            .ptr(self.ptr(id)?)
-            .ptr(part)
-            .ptr(counters)
-            .i32(p.n_head as i32)
-            .i32(p.n_head_kv as i32)
-            .i32(p.head_dim as i32)
-            .f32(p.scale)
-            .i32(split as i32)
-            .i32(n_split as i32)
-            .i32(k_type)
-            .i32(v_type)
-            .arg(Arg::Rope(rope));
+        let args = AttentionArgs {
+            q: self.ptr(q)?,
+            kc: kcp,
+            vc: vcp,
+            pos,
+            out: self.ptr(id)?,
+            part,
+            counters,
+            n_head: p.n_head as i32,
+            n_head_kv: p.n_head_kv as i32,
+            head_dim: p.head_dim as i32,
+            scale: p.scale,
+            split: split as i32,
+            n_split: n_split as i32,
+            k_type,
+            v_type,
+            r: rope,
+        };
+        let grid = (p.n_head_kv as u32, n_tok as u32, n_split as u32);
+        let l = Launch::new(Kernel::Attention, grid, 32 * group as u32, args).smem(group * p.head_dim * 4);
         self.out.push(l);
         Ok(())
     }

@@ -6,6 +6,7 @@ use tern_graph::{Node, NodeId, Op, Precision};
 use tern_quant::GgmlType;
 
 use super::{grid1, Lower, Need, FMAT_TOKENS};
+use crate::args::{F16GemvArgs, FmatGemvArgs, GemvIo, Q6KGemv1Q8Args, Q6KGemvArgs, Q8GemvArgs};
 use crate::kernels::Kernel;
 use crate::launch::Launch;
 use crate::qlayout::QLayout;
@@ -85,9 +86,18 @@ impl Lower<'_> {
             let nt = (n_tok - t0).min(FMAT_TOKENS);
             let off = (t0 * rows * 4) as u64;
             let (xt, res_t) = (x + (t0 * k * 4) as u64, if res == 0 { 0 } else { res + off });
+            let io = GemvIo {
+                rows: rows as i32,
+                k: k as i32,
+                x: xt,
+                n_tok: nt as i32,
+                out: out + off,
+                out_stride: rows as u64,
+                res: res_t,
+            };
             let l = if w.quant == Some(QLayout::Levels) {
                 let kernel = if nt == 1 { Kernel::Q8Gemv1 } else { Kernel::Q8Gemv };
-                Launch::new(kernel, grid1(rows, 8), 256).ptr(w.ptr_codes).ptr(w.ptr_scales)
+                Launch::new(kernel, grid1(rows, 8), 256, Q8GemvArgs { q: w.ptr_codes, s: w.ptr_scales, io })
             } else if q6k_q8 {
                 // A quantized model's products pair int8 activations (the
                 // CPU's integers). Three blocks an SM walk the rows, each
@@ -96,20 +106,17 @@ impl Lower<'_> {
                 // `Q6_SLOT`).
                 let blocks = rows.div_ceil(8).min(3 * self.sms.max(1));
                 let smem = (k + k / 64).next_multiple_of(16) + 8 * 2080;
-                Launch::new(Kernel::Q6KGemv1Q8, (blocks as u32, 1, 1), 256).smem(smem).ptr(w.ptr_codes)
+                let (nw, eps) = norm.map_or((0, 0.0), |n| (n.w, n.eps));
+                let args = Q6KGemv1Q8Args { base: w.ptr_codes, io, nw, eps };
+                Launch::new(Kernel::Q6KGemv1Q8, (blocks as u32, 1, 1), 256, args).smem(smem)
             } else if w.quant == Some(QLayout::Q6K) {
                 let kernel = if nt == 1 { Kernel::Q6KGemv1 } else { Kernel::Q6KGemv };
-                Launch::new(kernel, grid1(rows, 8), 256).ptr(w.ptr_codes)
+                Launch::new(kernel, grid1(rows, 8), 256, Q6KGemvArgs { base: w.ptr_codes, io })
             } else if w.ty == GgmlType::F16 && k % 8 == 0 {
-                Launch::new(Kernel::F16Gemv, grid1(rows, 8), 256).ptr(w.ptr_codes)
+                Launch::new(Kernel::F16Gemv, grid1(rows, 8), 256, F16GemvArgs { w: w.ptr_codes, io })
             } else {
-                Launch::new(Kernel::FmatGemv, grid1(rows, 8), 256).ptr(w.ptr_codes).u64(row_bytes).i32(w.ty.id() as i32)
-            };
-            let l = l.i32(rows as i32).i32(k as i32).ptr(xt).i32(nt as i32).ptr(out + off).u64(rows as u64).ptr(res_t);
-            let l = match (q6k_q8, norm) {
-                (true, Some(n)) => l.ptr(n.w).f32(n.eps),
-                (true, None) => l.ptr(0).f32(0.0),
-                (false, _) => l,
+                let args = FmatGemvArgs { w: w.ptr_codes, row_bytes, ty: w.ty.id() as i32, io };
+                Launch::new(Kernel::FmatGemv, grid1(rows, 8), 256, args)
             };
             self.out.push(l);
         }

@@ -5,6 +5,7 @@
 use tern_graph::{Activation, NodeId, Op};
 
 use super::{Lower, Need, Quant, GEMV_MAX_TOKENS};
+use crate::args::{Act, GatedNormQuantArgs, NormQuantArgs, RmsNormArgs};
 use crate::kernels::Kernel;
 use crate::launch::Launch;
 
@@ -48,8 +49,8 @@ impl Lower<'_> {
             let q = self.quantize(x, w, y, ne0, rows, true, eps);
             self.quant.insert(dst, q);
         } else {
-            let l =
-                Launch::new(Kernel::RmsNorm, (rows as u32, 1, 1), 256).ptr(x).ptr(w).ptr(y).i32(ne0 as i32).f32(eps);
+            let args = RmsNormArgs { x, w, y, ne0: ne0 as i32, eps };
+            let l = Launch::new(Kernel::RmsNorm, (rows as u32, 1, 1), 256, args);
             self.out.push(l);
         }
         Ok(consumed)
@@ -94,10 +95,6 @@ impl Lower<'_> {
         if rows <= GEMV_MAX_TOKENS {
             return Ok(None);
         }
-        let act = match act {
-            Activation::Silu => 0,
-            Activation::Relu2 => 1,
-        };
         let (dst, w, consumed, norm, eps) = if self.only_levels_read(id) {
             (id, 0, 1, false, 0.0)
         } else {
@@ -114,19 +111,20 @@ impl Lower<'_> {
         };
         let (gate, up) = (self.ptr(node.srcs[0])?, self.ptr(node.srcs[1])?);
         let q = self.quant_buffers(ne0, rows);
-        let l = Launch::new(Kernel::GatedNormQuant, (rows as u32, 1, 1), 256)
-            .smem(ne0 * 4)
-            .ptr(gate)
-            .ptr(up)
-            .i32(act)
-            .ptr(w)
-            .ptr(q.q)
-            .ptr(q.d)
-            .ptr(q.lsum)
-            .i32(ne0 as i32)
-            .i32(q.k_pad as i32)
-            .i32(norm as i32)
-            .f32(eps);
+        let args = GatedNormQuantArgs {
+            gate,
+            up,
+            act: Act::of(act),
+            w,
+            q: q.q,
+            d: q.d,
+            lsum: q.lsum,
+            ne0: ne0 as i32,
+            k_pad: q.k_pad as i32,
+            norm: norm as i32,
+            eps,
+        };
+        let l = Launch::new(Kernel::GatedNormQuant, (rows as u32, 1, 1), 256, args).smem(ne0 * 4);
         self.out.push(l);
         self.quant.insert(dst, q);
         Ok(Some(consumed))
@@ -164,18 +162,8 @@ impl Lower<'_> {
         } else {
             512
         };
-        let l = Launch::new(Kernel::NormQuant, (rows as u32, 1, 1), threads)
-            .smem(ne0 * 4)
-            .ptr(x)
-            .ptr(w)
-            .ptr(y)
-            .ptr(q)
-            .ptr(d)
-            .ptr(lsum)
-            .i32(ne0 as i32)
-            .i32(k_pad as i32)
-            .i32(norm as i32)
-            .f32(eps);
+        let args = NormQuantArgs { x, w, y, q, d, lsum, ne0: ne0 as i32, k_pad: k_pad as i32, norm: norm as i32, eps };
+        let l = Launch::new(Kernel::NormQuant, (rows as u32, 1, 1), threads, args).smem(ne0 * 4);
         self.out.push(l);
         quant
     }

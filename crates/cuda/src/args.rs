@@ -1,0 +1,346 @@
+//! Every kernel's arguments as a struct with named fields, in the order of
+//! its `extern "C"` signature. `kernel_args!` writes that order once: for
+//! the struct and for its encoding into a launch's positional arguments, so
+//! lowering builds launches, and `decode.rs` reads them, by name. A host
+//! test (`args_tests.rs`) reads the signatures in `kernels/*.cu` and checks
+//! each struct's encoding against them.
+//!
+//! The integer codes the kernels take (activation, rope mode, binary op,
+//! fused mode) are `#[repr(i32)]` enums here and enum constants in
+//! `prelude.cuh`; the same test compares the two.
+
+use tern_graph::{Activation, RopeMode as GraphRope};
+
+use crate::kernels::Kernel;
+use crate::launch::{Arg, AttRope, TernaryBatch};
+use crate::tma::MatrixMap;
+
+/// act(gate) · up (`gated` in prelude.cuh, `enum Act`); `None`: a GEMV
+/// with no (gate, up) pair.
+#[repr(i32)]
+#[derive(Clone, Copy, Debug, Default, Hash, PartialEq, Eq)]
+pub enum Act {
+    #[default]
+    None = -1,
+    Silu = 0,
+    Relu2 = 1,
+}
+
+impl Act {
+    pub fn of(a: Activation) -> Act {
+        match a {
+            Activation::Silu => Act::Silu,
+            Activation::Relu2 => Act::Relu2,
+        }
+    }
+}
+
+/// The pairs a rope rotates (`rope_pair` in prelude.cuh, `enum RopeMode`).
+#[repr(i32)]
+#[derive(Clone, Copy, Debug, Default, Hash, PartialEq, Eq)]
+pub enum RopeMode {
+    #[default]
+    Norm = 0,
+    Neox = 1,
+}
+
+impl RopeMode {
+    pub fn of(m: GraphRope) -> RopeMode {
+        match m {
+            GraphRope::Norm => RopeMode::Norm,
+            GraphRope::Neox => RopeMode::Neox,
+        }
+    }
+}
+
+/// `binary`'s operation (`enum BinOp`).
+#[repr(i32)]
+#[derive(Clone, Copy, Debug, Default, Hash, PartialEq, Eq)]
+pub enum BinOp {
+    #[default]
+    Add = 0,
+    Mul = 1,
+}
+
+/// Where a fused GEMV phase of `decode_run` takes its input levels
+/// (`GemvArgs::fused` in decode_table.cu, `enum Fused`).
+#[repr(i32)]
+#[derive(Clone, Copy, Debug, Default, Hash, PartialEq, Eq)]
+pub enum FusedMode {
+    /// From the `norm_quant` before it (`nq.q`, `nq.d`, `nq.lsum`).
+    #[default]
+    Levels = 0,
+    /// Every block quantizes `nq.x` itself, with block reductions.
+    Block = 1,
+    /// The same, from the statistics the phase before left (`stat_in`).
+    Stats = 2,
+}
+
+/// A launch's arguments in their positional form, as the driver takes them.
+#[derive(Debug, Default)]
+pub struct Enc {
+    pub args: Vec<Arg>,
+    /// A `late` argument was still unset: the launch must not run.
+    pub unbound: bool,
+}
+
+impl Enc {
+    fn ptr(&mut self, v: u64) {
+        self.args.push(Arg::Ptr(v));
+    }
+    fn u64(&mut self, v: u64) {
+        self.args.push(Arg::U64(v));
+    }
+    fn i32(&mut self, v: i32) {
+        self.args.push(Arg::I32(v));
+    }
+    /// A C `u32`: the same four bytes as an `int`.
+    fn u32(&mut self, v: u32) {
+        self.args.push(Arg::I32(v as i32));
+    }
+    fn f32(&mut self, v: f32) {
+        self.args.push(Arg::F32(v.to_bits()));
+    }
+    fn act(&mut self, v: Act) {
+        self.i32(v as i32);
+    }
+    fn mode(&mut self, v: RopeMode) {
+        self.i32(v as i32);
+    }
+    fn op(&mut self, v: BinOp) {
+        self.i32(v as i32);
+    }
+    fn batch(&mut self, v: TernaryBatch) {
+        self.args.push(Arg::Batch(v));
+    }
+    fn rope(&mut self, v: AttRope) {
+        self.args.push(Arg::Rope(v));
+    }
+    fn map(&mut self, v: MatrixMap) {
+        self.args.push(Arg::Map(v));
+    }
+    fn io(&mut self, v: GemvIo) {
+        v.encode(self);
+    }
+    /// A pointer known only after lowering (`decode::bind`).
+    fn late(&mut self, v: Option<u64>) {
+        self.unbound |= v.is_none();
+        self.ptr(v.unwrap_or(0));
+    }
+}
+
+/// The arguments the float and block-quantized GEMVs (fmat.cu) share after
+/// their weight's: `rows` outputs of `k` inputs for `n_tok` tokens of `x`,
+/// each token's row of `out` `out_stride` floats on, plus `res` (0: none).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct GemvIo {
+    pub rows: i32,
+    pub k: i32,
+    pub x: u64,
+    pub n_tok: i32,
+    pub out: u64,
+    pub out_stride: u64,
+    pub res: u64,
+}
+
+impl GemvIo {
+    fn encode(&self, e: &mut Enc) {
+        e.i32(self.rows);
+        e.i32(self.k);
+        e.ptr(self.x);
+        e.i32(self.n_tok);
+        e.ptr(self.out);
+        e.u64(self.out_stride);
+        e.ptr(self.res);
+    }
+}
+
+/// One struct per argument list: `Variant(Struct) for [kernels taking it]
+/// { field: type => how it is encoded, ... }` in signature order.
+macro_rules! kernel_args {
+    ($(
+        $(#[$m:meta])*
+        $variant:ident($name:ident) for [$($k:ident),+] {
+            $( $(#[$fm:meta])* $f:ident : $t:ty => $enc:ident ),* $(,)?
+        }
+    )*) => {
+        $(
+            $(#[$m])*
+            #[repr(C)]
+            #[derive(Clone, Copy, Debug, Default, PartialEq)]
+            pub struct $name { $( $(#[$fm])* pub $f: $t ),* }
+
+            impl $name {
+                pub const KERNELS: &'static [Kernel] = &[$(Kernel::$k),+];
+            }
+
+            impl From<$name> for Args {
+                fn from(a: $name) -> Args {
+                    Args::$variant(a)
+                }
+            }
+        )*
+
+        /// A launch's arguments: the struct of its kernel.
+        #[derive(Clone, Copy, Debug, PartialEq)]
+        pub enum Args { $( $variant($name) ),* }
+
+        impl Args {
+            /// The kernels that take these arguments.
+            pub fn kernels(&self) -> &'static [Kernel] {
+                match self { $( Args::$variant(_) => $name::KERNELS ),* }
+            }
+
+            /// The positional form, in signature order.
+            pub fn encode(&self) -> Enc {
+                let mut e = Enc { args: Vec::with_capacity(17), unbound: false };
+                match self { $( Args::$variant(a) => { $( e.$enc(a.$f); )* } ),* }
+                e
+            }
+
+            /// Each struct's default value (the signature test encodes them).
+            #[cfg(test)]
+            pub fn every() -> Vec<Args> {
+                vec![$( Args::$variant($name::default()) ),*]
+            }
+        }
+    };
+}
+
+kernel_args! {
+    /// `get_rows` (elementwise.cu): rows of a float or block table.
+    GetRows(GetRowsArgs) for [GetRows] {
+        table: u64 => ptr, row_bytes: u64 => u64, ty: i32 => i32, ids: u64 => ptr, out: u64 => ptr, ne0: i32 => i32,
+    }
+    /// `rms_norm`; `w` 0: unweighted.
+    RmsNorm(RmsNormArgs) for [RmsNorm] {
+        x: u64 => ptr, w: u64 => ptr, y: u64 => ptr, ne0: i32 => i32, eps: f32 => f32,
+    }
+    /// `binary`: `out = a op b[i % nb]`.
+    Binary(BinaryArgs) for [Binary] {
+        a: u64 => ptr, b: u64 => ptr, out: u64 => ptr, n: u64 => u64, nb: u64 => u64, op: BinOp => op,
+    }
+    Scale(ScaleArgs) for [Scale] {
+        x: u64 => ptr, out: u64 => ptr, n: u64 => u64, f: f32 => f32,
+    }
+    GatedAct(GatedActArgs) for [GatedAct] {
+        gate: u64 => ptr, up: u64 => ptr, out: u64 => ptr, n: u64 => u64, act: Act => act,
+    }
+    /// `rope`; `factors` 0: none.
+    Rope(RopeArgs) for [Rope] {
+        x: u64 => ptr, out: u64 => ptr, pos: u64 => ptr, factors: u64 => ptr,
+        head_dim: i32 => i32, n_head: i32 => i32, n_tok: i32 => i32, n_rot: i32 => i32, mode: RopeMode => mode,
+        base: f32 => f32, fscale: f32 => f32,
+    }
+    /// 16-byte words from `src` to `dst` (`copy_in`: staged weights, and
+    /// small copies into mapped host memory).
+    CopyIn(CopyInArgs) for [CopyIn, HostWrite] {
+        src: u64 => ptr, dst: u64 => ptr, n16: u64 => u64,
+    }
+    /// `norm_quant` (quantize.cu), and a `decode_run` table's `NqArgs`:
+    /// `w` 0 unweighted, `y` 0 no f32 copy, `norm` 0 quantization alone.
+    NormQuant(NormQuantArgs) for [NormQuant] {
+        x: u64 => ptr, w: u64 => ptr, y: u64 => ptr, q: u64 => ptr, d: u64 => ptr, lsum: u64 => ptr,
+        ne0: i32 => i32, k_pad: i32 => i32, norm: i32 => i32, eps: f32 => f32,
+    }
+    /// `gated_norm_quant`: `norm_quant` of act(gate) · up.
+    GatedNormQuant(GatedNormQuantArgs) for [GatedNormQuant] {
+        gate: u64 => ptr, up: u64 => ptr, act: Act => act, w: u64 => ptr, q: u64 => ptr, d: u64 => ptr,
+        lsum: u64 => ptr, ne0: i32 => i32, k_pad: i32 => i32, norm: i32 => i32, eps: f32 => f32,
+    }
+    /// The ternary GEMVs (ternary.cu); `pair_act` not `None`: b.m[0] and
+    /// b.m[1] are (gate, up), written as act(gate) · up to b.m[0].out.
+    TernaryGemv(TernaryGemvArgs) for [TernaryGemv, TernaryGemv1, TernaryGemv1Pair] {
+        b: TernaryBatch => batch, k_pad: i32 => i32, q: u64 => ptr, d: u64 => ptr, lsum: u64 => ptr,
+        n_tok: i32 => i32, pair_act: Act => act,
+    }
+    /// The mma.sync prompt GEMMs.
+    TernaryGemm(TernaryGemmArgs) for [TernaryGemm, TernaryGemmGrouped] {
+        b: TernaryBatch => batch, k_pad: i32 => i32, q: u64 => ptr, d: u64 => ptr, lsum: u64 => ptr,
+        n_tok: i32 => i32,
+    }
+    /// The wgmma prompt GEMMs (ternary_wgmma.cu): the levels' tensor map and
+    /// each matrix's codes' (the unused slots repeat the first).
+    TernaryGemmWg(TernaryGemmWgArgs) for [TernaryGemmWg, TernaryGemmWgNarrow] {
+        b: TernaryBatch => batch, tq: MatrixMap => map, tw0: MatrixMap => map, tw1: MatrixMap => map,
+        tw2: MatrixMap => map, k_pad: i32 => i32, d: u64 => ptr, lsum: u64 => ptr, n_tok: i32 => i32,
+    }
+    /// `fmat_gemv` (fmat.cu): any float or block type the prelude's `dq` reads.
+    FmatGemv(FmatGemvArgs) for [FmatGemv] {
+        w: u64 => ptr, row_bytes: u64 => u64, ty: i32 => i32, io: GemvIo => io,
+    }
+    /// Int8 levels with a scale per 16 (`qlayout::QLayout::Levels`).
+    Q8Gemv(Q8GemvArgs) for [Q8Gemv, Q8Gemv1] {
+        q: u64 => ptr, s: u64 => ptr, io: GemvIo => io,
+    }
+    /// Q6_K planes (`qlayout::QLayout::Q6K`).
+    Q6KGemv(Q6KGemvArgs) for [Q6KGemv, Q6KGemv1] {
+        base: u64 => ptr, io: GemvIo => io,
+    }
+    /// One token's Q6_K product with Q8_K activations; `nw` not 0: x is
+    /// first normed with that weight and `eps`.
+    Q6KGemv1Q8(Q6KGemv1Q8Args) for [Q6KGemv1Q8] {
+        base: u64 => ptr, io: GemvIo => io, nw: u64 => ptr, eps: f32 => f32,
+    }
+    F16Gemv(F16GemvArgs) for [F16Gemv] {
+        w: u64 => ptr, io: GemvIo => io,
+    }
+    GetRowsQ8(GetRowsQ8Args) for [GetRowsQ8] {
+        q: u64 => ptr, s: u64 => ptr, k: i32 => i32, ids: u64 => ptr, out: u64 => ptr,
+    }
+    GetRowsQ6K(GetRowsQ6KArgs) for [GetRowsQ6K] {
+        base: u64 => ptr, rows: i32 => i32, k: i32 => i32, ids: u64 => ptr, out: u64 => ptr,
+    }
+    /// `kv_store` (attention.cu): rows of `row` floats into the caches at `pos`.
+    KvStore(KvStoreArgs) for [KvStore] {
+        k: u64 => ptr, v: u64 => ptr, kc: u64 => ptr, vc: u64 => ptr, pos: u64 => ptr,
+        row: i32 => i32, k_type: i32 => i32, v_type: i32 => i32,
+    }
+    /// `rope_store`: q and k rotated, k and v stored in the caches.
+    RopeStore(RopeStoreArgs) for [RopeStore] {
+        q: u64 => ptr, q_out: u64 => ptr, k: u64 => ptr, v: u64 => ptr, kc: u64 => ptr, vc: u64 => ptr,
+        pos: u64 => ptr, factors: u64 => ptr, head_dim: i32 => i32, n_head: i32 => i32, n_head_kv: i32 => i32,
+        n_rot: i32 => i32, mode: RopeMode => mode, base: f32 => f32, fscale: f32 => f32,
+        k_type: i32 => i32, v_type: i32 => i32,
+    }
+    /// `attention`, and a `decode_run` table's `AttArgs`: flash-decoding in
+    /// `n_split` splits of `split` keys (`part` and `counters` for the merge).
+    Attention(AttentionArgs) for [Attention] {
+        q: u64 => ptr, kc: u64 => ptr, vc: u64 => ptr, pos: u64 => ptr, out: u64 => ptr, part: u64 => ptr,
+        counters: u64 => ptr, n_head: i32 => i32, n_head_kv: i32 => i32, head_dim: i32 => i32,
+        scale: f32 => f32, split: i32 => i32, n_split: i32 => i32, k_type: i32 => i32, v_type: i32 => i32,
+        r: AttRope => rope,
+    }
+    /// The prompt attention on tensor cores (flash_attn.cu), f16 caches.
+    FlashAttn(FlashAttnArgs) for [FlashAttn, FlashAttnSplit, FlashAttn128, FlashAttnSplit128] {
+        q: u64 => ptr, kc: u64 => ptr, vc: u64 => ptr, pos: u64 => ptr, out: u64 => ptr,
+        n_tok: i32 => i32, n_head: i32 => i32, n_head_kv: i32 => i32, head_dim: i32 => i32, scale: f32 => f32,
+    }
+    /// `decode_run` (decode.cu). The table is uploaded after fusing, so its
+    /// two pointers are unset (`None`) until `decode::bind` sets them; a
+    /// launch with either unset refuses to run.
+    DecodeRun(DecodeRunArgs) for [DecodeRun, DecodeRunLong, DecodeRunGrouped] {
+        /// The phases, after the table's header.
+        phases: Option<u64> => late,
+        n: i32 => i32,
+        /// The barrier words at the head of the table.
+        bar: Option<u64> => late,
+        /// Phase descriptors each block loads ahead.
+        look: i32 => i32,
+        ne0_max: i32 => i32,
+        k_pad_max: i32 => i32,
+        /// Where a traced run leaves its stamps (0: untraced).
+        trace: u64 => ptr,
+        /// The positions every attention of the run reads (0: each its own).
+        pos: u64 => ptr,
+        ring_cap: u32 => u32,
+        n_copies: i32 => i32,
+        spin_ns: i32 => i32,
+        att_floats: i32 => i32,
+        refill: u32 => u32,
+    }
+}
+
+#[cfg(test)]
+#[path = "args_tests.rs"]
+mod tests;
