@@ -30,8 +30,16 @@ pub const VARS: &[Var] = &[
         default: "$XDG_CACHE_HOME/tern/kernels, else ~/.cache/tern/kernels",
         meaning: "where compiled CUDA kernels are cached",
     },
-    Var { name: "XDG_CACHE_HOME", default: "~/.cache", meaning: "the base of the kernel cache" },
-    Var { name: "HOME", default: "-", meaning: "the base of the kernel cache without XDG_CACHE_HOME" },
+    Var {
+        name: "XDG_CACHE_HOME",
+        default: "~/.cache",
+        meaning: "the base of the kernel cache and of the demo model's copy",
+    },
+    Var {
+        name: "HOME",
+        default: "-",
+        meaning: "the base of the kernel cache and of the demo model's copy without XDG_CACHE_HOME",
+    },
     Var { name: "TERN_CUDA_GRAPHS", default: "1", meaning: "0: launch kernels directly, no CUDA graphs" },
     Var { name: "TERN_CUDA_PDL", default: "1", meaning: "0: no programmatic dependent launch (sm_90)" },
     Var {
@@ -59,6 +67,17 @@ pub fn help() -> String {
 /// Reads the table from the process environment into `opts`.
 pub fn apply(opts: &mut LoadOptions) -> Result<(), CliError> {
     apply_from(opts, |name| std::env::var_os(name))
+}
+
+/// Where tern keeps files it writes for itself (the demo model's copy):
+/// `$XDG_CACHE_HOME/tern`, else `~/.cache/tern`, else the temporary directory's.
+pub fn cache_dir() -> PathBuf {
+    let nonempty = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
+    nonempty("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| nonempty("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir)
+        .join("tern")
 }
 
 /// `$TERN_MODEL`, when set.

@@ -12,6 +12,27 @@ use crate::CliError;
 /// The model `run` and `chat` use when none is given.
 pub const DEMO_MODEL: &str = "models/tern-demo-kjv.gguf";
 
+/// The demo model inside the binary, so that an installed `tern` runs with
+/// no checkout.
+static DEMO_BYTES: &[u8] = include_bytes!("../../../models/tern-demo-kjv.gguf");
+
+/// The demo model as a file in `dir` (the engine maps files): written once,
+/// atomically, and rewritten if it is not the carried bytes.
+fn demo_copy(dir: &std::path::Path) -> Result<PathBuf, CliError> {
+    let path = dir.join("tern-demo-kjv.gguf");
+    if std::fs::read(&path).is_ok_and(|b| b == DEMO_BYTES) {
+        return Ok(path);
+    }
+    let fail = |e: std::io::Error| CliError(format!("writing the demo model to {}: {e}", path.display()));
+    std::fs::create_dir_all(dir).map_err(fail)?;
+    let tmp = dir.join(format!("tern-demo-kjv.gguf.{}.tmp", std::process::id()));
+    std::fs::write(&tmp, DEMO_BYTES).and_then(|_| std::fs::rename(&tmp, &path)).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        fail(e)
+    })?;
+    Ok(path)
+}
+
 /// The context of `run`, `eval` and `info` when `-c` is not given.
 pub const DEFAULT_CTX: usize = 4096;
 
@@ -94,8 +115,8 @@ impl ModelArgs {
         self.ctx_size.unwrap_or(default)
     }
 
-    /// The model to load: `-m`, else `$TERN_MODEL`, else the shipped demo model
-    /// (looked up beside the working directory, then in the source tree tern was built from).
+    /// The model to load: `-m`, else `$TERN_MODEL`, else the demo model: the
+    /// repo's file when run from a checkout, else the copy the binary carries.
     pub fn path(&self) -> Result<PathBuf, CliError> {
         if let Some(p) = &self.model {
             return Ok(p.clone());
@@ -103,11 +124,11 @@ impl ModelArgs {
         if let Some(p) = crate::env::model() {
             return Ok(p);
         }
-        let built_from = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..").join(DEMO_MODEL);
-        [PathBuf::from(DEMO_MODEL), built_from]
-            .into_iter()
-            .find(|p| p.exists())
-            .ok_or_else(|| CliError(format!("no model given (-m) and the demo model {DEMO_MODEL} was not found")))
+        let beside = PathBuf::from(DEMO_MODEL);
+        if beside.exists() {
+            return Ok(beside);
+        }
+        demo_copy(&crate::env::cache_dir())
     }
 
     pub fn load(&self) -> Result<Session, CliError> {

@@ -153,6 +153,30 @@ fn q1_0_model_quantizes_and_runs() {
     assert_eq!(tern_engine::npy::read_f32(&npy).unwrap().0, [7, 512]);
 }
 
+/// With no checkout around (another working directory) and no `-m`, `tern
+/// run` writes the demo model it carries into its cache and generates from it.
+#[test]
+fn the_binary_carries_the_demo_model() {
+    let dir = Scratch::new("embedded");
+    let run = || {
+        Command::new(env!("CARGO_BIN_EXE_tern"))
+            .args(["run", "-p", "And God said", "-n", "8", "--temp", "0"])
+            .current_dir(&dir.0)
+            .env("XDG_CACHE_HOME", dir.file("cache"))
+            .env_remove("TERN_MODEL")
+            .output()
+            .expect("run tern")
+    };
+    let first = ok(&run());
+    let copy = dir.file("cache/tern/tern-demo-kjv.gguf");
+    let shipped = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/tern-demo-kjv.gguf");
+    assert_eq!(std::fs::read(&copy).unwrap(), std::fs::read(shipped).unwrap());
+    assert!(first.starts_with("And God said"), "{first}");
+    // A damaged copy is replaced, and the text is the same.
+    std::fs::write(&copy, b"GGUF").unwrap();
+    assert_eq!(ok(&run()), first);
+}
+
 #[test]
 fn eval_writes_the_contract_shape_and_ids() {
     let dir = Scratch::new("eval_writes_the_contract_shape_and_ids");
