@@ -7,6 +7,8 @@ use std::ffi::c_void;
 
 use cudarc::driver::{result, sys};
 
+use crate::error::CudaError;
+
 /// Why no GPU can be used. Shown to the user as is.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum Unavailable {
@@ -32,10 +34,18 @@ pub struct DeviceInfo {
     pub smem_optin: i32,
 }
 
-pub(crate) fn err(e: result::DriverError) -> String {
-    let name = e.error_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|_| format!("{:?}", e.0));
-    let text = e.error_string().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-    format!("{name}: {text}")
+/// The driver's error `e` from `call`, with the `CUresult`'s number, name and text.
+pub(crate) fn err(call: &'static str) -> impl Fn(result::DriverError) -> CudaError {
+    move |e| {
+        let name = e.error_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|_| format!("{:?}", e.0));
+        let text = e.error_string().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        CudaError::Driver { call, code: e.0 as i32, name, text }
+    }
+}
+
+/// A driver error as a line, for `Unavailable::Init`.
+fn describe(call: &'static str) -> impl Fn(result::DriverError) -> Unavailable {
+    move |e| Unavailable::Init(err(call)(e).to_string())
 }
 
 fn init() -> Result<i32, Unavailable> {
@@ -43,8 +53,8 @@ fn init() -> Result<i32, Unavailable> {
     if !unsafe { sys::is_culib_present() } {
         return Err(Unavailable::NoDriver);
     }
-    result::init().map_err(|e| Unavailable::Init(err(e)))?;
-    result::device::get_count().map_err(|e| Unavailable::Init(err(e)))
+    result::init().map_err(describe("cuInit"))?;
+    result::device::get_count().map_err(describe("cuDeviceGetCount"))
 }
 
 /// All CUDA devices, or why there are none.
@@ -57,14 +67,13 @@ pub fn devices() -> Result<Vec<DeviceInfo>, Unavailable> {
 }
 
 fn info(index: usize) -> Result<DeviceInfo, Unavailable> {
-    let fail = |e| Unavailable::Init(err(e));
-    let dev = result::device::get(index as i32).map_err(fail)?;
-    let attr = |a| unsafe { result::device::get_attribute(dev, a) }.map_err(fail);
+    let dev = result::device::get(index as i32).map_err(describe("cuDeviceGet"))?;
+    let attr = |a| unsafe { result::device::get_attribute(dev, a) }.map_err(describe("cuDeviceGetAttribute"));
     use sys::CUdevice_attribute::*;
     Ok(DeviceInfo {
         index,
-        name: result::device::get_name(dev).map_err(fail)?,
-        total_mem: unsafe { result::device::total_mem(dev) }.map_err(fail)?,
+        name: result::device::get_name(dev).map_err(describe("cuDeviceGetName"))?,
+        total_mem: unsafe { result::device::total_mem(dev) }.map_err(describe("cuDeviceTotalMem"))?,
         arch: (
             attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
             attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
@@ -97,7 +106,7 @@ const PINNED_MIN: usize = 64 * 1024;
 // and the backend is used by one thread at a time (`&mut self`).
 unsafe impl Send for Gpu {}
 
-pub type DResult<T> = Result<T, String>;
+pub type DResult<T> = Result<T, CudaError>;
 
 impl Gpu {
     pub fn open(index: usize) -> Result<Gpu, Unavailable> {
@@ -106,24 +115,27 @@ impl Gpu {
             return Err(if count == 0 { Unavailable::NoDevice } else { Unavailable::BadIndex { index, count } });
         }
         let info = info(index)?;
-        let fail = |e| Unavailable::Init(err(e));
-        let dev = result::device::get(index as i32).map_err(fail)?;
+        let dev = result::device::get(index as i32).map_err(describe("cuDeviceGet"))?;
         // SAFETY: the primary context is retained for the life of `Gpu` and released in Drop.
-        let ctx = unsafe { result::primary_ctx::retain(dev) }.map_err(fail)?;
-        unsafe { result::ctx::set_current(ctx) }.map_err(fail)?;
-        let stream = result::stream::create(result::stream::StreamKind::NonBlocking).map_err(fail)?;
+        let ctx = unsafe { result::primary_ctx::retain(dev) }.map_err(describe("cuDevicePrimaryCtxRetain"))?;
+        unsafe { result::ctx::set_current(ctx) }.map_err(describe("cuCtxSetCurrent"))?;
+        let stream =
+            result::stream::create(result::stream::StreamKind::NonBlocking).map_err(describe("cuStreamCreate"))?;
         Ok(Gpu { info, dev, ctx, stream, pinned: std::sync::Mutex::new(Pinned { ptr: std::ptr::null_mut(), cap: 0 }) })
     }
 
     /// Makes this device's context current on the calling thread.
     pub fn bind(&self) -> DResult<()> {
-        unsafe { result::ctx::set_current(self.ctx) }.map_err(err)
+        unsafe { result::ctx::set_current(self.ctx) }.map_err(err("cuCtxSetCurrent"))
     }
 
     pub fn alloc(&self, bytes: usize) -> DResult<u64> {
         self.bind()?;
-        let ptr = unsafe { result::malloc_sync(bytes.max(1)) }.map_err(err)?;
-        unsafe { result::memset_d8_async(ptr, 0, bytes.max(1), self.stream) }.map_err(err)?;
+        let ptr = unsafe { result::malloc_sync(bytes.max(1)) }.map_err(|e| match e.0 {
+            sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => CudaError::OutOfMemory { bytes },
+            _ => err("cuMemAlloc")(e),
+        })?;
+        unsafe { result::memset_d8_async(ptr, 0, bytes.max(1), self.stream) }.map_err(err("cuMemsetD8Async"))?;
         Ok(ptr)
     }
 
@@ -140,12 +152,12 @@ impl Gpu {
     pub fn alloc_mapped(&self, bytes: usize) -> DResult<(*mut u8, u64)> {
         self.bind()?;
         let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
-        let host = unsafe { result::malloc_host(bytes.max(1), flags) }.map_err(err)?;
+        let host = unsafe { result::malloc_host(bytes.max(1), flags) }.map_err(err("cuMemHostAlloc"))?;
         let mut dev: sys::CUdeviceptr = 0;
-        let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, host, 0) };
-        if r != sys::CUresult::CUDA_SUCCESS {
+        let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, host, 0) }.result();
+        if let Err(e) = r {
             let _ = unsafe { result::free_host(host) };
-            return Err(format!("cuMemHostGetDevicePointer: {r:?}"));
+            return Err(err("cuMemHostGetDevicePointer")(e));
         }
         Ok((host as *mut u8, dev))
     }
@@ -164,12 +176,14 @@ impl Gpu {
     pub fn register_host(&self, ptr: *const u8, len: usize) -> DResult<u64> {
         self.bind()?;
         let flags = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
-        unsafe { sys::cuMemHostRegister_v2(ptr as *mut c_void, len, flags) }.result().map_err(err)?;
+        unsafe { sys::cuMemHostRegister_v2(ptr as *mut c_void, len, flags) }
+            .result()
+            .map_err(err("cuMemHostRegister"))?;
         let mut dev: sys::CUdeviceptr = 0;
-        let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, ptr as *mut c_void, 0) };
-        if r != sys::CUresult::CUDA_SUCCESS {
+        let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, ptr as *mut c_void, 0) }.result();
+        if let Err(e) = r {
             let _ = unsafe { sys::cuMemHostUnregister(ptr as *mut c_void) };
-            return Err(format!("cuMemHostGetDevicePointer: {r:?}"));
+            return Err(err("cuMemHostGetDevicePointer")(e));
         }
         Ok(dev)
     }
@@ -184,7 +198,7 @@ impl Gpu {
 
     pub fn mem_info(&self) -> DResult<(usize, usize)> {
         self.bind()?;
-        result::mem_get_info().map_err(err)
+        result::mem_get_info().map_err(err("cuMemGetInfo"))
     }
 
     /// Host to device, ordered on the stream. `data` may be reused on return
@@ -197,14 +211,14 @@ impl Gpu {
         self.bind()?;
         // A pageable source is staged before the call returns, so `data` may
         // change afterwards; the copy stays ordered with the kernels.
-        unsafe { result::memcpy_htod_async(dst, data, self.stream) }.map_err(err)
+        unsafe { result::memcpy_htod_async(dst, data, self.stream) }.map_err(err("cuMemcpyHtoDAsync"))
     }
 
     /// A copy between any two addresses the device knows (device memory or
     /// mapped host memory), ordered on the stream; captured into a graph it
     /// becomes a copy node that the copy engine runs.
     pub fn copy_async(&self, dst: u64, src: u64, bytes: usize) -> DResult<()> {
-        unsafe { sys::cuMemcpyAsync(dst, src, bytes, self.stream) }.result().map_err(err)
+        unsafe { sys::cuMemcpyAsync(dst, src, bytes, self.stream) }.result().map_err(err("cuMemcpyAsync"))
     }
 
     pub fn download(&self, src: u64, out: &mut [u8]) -> DResult<()> {
@@ -213,47 +227,48 @@ impl Gpu {
         }
         self.bind()?;
         if out.len() >= PINNED_MIN {
-            let mut p = self.pinned.lock().map_err(|_| "pinned buffer lock poisoned".to_string())?;
+            let mut p = self.pinned.lock().map_err(|_| CudaError::Other("pinned buffer lock poisoned".into()))?;
             if p.cap < out.len() {
                 if !p.ptr.is_null() {
-                    unsafe { result::free_host(p.ptr) }.map_err(err)?;
+                    unsafe { result::free_host(p.ptr) }.map_err(err("cuMemFreeHost"))?;
                     p.ptr = std::ptr::null_mut();
                     p.cap = 0;
                 }
-                p.ptr = unsafe { result::malloc_host(out.len(), 0) }.map_err(err)?;
+                p.ptr = unsafe { result::malloc_host(out.len(), 0) }.map_err(err("cuMemHostAlloc"))?;
                 p.cap = out.len();
             }
             // SAFETY: the pinned buffer holds `cap` ≥ out.len() bytes and is only used under the lock.
             let staging = unsafe { std::slice::from_raw_parts_mut(p.ptr as *mut u8, out.len()) };
-            unsafe { result::memcpy_dtoh_async(staging, src, self.stream) }.map_err(err)?;
+            unsafe { result::memcpy_dtoh_async(staging, src, self.stream) }.map_err(err("cuMemcpyDtoHAsync"))?;
             self.sync()?;
             out.copy_from_slice(staging);
             return Ok(());
         }
-        unsafe { result::memcpy_dtoh_async(out, src, self.stream) }.map_err(err)?;
+        unsafe { result::memcpy_dtoh_async(out, src, self.stream) }.map_err(err("cuMemcpyDtoHAsync"))?;
         self.sync()
     }
 
     pub fn sync(&self) -> DResult<()> {
-        unsafe { result::stream::synchronize(self.stream) }.map_err(err)
+        unsafe { result::stream::synchronize(self.stream) }.map_err(err("cuStreamSynchronize"))
     }
 
     pub fn load_module(&self, image: &[u8]) -> DResult<sys::CUmodule> {
         self.bind()?;
         let mut owned = image.to_vec();
         owned.push(0);
-        unsafe { result::module::load_data(owned.as_ptr() as *const c_void) }.map_err(err)
+        unsafe { result::module::load_data(owned.as_ptr() as *const c_void) }.map_err(err("cuModuleLoadData"))
     }
 
     /// Kernel `name` of `module`, allowed the device's whole opt-in shared
     /// memory (rows of long inputs are staged there).
     pub fn function(&self, module: sys::CUmodule, name: &str) -> DResult<sys::CUfunction> {
-        let cname = std::ffi::CString::new(name).map_err(|e| e.to_string())?;
-        let f = unsafe { result::module::get_function(module, cname) }.map_err(err)?;
+        let cname = std::ffi::CString::new(name)
+            .map_err(|_| CudaError::Other(format!("kernel name {name:?} holds a NUL byte")))?;
+        let f = unsafe { result::module::get_function(module, cname) }.map_err(err("cuModuleGetFunction"))?;
         let static_smem = unsafe {
             result::function::get_function_attribute(f, sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
         }
-        .map_err(err)?;
+        .map_err(err("cuFuncGetAttribute"))?;
         let dynamic = (self.info.smem_optin - static_smem).max(0);
         unsafe {
             result::function::set_function_attribute(
@@ -262,7 +277,7 @@ impl Gpu {
                 dynamic,
             )
         }
-        .map_err(err)?;
+        .map_err(err("cuFuncSetAttribute"))?;
         Ok(f)
     }
 
@@ -270,7 +285,8 @@ impl Gpu {
     /// bytes of dynamic shared memory.
     pub fn occupancy(&self, f: sys::CUfunction, block: u32, smem: usize) -> DResult<i32> {
         // SAFETY: `f` is a loaded function of this context.
-        unsafe { result::occupancy::max_active_block_per_multiprocessor(f, block as i32, smem) }.map_err(err)
+        unsafe { result::occupancy::max_active_block_per_multiprocessor(f, block as i32, smem) }
+            .map_err(err("cuOccupancyMaxActiveBlocksPerMultiprocessor"))
     }
 
     /// Launches `f`. `params` point at the kernel's arguments in order. With
@@ -302,43 +318,45 @@ impl Gpu {
             attrs: &mut attr,
             numAttrs: pdl as u32,
         };
-        unsafe { sys::cuLaunchKernelEx(&config, f, params.as_mut_ptr(), std::ptr::null_mut()) }.result().map_err(err)
+        unsafe { sys::cuLaunchKernelEx(&config, f, params.as_mut_ptr(), std::ptr::null_mut()) }
+            .result()
+            .map_err(err("cuLaunchKernelEx"))
     }
 
     pub fn begin_capture(&self) -> DResult<()> {
         unsafe {
             result::stream::begin_capture(self.stream, sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
         }
-        .map_err(err)
+        .map_err(err("cuStreamBeginCapture"))
     }
 
     /// Ends a capture and instantiates it.
     pub fn end_capture(&self) -> DResult<Graph> {
-        let graph = unsafe { result::stream::end_capture(self.stream) }.map_err(err)?;
+        let graph = unsafe { result::stream::end_capture(self.stream) }.map_err(err("cuStreamEndCapture"))?;
         let exec = unsafe { result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)) };
-        unsafe { result::graph::destroy(graph) }.map_err(err)?;
-        Ok(Graph { exec: exec.map_err(err)? })
+        unsafe { result::graph::destroy(graph) }.map_err(err("cuGraphDestroy"))?;
+        Ok(Graph { exec: exec.map_err(err("cuGraphInstantiate"))? })
     }
 
     pub fn replay(&self, g: &Graph) -> DResult<()> {
-        unsafe { result::graph::launch(g.exec, self.stream) }.map_err(err)
+        unsafe { result::graph::launch(g.exec, self.stream) }.map_err(err("cuGraphLaunch"))
     }
 
     pub fn event(&self) -> DResult<Event> {
         self.bind()?;
-        let e = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).map_err(err)?;
+        let e = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).map_err(err("cuEventCreate"))?;
         Ok(Event(e))
     }
 
     pub fn record(&self, e: &Event) -> DResult<()> {
-        unsafe { result::event::record(e.0, self.stream) }.map_err(err)
+        unsafe { result::event::record(e.0, self.stream) }.map_err(err("cuEventRecord"))
     }
 
     /// Records `e` as a node of the graph being captured (a plain record
     /// during capture only orders work inside the capture).
     pub fn record_in_graph(&self, e: &Event) -> DResult<()> {
         let flags = sys::CUevent_record_flags_enum::CU_EVENT_RECORD_EXTERNAL as u32;
-        unsafe { sys::cuEventRecordWithFlags(e.0, self.stream, flags) }.result().map_err(err)
+        unsafe { sys::cuEventRecordWithFlags(e.0, self.stream, flags) }.result().map_err(err("cuEventRecordWithFlags"))
     }
 
     pub fn device_ordinal(&self) -> sys::CUdevice {
@@ -382,8 +400,8 @@ unsafe impl Send for Event {}
 impl Event {
     /// Milliseconds from `self` to `end` (both recorded and complete).
     pub fn elapsed_ms(&self, end: &Event) -> DResult<f32> {
-        unsafe { result::event::synchronize(end.0) }.map_err(err)?;
-        unsafe { result::event::elapsed(self.0, end.0) }.map_err(err)
+        unsafe { result::event::synchronize(end.0) }.map_err(err("cuEventSynchronize"))?;
+        unsafe { result::event::elapsed(self.0, end.0) }.map_err(err("cuEventElapsedTime"))
     }
 }
 

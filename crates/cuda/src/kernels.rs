@@ -6,6 +6,7 @@ use std::path::Path;
 use cudarc::driver::sys;
 
 use crate::driver::Gpu;
+use crate::error::CudaError;
 use crate::nvrtc;
 
 const PRELUDE: &str = include_str!("../kernels/prelude.cuh");
@@ -236,11 +237,11 @@ impl Kernels {
     /// Compiles (or reads from the cache) and loads every module, the
     /// decoding kernel's only when `decode_run` will run: NVRTC compiles the
     /// modules side by side, so a first run waits for the slowest.
-    pub fn load(gpu: &Gpu, cache: Option<&Path>, with_decode_run: bool) -> Result<Kernels, String> {
+    pub fn load(gpu: &Gpu, cache: Option<&Path>, with_decode_run: bool) -> Result<Kernels, CudaError> {
         let arch = arch_name(gpu.info.arch);
         let wanted: Vec<_> =
             SOURCES.iter().filter(|(name, _)| with_decode_run || !DECODE_MODULES.contains(name)).collect();
-        let images: Vec<Result<nvrtc::Compiled, String>> = std::thread::scope(|s| {
+        let images: Vec<Result<nvrtc::Compiled, CudaError>> = std::thread::scope(|s| {
             let jobs: Vec<_> = wanted
                 .iter()
                 .map(|(name, body)| {
@@ -248,7 +249,9 @@ impl Kernels {
                     s.spawn(move || nvrtc::compile(name, &full_source(body), arch, cache))
                 })
                 .collect();
-            jobs.into_iter().map(|j| j.join().unwrap_or_else(|_| Err("an NVRTC compile panicked".into()))).collect()
+            jobs.into_iter()
+                .map(|j| j.join().unwrap_or_else(|_| Err(CudaError::Other("an NVRTC compile panicked".into()))))
+                .collect()
         });
         let mut modules = Vec::new();
         let mut compiled = 0;

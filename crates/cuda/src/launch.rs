@@ -8,6 +8,7 @@ use std::hash::{Hash, Hasher};
 
 use crate::args::{Args, RopeMode};
 use crate::driver::{DResult, Gpu};
+use crate::error::CudaError;
 use crate::kernels::{Kernel, Kernels};
 use crate::tma::{MatrixMap, TmaMap};
 
@@ -135,7 +136,7 @@ impl Launch {
     pub fn run(&self, gpu: &Gpu, kernels: &Kernels, pdl: bool) -> DResult<()> {
         let enc = self.args.encode();
         if enc.unbound {
-            return Err("an argument set after lowering is unset".into());
+            return Err(CudaError::Other("an argument set after lowering is unset".into()));
         }
         let maps: Vec<TmaMap> = enc
             .args
@@ -183,8 +184,8 @@ pub enum Step {
 impl Step {
     pub fn run(&self, gpu: &Gpu, kernels: &Kernels, pdl: bool) -> DResult<()> {
         match self {
-            Step::Kernel(l) => l.run(gpu, kernels, pdl).map_err(|e| format!("{:?}: {e}", l.kernel)),
-            Step::Dma { src, dst, bytes } => gpu.copy_async(*dst, *src, *bytes).map_err(|e| format!("DMA copy: {e}")),
+            Step::Kernel(l) => l.run(gpu, kernels, pdl).map_err(|e| e.context(format!("{:?}", l.kernel))),
+            Step::Dma { src, dst, bytes } => gpu.copy_async(*dst, *src, *bytes).map_err(|e| e.context("DMA copy")),
         }
     }
 

@@ -17,6 +17,7 @@ mod args;
 mod buffers;
 mod decode;
 mod driver;
+mod error;
 mod host_io;
 pub mod kernels;
 pub mod launch;
@@ -44,15 +45,13 @@ use tern_quant::GgmlType;
 use buffers::{Backing, Buffers, DevBuf};
 use driver::Gpu;
 pub use driver::{devices, DeviceInfo, Unavailable};
+pub use error::{CudaError, CudaResult};
 use host_io::{Dir, PinnedHost};
 use kernels::Kernels;
 use launch::{Launch, Step};
-pub use options::{kernel_cache_dir, CudaOptions};
-
-/// What the CUDA crate's fallible calls return.
-pub type CudaResult<T> = std::result::Result<T, String>;
 use layout::GpuTernary;
 use lower::{lower, Need, Scratch};
+pub use options::{kernel_cache_dir, CudaOptions};
 use profile::Profile;
 pub(crate) use weights::Weight;
 pub use weights::{streams, weight_bytes};
@@ -170,7 +169,7 @@ impl CudaBackend {
     /// Opens device `index` and compiles (or loads from `opts.kernel_cache`)
     /// every kernel.
     pub fn with_options(index: u8, opts: &CudaOptions) -> CudaResult<CudaBackend> {
-        let gpu = Gpu::open(index as usize).map_err(|e| e.to_string())?;
+        let gpu = Gpu::open(index as usize)?;
         let want_fuse = fuse_wanted(&gpu, opts);
         let kernels = Kernels::load(&gpu, opts.kernel_cache.as_deref(), want_fuse)?;
         let pdl = gpu.info.arch.0 >= 9 && opts.pdl;
@@ -216,13 +215,13 @@ impl CudaBackend {
             self.compute(graph, nodes, locs)?;
         }
         let (start, end) =
-            (self.gpu.event().map_err(|m| self.dev_err(m))?, self.gpu.event().map_err(|m| self.dev_err(m))?);
+            (self.gpu.event().map_err(|e| self.cuda_err(e))?, self.gpu.event().map_err(|e| self.cuda_err(e))?);
         let mut times = Vec::with_capacity(reps);
         for _ in 0..reps.max(1) {
-            self.gpu.record(&start).map_err(|m| self.dev_err(m))?;
+            self.gpu.record(&start).map_err(|e| self.cuda_err(e))?;
             self.compute(graph, nodes, locs)?;
-            self.gpu.record(&end).map_err(|m| self.dev_err(m))?;
-            times.push(start.elapsed_ms(&end).map_err(|m| self.dev_err(m))? as f64);
+            self.gpu.record(&end).map_err(|e| self.cuda_err(e))?;
+            times.push(start.elapsed_ms(&end).map_err(|e| self.cuda_err(e))? as f64);
         }
         times.sort_by(f64::total_cmp);
         Ok(times[times.len() / 2])
@@ -233,7 +232,7 @@ impl CudaBackend {
     /// after a warm-up. The offload policy's `auto` mode weighs it.
     pub fn measure_h2d(&mut self) -> Result<f64> {
         let bytes = 64 << 20;
-        let (host, src) = self.gpu.alloc_mapped(bytes).map_err(|m| self.dev_err(m))?;
+        let (host, src) = self.gpu.alloc_mapped(bytes).map_err(|e| self.cuda_err(e))?;
         let dst = match self.alloc_raw(bytes) {
             Ok(d) => d,
             Err(e) => {
@@ -243,7 +242,7 @@ impl CudaBackend {
         };
         let args = args::CopyInArgs { src, dst, n16: bytes as u64 / 16 };
         let copy = Launch::new(kernels::Kernel::CopyIn, (1024, 1, 1), 256, args);
-        let timed = (|| -> std::result::Result<f64, String> {
+        let timed = (|| -> CudaResult<f64> {
             let (start, end) = (self.gpu.event()?, self.gpu.event()?);
             let mut best = f64::INFINITY;
             for rep in 0..4 {
@@ -259,7 +258,7 @@ impl CudaBackend {
         })();
         self.gpu.free(dst);
         self.gpu.free_mapped(host);
-        timed.map_err(|m| self.dev_err(m))
+        timed.map_err(|e| self.cuda_err(e))
     }
 
     /// Modules NVRTC compiled while opening (0 when all came from the cache).
@@ -267,17 +266,24 @@ impl CudaBackend {
         self.kernels.compiled
     }
 
-    fn dev_err(&self, message: impl Into<String>) -> Error {
-        Error::Device { backend: self.id, message: message.into() }
+    /// `message` (a `CudaError`, or tern's own words) as the backend's
+    /// error: one line, and out-of-memory as its own kind.
+    fn dev_err(&self, message: impl std::fmt::Display) -> Error {
+        Error::Device { backend: self.id, message: message.to_string() }
+    }
+
+    /// A CUDA failure as the backend's error, out-of-memory as its own kind.
+    fn cuda_err(&self, e: CudaError) -> Error {
+        match e.out_of_memory() {
+            Some(bytes) => Error::OutOfMemory { backend: self.id, bytes },
+            None => self.dev_err(e),
+        }
     }
 
     fn alloc_raw(&mut self, bytes: usize) -> Result<u64> {
-        self.gpu.alloc(bytes).map_err(|m| {
-            if m.contains("OUT_OF_MEMORY") {
-                Error::OutOfMemory { backend: self.id, bytes }
-            } else {
-                self.dev_err(m)
-            }
+        self.gpu.alloc(bytes).map_err(|e| match e {
+            CudaError::OutOfMemory { bytes } => Error::OutOfMemory { backend: self.id, bytes },
+            e => self.cuda_err(e),
         })
     }
 
@@ -291,7 +297,7 @@ impl CudaBackend {
     /// Allocates device memory for `img` and uploads it.
     fn upload_image(&mut self, img: Image) -> Result<(u64, Image)> {
         let ptr = self.alloc_raw(img.bytes.len())?;
-        self.gpu.upload(ptr, &img.bytes).map_err(|m| self.dev_err(m))?;
+        self.gpu.upload(ptr, &img.bytes).map_err(|e| self.cuda_err(e))?;
         Ok((ptr, img))
     }
 
@@ -407,7 +413,7 @@ impl CudaBackend {
                 }
             };
             tables.push(ptr);
-            self.gpu.upload(ptr, &bytes).map_err(|m| self.dev_err(m))?;
+            self.gpu.upload(ptr, &bytes).map_err(|e| self.cuda_err(e))?;
             let trace = tracing.then_some(ptr + trace_at as u64);
             decode::bind(&mut fused.launches[*at], ptr, trace);
             if let Some(t) = trace {
@@ -417,14 +423,14 @@ impl CudaBackend {
         Ok((fused.launches, tables, traces))
     }
 
-    fn run_steps(&self, steps: &[Step]) -> std::result::Result<(), String> {
+    fn run_steps(&self, steps: &[Step]) -> CudaResult<()> {
         for s in steps {
             s.run(&self.gpu, &self.kernels, self.pdl)?;
         }
         Ok(())
     }
 
-    fn capture(&self, steps: &[Step]) -> std::result::Result<driver::Graph, String> {
+    fn capture(&self, steps: &[Step]) -> CudaResult<driver::Graph> {
         self.gpu.begin_capture()?;
         let run = self.run_steps(steps);
         let graph = self.gpu.end_capture();
@@ -560,7 +566,7 @@ impl Backend for CudaBackend {
             }
             None => {
                 let ptr = self.alloc_raw(data.len())?;
-                self.gpu.upload(ptr, data).map_err(|m| self.dev_err(m))?;
+                self.gpu.upload(ptr, data).map_err(|e| self.cuda_err(e))?;
                 let w = Weight { ty: desc.ty, ptr_codes: ptr, ptr_scales: 0, ternary: None, quant: None, staged: None };
                 (ptr, data.len(), w)
             }
@@ -587,7 +593,7 @@ impl Backend for CudaBackend {
         let img = Image::ternary(&t);
         // Whole 16-byte words, which the copy kernel moves.
         let total = img.bytes.len().next_multiple_of(16);
-        let (host, dev) = self.gpu.alloc_mapped(total).map_err(|m| self.dev_err(m))?;
+        let (host, dev) = self.gpu.alloc_mapped(total).map_err(|e| self.cuda_err(e))?;
         // SAFETY: `alloc_mapped` returned `total` bytes of host memory that nothing else uses yet.
         let mem = unsafe { std::slice::from_raw_parts_mut(host, total) };
         mem[..img.bytes.len()].copy_from_slice(&img.bytes);
@@ -614,9 +620,9 @@ impl Backend for CudaBackend {
         if let Some(src) = self.pinned_addr(HostSpan::of(data)) {
             self.io_in_flight.set(true);
             let copy = self.copy_step(Dir::ToDevice, src, p, data.len());
-            return copy.run(&self.gpu, &self.kernels, false).map_err(|m| self.dev_err(m));
+            return copy.run(&self.gpu, &self.kernels, false).map_err(|e| self.cuda_err(e));
         }
-        self.gpu.upload(p, data).map_err(|m| self.dev_err(m))
+        self.gpu.upload(p, data).map_err(|e| self.cuda_err(e))
     }
 
     /// Waits for the stream, so earlier writes are done too.
@@ -630,7 +636,7 @@ impl Backend for CudaBackend {
                 .and_then(|()| self.gpu.sync()),
             None => self.gpu.download(p, out),
         }
-        .map_err(|m| self.dev_err(m))?;
+        .map_err(|e| self.cuda_err(e))?;
         self.io_in_flight.set(false);
         Ok(())
     }
@@ -639,7 +645,7 @@ impl Backend for CudaBackend {
         if mem.is_empty() || !self.opts.pin_host {
             return Ok(false);
         }
-        let dev = self.gpu.register_host(mem.as_ptr(), mem.len()).map_err(|m| self.dev_err(m))?;
+        let dev = self.gpu.register_host(mem.as_ptr(), mem.len()).map_err(|e| self.cuda_err(e))?;
         let buffer =
             self.buffers.insert(DevBuf { ptr: dev, bytes: mem.len(), weight: None, backing: Backing::Borrowed });
         self.pinned.push(PinnedHost { host: mem.as_ptr() as usize, len: mem.len(), dev, buffer });
@@ -664,7 +670,7 @@ impl Backend for CudaBackend {
 
     fn finish_io(&mut self) -> Result<()> {
         if self.io_in_flight.replace(false) {
-            self.gpu.sync().map_err(|m| self.dev_err(m))?;
+            self.gpu.sync().map_err(|e| self.cuda_err(e))?;
         }
         Ok(())
     }
@@ -675,7 +681,7 @@ impl Backend for CudaBackend {
 
     /// The copies become launches around the split's own, captured with them.
     fn compute_io(&mut self, graph: &Graph, nodes: &[NodeId], locs: &[Option<TensorLoc>], io: &HostIo) -> Result<()> {
-        self.gpu.bind().map_err(|m| self.dev_err(m))?;
+        self.gpu.bind().map_err(|e| self.cuda_err(e))?;
         let host_start = std::time::Instant::now();
         let key = plan_key::plan_key(graph, nodes, locs, io);
         if !io.is_empty() {
@@ -717,7 +723,7 @@ impl Backend for CudaBackend {
             steps.extend(exports);
             self.stats.last_launches = steps.len();
             self.stats.launches += steps.len() as u64;
-            let ran = self.run_steps(&steps).map_err(|m| self.dev_err(m));
+            let ran = self.run_steps(&steps).map_err(|e| self.cuda_err(e));
             if self.plans.len() >= MAX_PLANS {
                 self.clear_plans();
             }
@@ -728,7 +734,7 @@ impl Backend for CudaBackend {
         self.stats.last_launches = plan.steps.len();
         self.stats.launches += plan.steps.len() as u64;
         if self.profile.is_some() {
-            self.run_profiled(key, host_start).map_err(|m| self.dev_err(m))?;
+            self.run_profiled(key, host_start).map_err(|e| self.cuda_err(e))?;
             // The profiled replay waited for its last event, after every copy
             // on the stream: nothing is left for `finish_io` to wait for.
             self.io_in_flight.set(false);
@@ -736,17 +742,17 @@ impl Backend for CudaBackend {
         }
         if let Some(g) = &plan.graph {
             self.stats.replays += 1;
-            return self.gpu.replay(g).map_err(|m| self.dev_err(m));
+            return self.gpu.replay(g).map_err(|e| self.cuda_err(e));
         }
         if !self.use_graphs {
-            return self.run_steps(&plan.steps).map_err(|m| self.dev_err(m));
+            return self.run_steps(&plan.steps).map_err(|e| self.cuda_err(e));
         }
         // Second sight: capture once, then replay from now on.
         match self.capture(&plan.steps) {
             Ok(g) => {
                 self.stats.captures += 1;
                 self.stats.replays += 1;
-                self.gpu.replay(&g).map_err(|m| self.dev_err(m))?;
+                self.gpu.replay(&g).map_err(|e| self.cuda_err(e))?;
                 self.plans.get_mut(&key).expect("looked up above").graph = Some(g);
                 Ok(())
             }
@@ -755,7 +761,7 @@ impl Backend for CudaBackend {
                 eprintln!("warning: {}: CUDA graph capture failed ({m}); launching kernels directly", self.id);
                 self.use_graphs = false;
                 let plan = &self.plans[&key];
-                self.run_steps(&plan.steps).map_err(|m| self.dev_err(m))
+                self.run_steps(&plan.steps).map_err(|e| self.cuda_err(e))
             }
         }
     }

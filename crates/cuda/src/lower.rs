@@ -163,7 +163,7 @@ struct Lower<'a> {
 fn wg_gemm(shape: WgShape, b: TernaryBatch, q: Quant, n_tok: usize, grid: (u32, u32, u32)) -> Result<Launch, Need> {
     let map = |ptr, row_bytes: usize, rows, box_bytes, box_rows: usize, swizzle| {
         let m = MatrixMap { ptr, row_bytes: row_bytes as u64, rows, box_bytes, box_rows: box_rows as u32, swizzle };
-        m.check().map(|()| m).map_err(Need::Error)
+        m.check().map(|()| m).map_err(|e| Need::Error(e.to_string()))
     };
     let codes = |k: usize| {
         let m = &b.m[if k < b.n as usize { k } else { 0 }];

@@ -7,6 +7,8 @@ use std::path::Path;
 
 use cudarc::nvrtc::sys;
 
+use crate::error::CudaError;
+
 /// Compiler options shared by every kernel.
 const OPTIONS: &[&str] = &["-std=c++17", "-lineinfo"];
 
@@ -17,7 +19,7 @@ pub fn available() -> bool {
 }
 
 /// NVRTC's version, `(major, minor)`.
-pub fn version() -> Result<(i32, i32), String> {
+pub fn version() -> Result<(i32, i32), CudaError> {
     if !available() {
         return Err(missing());
     }
@@ -26,17 +28,17 @@ pub fn version() -> Result<(i32, i32), String> {
     Ok((major, minor))
 }
 
-fn missing() -> String {
-    "libnvrtc.so could not be loaded: install the CUDA toolkit or the nvidia-cuda-nvrtc wheel and add its lib/ to \
-     LD_LIBRARY_PATH"
-        .to_string()
+fn missing() -> CudaError {
+    CudaError::NoNvrtc(
+        "install the CUDA toolkit or the nvidia-cuda-nvrtc wheel and add its lib/ to LD_LIBRARY_PATH".to_string(),
+    )
 }
 
-fn check(r: sys::nvrtcResult, what: &str) -> Result<(), String> {
+fn check(r: sys::nvrtcResult, call: &'static str) -> Result<(), CudaError> {
     if r == sys::nvrtcResult::NVRTC_SUCCESS {
         Ok(())
     } else {
-        Err(format!("{what} failed: {r:?}"))
+        Err(CudaError::NvrtcCall { call, code: r as i32, name: format!("{r:?}") })
     }
 }
 
@@ -59,7 +61,7 @@ pub struct Compiled {
 
 /// Compiles `src` (module `name`) for `arch`, through the cache in `cache`
 /// when given. A cache that cannot be written is skipped, never an error.
-pub fn compile(name: &str, src: &str, arch: &str, cache: Option<&Path>) -> Result<Compiled, String> {
+pub fn compile(name: &str, src: &str, arch: &str, cache: Option<&Path>) -> Result<Compiled, CudaError> {
     let (major, minor) = version()?;
     let ver = format!("{major}.{minor}");
     let key = fnv(&[src.as_bytes(), OPTIONS.join(" ").as_bytes(), arch.as_bytes(), ver.as_bytes()]);
@@ -92,8 +94,8 @@ fn store(path: &Path, image: &[u8]) {
     }
 }
 
-fn compile_uncached(name: &str, src: &str, arch: &str) -> Result<Vec<u8>, String> {
-    let csrc = CString::new(src).map_err(|_| format!("{name}: source holds a NUL byte"))?;
+fn compile_uncached(name: &str, src: &str, arch: &str) -> Result<Vec<u8>, CudaError> {
+    let csrc = CString::new(src).map_err(|_| CudaError::Other(format!("{name}.cu: source holds a NUL byte")))?;
     let cname = CString::new(format!("{name}.cu")).expect("kernel names hold no NUL");
     let mut prog = std::ptr::null_mut();
     check(
@@ -103,7 +105,10 @@ fn compile_uncached(name: &str, src: &str, arch: &str) -> Result<Vec<u8>, String
         "nvrtcCreateProgram",
     )?;
     let mut opts: Vec<CString> = OPTIONS.iter().map(|o| CString::new(*o).expect("static options")).collect();
-    opts.push(CString::new(format!("--gpu-architecture={arch}")).map_err(|e| e.to_string())?);
+    opts.push(
+        CString::new(format!("--gpu-architecture={arch}"))
+            .map_err(|_| CudaError::Other(format!("architecture {arch:?} holds a NUL byte")))?,
+    );
     let ptrs: Vec<*const c_char> = opts.iter().map(|o| o.as_ptr()).collect();
     let r = unsafe { sys::nvrtcCompileProgram(prog, ptrs.len() as i32, ptrs.as_ptr()) };
     let out = if r == sys::nvrtcResult::NVRTC_SUCCESS {
@@ -114,7 +119,7 @@ fn compile_uncached(name: &str, src: &str, arch: &str) -> Result<Vec<u8>, String
             Ok(image)
         })
     } else {
-        Err(format!("{name}.cu does not compile for {arch}:\n{}", log(prog)))
+        Err(CudaError::Nvrtc { module: name.to_string(), arch: arch.to_string(), log: log(prog) })
     };
     unsafe { sys::nvrtcDestroyProgram(&mut prog) };
     out

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use crate::driver::Event;
 use crate::kernels;
-use crate::CudaBackend;
+use crate::{CudaBackend, CudaError, CudaResult};
 
 #[derive(Default)]
 pub(crate) struct Profile {
@@ -49,7 +49,7 @@ impl CudaBackend {
     /// replayed, as an ordinary step is, so that a small kernel's time is its
     /// own rather than the host's gap to the next launch (about 4 µs here).
     /// Where that capture fails, launches go one by one, as they used to.
-    pub(crate) fn run_profiled(&mut self, key: u64, host_start: std::time::Instant) -> std::result::Result<(), String> {
+    pub(crate) fn run_profiled(&mut self, key: u64, host_start: std::time::Instant) -> CudaResult<()> {
         let mut p = self.profile.take().expect("profiling");
         let n = self.plans[&key].steps.len();
         let mut r = (|| {
@@ -92,7 +92,7 @@ impl CudaBackend {
     }
 
     /// Plan `key` with events recorded around every launch, one by one.
-    fn launch_profiled(&self, key: u64, p: &Profile) -> std::result::Result<(), String> {
+    fn launch_profiled(&self, key: u64, p: &Profile) -> CudaResult<()> {
         self.gpu.record(&p.events[0])?;
         for (i, s) in self.plans[&key].steps.iter().enumerate() {
             s.run(&self.gpu, &self.kernels, false)?;
@@ -102,7 +102,7 @@ impl CudaBackend {
     }
 
     /// Plan `key` as a captured graph with an event node after every launch.
-    fn replay_profiled(&mut self, key: u64, p: &Profile) -> std::result::Result<(), String> {
+    fn replay_profiled(&mut self, key: u64, p: &Profile) -> CudaResult<()> {
         if self.plans[&key].profiled.is_none() {
             let plan = &self.plans[&key];
             self.gpu.begin_capture()?;
@@ -112,7 +112,7 @@ impl CudaBackend {
                     s.run(&self.gpu, &self.kernels, self.pdl)?;
                     self.gpu.record_in_graph(&p.events[i + 1])?;
                 }
-                Ok::<(), String>(())
+                Ok::<(), CudaError>(())
             })();
             let graph = self.gpu.end_capture();
             run?;

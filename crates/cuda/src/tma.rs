@@ -6,6 +6,8 @@
 
 use cudarc::driver::sys;
 
+use crate::error::CudaError;
+
 /// A `CUtensorMap`: 128 opaque bytes, 64-byte aligned (the kernel's
 /// `TmaMap`).
 #[repr(C, align(64))]
@@ -40,7 +42,7 @@ impl MatrixMap {
     /// Whether the copy engine takes this shape (cuTensorMapEncodeTiled's
     /// limits): 16-byte aligned base and row stride, boxes of at most 256 a
     /// side and no wider than the swizzle span.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), CudaError> {
         let span = match self.swizzle {
             Swizzle::B64 => 64,
             Swizzle::B128 => 128,
@@ -54,11 +56,11 @@ impl MatrixMap {
         if ok {
             Ok(())
         } else {
-            Err(format!("{self:?}: not a shape the bulk tensor copy engine takes"))
+            Err(CudaError::TensorMap(format!("{self:?}")))
         }
     }
 
-    pub fn encode(&self) -> Result<TmaMap, String> {
+    pub fn encode(&self) -> Result<TmaMap, CudaError> {
         self.check()?;
         let mut map = sys::CUtensorMap { opaque: [0; 16] };
         let dims = [self.row_bytes, self.rows];
@@ -88,9 +90,7 @@ impl MatrixMap {
                 sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
             )
         };
-        if r != sys::CUresult::CUDA_SUCCESS {
-            return Err(format!("cuTensorMapEncodeTiled for {self:?}: {r:?}"));
-        }
+        r.result().map_err(|e| crate::driver::err("cuTensorMapEncodeTiled")(e).context(format!("{self:?}")))?;
         Ok(TmaMap(map.opaque))
     }
 }
