@@ -34,7 +34,7 @@ pub enum Error {
     #[error("tensor {name:?} (info at offset {offset}): unknown type id {type_id}{hint}")]
     UnknownType { name: String, offset: u64, type_id: u32, hint: &'static str },
     /// A type whose id means different things in different forks, whose size
-    /// disagrees with the gap to the next tensor (spec/gguf.md §3 rule 1).
+    /// disagrees with the gap to the next tensor (docs/spec/gguf.md §3 rule 1).
     #[error(
         "tensor {name:?} (info at offset {offset}): type id {type_id} read as {ty} needs {expected} bytes \
          ({rule}; {padded} with padding), but the gap to the next tensor's data is {gap} bytes; \

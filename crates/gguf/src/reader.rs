@@ -403,7 +403,7 @@ fn read_tensor_infos(r: &mut Cursor, n: u64) -> Result<Vec<RawInfo>> {
     Ok(out)
 }
 
-/// Resolves every type id (spec/gguf.md §3), checks sizes against the layout,
+/// Resolves every type id (docs/spec/gguf.md §3), checks sizes against the layout,
 /// and checks every tensor lies inside the file, aligned and disjoint.
 /// Returns the tensors and whether the layout is strict.
 fn resolve_tensors(

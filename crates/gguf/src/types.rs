@@ -5,7 +5,7 @@
 use std::fmt;
 
 /// A tensor storage type. The id collisions between llama.cpp, ik_llama.cpp and
-/// Microsoft's fork are resolved at parse time (see `spec/gguf.md` §3), so every
+/// Microsoft's fork are resolved at parse time (see `docs/spec/gguf.md` §3), so every
 /// variant here has exactly one meaning.
 #[allow(non_camel_case_types)] // the names users type and read in other tools
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -209,7 +209,7 @@ mod tests {
 
     #[test]
     fn sizes_match_the_spec_table() {
-        // spec/bitnet.md §6: attn_q of 2B-4T, 2560 x 2560.
+        // docs/spec/bitnet.md §6: attn_q of 2B-4T, 2560 x 2560.
         let ne = [2560u64, 2560];
         assert_eq!(GgmlType::I2_S.tensor_bytes(&ne), Some(1_638_432));
         assert_eq!(GgmlType::IQ2_BN.tensor_bytes(&ne), Some(1_648_640));

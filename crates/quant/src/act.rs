@@ -16,7 +16,7 @@
 //! not depend on the sign convention, only on consistency).
 //!
 //! `Q8_Row` is the training-faithful BitNet per-token quantization
-//! (`spec/bitnet.md` §5.1): one scale for the whole row,
+//! (`docs/spec/bitnet.md` §5.1): one scale for the whole row,
 //! `s_a = 127 / max(amax, 1e-5)`, `q = clamp(round_half_even(x·s_a), −128, 127)`,
 //! stored as `d = 1/s_a`, plus `sum = Σq` so a ternary dot can be computed as
 //! `Σ code·q − Σ q` with codes 0..2.

@@ -1,7 +1,7 @@
 //! tern-quant: the numerics of every tensor type tern reads from GGUF — block
 //! layouts, dequantization, reference quantizers, and the scalar dot products
 //! between one weight row and one quantized activation row. Layouts and
-//! formulas follow `spec/quants.md`; this is clear scalar reference code that
+//! formulas follow `docs/spec/quants.md`; this is clear scalar reference code that
 //! SIMD kernels elsewhere are checked against.
 //!
 //! Conventions:

@@ -56,7 +56,7 @@ const ZERO5: u8 = 128;
 
 #[test]
 fn tq1_0_worked_example_byte_202() {
-    // qs[0] holds elements 0, 32, 64, 96, 128 (spec/quants.md §10).
+    // qs[0] holds elements 0, 32, 64, 96, 128 (docs/spec/quants.md §10).
     let mut block = [ZERO5; 54];
     block[0] = 202;
     block[48..52].fill(127); // qh: codes (1,1,1,1) → v = 40·3 = 120 → ⌈120·256/243⌉
@@ -75,7 +75,7 @@ fn tq1_0_worked_example_byte_202() {
 
 #[test]
 fn iq1_bn_worked_example_byte_176() {
-    // Row: f16 scale, then one block; ql[0] holds elements 0..5 (spec/quants.md §12).
+    // Row: f16 scale, then one block; ql[0] holds elements 0..5 (docs/spec/quants.md §12).
     let mut row = [ZERO5; 2 + 13];
     row[..2].copy_from_slice(&half::f16::from_f32(1.0).to_le_bytes());
     row[2] = 176;

@@ -71,7 +71,7 @@ mod tests {
 
     #[test]
     fn spec_worked_example() {
-        // (+1, 0, −1, −1, +1) → codes (2, 1, 0, 0, 2) → 202 (spec/quants.md §10).
+        // (+1, 0, −1, −1, +1) → codes (2, 1, 0, 0, 2) → 202 (docs/spec/quants.md §10).
         assert_eq!(pack_trits([2, 1, 0, 0, 2]), 202);
         assert_eq!((0..5).map(|k| unpack_trit(202, k)).collect::<Vec<_>>(), [2, 1, 0, 0, 2]);
     }

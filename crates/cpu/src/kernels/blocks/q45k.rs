@@ -43,7 +43,7 @@ const fn w_bytes(five: bool) -> usize {
 const QH: usize = 16;
 
 /// The eight 6-bit scales and eight 6-bit mins of `scales[12]` at `p`, one per
-/// byte of each u64 (sub-block `j` in byte `j`); `spec/quants.md` §5:
+/// byte of each u64 (sub-block `j` in byte `j`); `docs/spec/quants.md` §5:
 /// * j < 4: `sc = q[j] & 63`, `m = q[j+4] & 63`;
 /// * j ≥ 4: `sc = (q[j+4] & 15) | (q[j-4] >> 6) << 4`, `m = (q[j+4] >> 4) | (q[j] >> 6) << 4`.
 #[inline]

@@ -10,7 +10,7 @@
 //! activation block sums with `32·sc_g`, which fits i16). The block's f32
 //! value and the running sum are computed exactly as the reference does.
 //!
-//! Element layout (`spec/quants.md` §7): in half `h` (128 elements), element
+//! Element layout (`docs/spec/quants.md` §7): in half `h` (128 elements), element
 //! `128h + 32k + l` has its low nibble in `ql[64h + 32(k%2) + l]` (low nibble
 //! for k < 2, high for k ≥ 2) and its top two bits at bits `2k..2k+2` of
 //! `qh[32h + l]`.
