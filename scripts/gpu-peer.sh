@@ -48,7 +48,7 @@ bench)
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
     # Full offload: two rounds, the engines alternating, 10 runs a figure
     # after each tool's warm-up run, every run's t/s kept (-o json) so that
-    # the summary below compares medians, as issue 5's acceptance asks (ik's
+    # the summary below compares medians, not means (ik's
     # prompt speeds spread ±25-30%).
     out=${OUT:-/tmp}/peer
     mkdir -p "$out"

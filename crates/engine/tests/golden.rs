@@ -2,7 +2,7 @@
 //! evaluated teacher-forced on the prompt + the peer's greedy ids, against the
 //! peer's logits (llama.cpp / ik_llama.cpp) and the float64 reference.
 //!
-//! Bounds (from the issue; measured peer-vs-float64 distances sit inside them):
+//! Bounds (the measured peer-vs-float64 distances sit inside them):
 //! - class f (float weights): mean KL(peer ‖ tern) ≤ 2e-4 nat, max |Δlogit| ≤ 0.1
 //!   against the peer, and max |Δ| ≤ 1e-3 against float64;
 //! - class q (quantized weights): mean KL ≤ 5e-3 nat and the same top-1 on ≥ 85% of rows.
