@@ -38,7 +38,7 @@ const KERNEL_EXPORT_MAX: usize = 64 << 10;
 /// Imports at most this large, read only by elementwise ops, are not copied
 /// at all: those ops read them from host memory in place, which saves the
 /// copy node and its hand-over between the copy engine and the kernels
-/// (1.3 µs of a 12 µs round trip on an H100, `scripts/hostlink-micro.cu`).
+/// (measured by `scripts/hostlink-micro.cu`).
 const IN_PLACE_MAX: usize = 64 << 10;
 
 /// Which way a copy goes.

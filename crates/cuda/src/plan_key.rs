@@ -15,8 +15,9 @@ use crate::decode::{cache_span, CacheSpan};
 /// lane's state, and `finish` folds the lanes with the same step, a
 /// bijection of each lane's state given the others: two keys of one length
 /// that differ in a single word never collide. The lanes are independent
-/// chains of multiplies: one chain took 27 µs a 2B-4T step on the GPU
-/// machine's host while the GPU waited.
+/// chains of multiplies, so the host's hashing of a step overlaps itself
+/// instead of waiting on one long dependent chain (BENCHMARKS.md: the
+/// host's time between tokens).
 #[derive(Default)]
 struct KeyHasher {
     lanes: [u64; LANES],

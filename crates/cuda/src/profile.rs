@@ -47,7 +47,7 @@ impl CudaBackend {
     /// Runs plan `key` with an event between each pair of launches and books
     /// the times. The launches and events are captured into a graph once and
     /// replayed, as an ordinary step is, so that a small kernel's time is its
-    /// own rather than the host's gap to the next launch (about 4 µs here).
+    /// own rather than the host's gap to the next launch.
     /// Where that capture fails, launches go one by one, as they used to.
     pub(crate) fn run_profiled(&mut self, key: u64, host_start: std::time::Instant) -> CudaResult<()> {
         let mut p = self.profile.take().expect("profiling");

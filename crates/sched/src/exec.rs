@@ -261,8 +261,9 @@ impl Backends {
     /// bytes of the step inputs. Returns the bytes of each graph output,
     /// borrowed from a host arena where they were computed or read back.
     /// `homes` keeps where every node lives for the next call with the same
-    /// graph shape, schedule and leaves (a decoding step's ~1,000 nodes took
-    /// ~20 µs a token to place); pass `&mut None` for a one-off run. The
+    /// graph shape, schedule and leaves (placing a decoding step's ~1,000
+    /// nodes again every token costs more than the step's host work); pass
+    /// `&mut None` for a one-off run. The
     /// caller owns that promise; the homes are placed again whenever an
     /// arena moved.
     pub fn run(

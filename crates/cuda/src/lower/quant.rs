@@ -147,14 +147,12 @@ impl Lower<'_> {
         // Rows staged in shared memory may take it past 48 KiB (opted in at
         // load). A prompt's rows run best many at once: in registers, 4
         // words of the permuted layout a thread, as few threads as that
-        // takes (160 at k_pad 2560: 17.0 µs against 20.0 with 256 for 2,048
-        // rows on an H200), else 256. A lone token's row is a chain of
+        // takes (fewer idle threads a row), else 256. A lone token's row is a chain of
         // dependent phases (load, two block reductions, stores) held in
         // registers: 256 threads up to k_pad 4096 and 512 beyond.
         // The smaller the block, the sooner it finds room on an SM beside
-        // the GEMV before it and starts under programmatic launch: on an
-        // H100, 1024 -> 512 threads took tg128 from 550-562 to 586-614 t/s,
-        // and 512 -> 256 (for k_pad <= 4096) from 568-583 to 586-619.
+        // the GEMV before it and starts under programmatic launch (both
+        // steps down measured faster; BENCHMARKS.md's history has them).
         let threads = if rows >= 64 && k_pad <= 4 * 4 * 256 {
             (k_pad / 16).next_multiple_of(32).max(64) as u32
         } else if rows >= 64 || k_pad <= 4 * 4 * 256 {
