@@ -10,6 +10,33 @@
 //! The pass reads the launches' argument structs (`args.rs`); those of
 //! `norm_quant` and `attention` are also the table's records of their
 //! phases.
+//!
+//! `decode_run` (sm_90, on by default there; `CudaOptions::fused_decode`)
+//! runs one 256-thread block per SM through the table's phases behind grid
+//! barriers: a counter each block adds to once (`red.release`) and polls
+//! (`ld.acquire`); a launch count in the table's header gives each launch its
+//! targets. Every spin wait traps after two seconds, so a bug fails the launch
+//! instead of hanging the GPU. Phases with a scale per chunk, rows over 8192 or
+//! more than 256 rows a block stay launches.
+//!
+//! - *Weights never depend on activations.* The table holds a `Copy` record per
+//!   GEMV phase; thread 32 of each block refills a ring of shared memory with
+//!   the block's rows of the coming phases by bulk copies on one mbarrier a
+//!   phase, while thread 0 waits at the barrier.
+//! - *A row's writer leaves what its reader's norm needs.* A phase that writes a
+//!   whole row also leaves each block's (Σx², max |x·w|) for the next norm's
+//!   weight w in the header (`link_stats` picks these phases), so the next
+//!   GEMV norms and quantizes with no block reduction (partials summed in a
+//!   fixed order) and a float rsqrt.
+//! - *Rows on tensor cores*, in tiles of 16 with m16n8k32 fragments; each 2-bit
+//!   plane is accumulated apart and summed exactly at the end.
+//! - *Attention as a block per q head and chunk of keys* (`att_head`). Caches
+//!   past `LONG_CACHE_KEYS` (448) are cut into chunks merged by the last block
+//!   of a KV group; from `GROUP_CACHE_KEYS` (2,048) keys with 2, 4 or 8 q heads
+//!   a KV head, a block takes the whole group (`decode_attention_kv.cu`). Each
+//!   path is its own module (`decode`, `decode_long`, `decode_grouped`), picked
+//!   by the step's `CacheSpan`; the plan key counts the span.
+//!   `CudaOptions::fuse_trace` prints where each phase kind spends its time.
 
 use tern_quant::GgmlType;
 

@@ -1,5 +1,9 @@
 //! The kernel sources embedded in the binary, and the typed table of every
 //! kernel function once its module is compiled and loaded.
+//!
+//! The modules compile side by side on threads; the persistent decoding
+//! kernel's three modules (`decode`, `decode_long`, `decode_grouped`) only
+//! when `decode_run` is on.
 
 use std::path::Path;
 

@@ -2,6 +2,14 @@
 //! value (the kernel's argument struct, `args.rs`). Lowering produces a list of these; a plan is that list with the
 //! split's copies around it (`Step`), and its hash identifies a captured CUDA
 //! graph that replays it.
+//!
+//! Kernels use programmatic dependent launch: each waits for its inputs in
+//! `pdl_wait`, and issues before it everything that does not depend on the
+//! previous kernel (weight rows, the norm weight, rope angles, earlier
+//! positions' K/V rows). A plan runs as launches the first time and is
+//! captured into a graph on its second run. One-token kernels are capped at 64
+//! registers so four 256-thread blocks share an SM; gate/up pairs take two
+//! row pairs a warp for the same reason (`ternary_gemv1_pair`).
 
 use std::ffi::c_void;
 use std::hash::{Hash, Hasher};

@@ -11,6 +11,12 @@
 //! Rows are padded to a multiple of [`ROW_ALIGN`] with zero codes, so
 //! decoding's 16-row tensor-core tiles read whole tiles without bounds checks
 //! (the prompt GEMM's tiles of up to 256 rows check their rows).
+//!
+//! Activations are quantized per token (the CPU's `Q8_Row`) into the same
+//! permutation, so one 16-byte load per lane feeds the W2A8 GEMV's `dp4a` and
+//! the same words are the A fragments of the int8 GEMM. With one scale per
+//! row, the GPU's integer sums and float operations equal the CPU's: the
+//! ternary matmul tests require bit-identical outputs.
 
 use tern_quant::ternary::rows::{self, Packing};
 use tern_quant::{GgmlType, TensorScale};

@@ -10,6 +10,20 @@
 //!   itself (the residual connections);
 //! * the ropes of q and k that only an attention reads go with the cache
 //!   store into one launch, and at one token into the attention itself.
+//!
+//! Also fused: gate/up with its activation in one GEMV, and for prompts
+//! act(gate)·up formed inside the quantization that reads it (the product
+//! never goes to memory). A fused kernel that reads one node while writing
+//! another checks that their bytes do not overlap (the arena reuses dead
+//! tensors' bytes).
+//!
+//! On sm_90 the prompt GEMM is `ternary_gemm_wg` (`kernels/ternary_wgmma.cu`):
+//! a producer warp's bulk tensor copies (`tma.rs`) fill four shared-memory
+//! stages on mbarriers, and three or two consumer warpgroups, whichever costs
+//! fewer rounds of blocks over the SMs, decode codes into A fragments and
+//! multiply with `wgmma`, with no block barrier. Elsewhere, or with
+//! `CudaOptions::wgmma` off, the mma.sync GEMM takes 256-row tiles; where a
+//! matrix has a scale per 256-chunk, 128-row tiles on every device.
 
 use std::collections::HashMap;
 

@@ -1,6 +1,9 @@
 //! Run-time compilation of the embedded `.cu` sources with NVRTC, for the
 //! device's own architecture, with an on-disk cache keyed by a hash of the
 //! source, the options, the architecture and the NVRTC version.
+//!
+//! Hopper compiles for `sm_90a` (wgmma); a cache entry is written atomically
+//! (a temporary file, then a rename).
 
 use std::ffi::{c_char, CStr, CString};
 use std::path::Path;

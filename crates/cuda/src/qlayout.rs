@@ -6,6 +6,17 @@
 //! - [`QLayout::Q6K`]: Q6_K's 6.56 bits a weight kept, in planes a warp reads
 //!   with coalesced vector loads (the head streams 269 MB a token instead of
 //!   the 410 MB its int8 levels and f32 scales would take).
+//!
+//! Q2_0 and Q1_0 matrices become levels −1..=2 and ±1. Both GEMVs read a
+//! word of levels a lane, consecutive lanes on consecutive elements, so a
+//! warp's float4 activation loads cover four cache lines. Levels become floats
+//! by a byte permute into the mantissa of 2^23 and one exact subtraction, so a
+//! float model's Q6_K head computes the exact function of its dequantized
+//! weights. A quantized model's one-token Q6_K product (`Precision::Paired`,
+//! the BitNet heads) runs the CPU's integers instead (`q6k_gemv1_q8`): each
+//! block quantizes x to Q8_K in shared memory and multiplies level words by
+//! dp4a (within 1e-7 of the CPU), each warp loading its next round of a row
+//! as 16-byte words while it multiplies the current one.
 
 use half::f16;
 use tern_quant::{cast_blocks, BlockQ1_0, BlockQ2_0, BlockQ4_0, BlockQ6K, BlockQ8_0, GgmlType};

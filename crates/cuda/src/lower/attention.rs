@@ -2,6 +2,17 @@
 //! when only an attention reads them), the one-token attention (flash-
 //! decoding splits, rope inside), and the prompt attention on tensor cores
 //! (`flash_attn*`).
+//!
+//! Decoding is flash-decoding: splits of 32 keys (up to 128) and a last-block
+//! merge in one launch, each lane scoring a whole key row in one batch of
+//! loads. At one token it does rope_store's work too (`AttRope`): q is rotated
+//! as it is staged, and the split holding the token's position rotates and
+//! stores its k and v rows before reading them. Prompt attention on f16 caches
+//! (`flash_attn`) is FlashAttention-2 on `mma.m16n8k16` (q and P rounded to
+//! f16, f32 accumulation), a block per KV head and 16 query tokens, K/V tiles
+//! double-buffered with `cp.async` and V loaded by `ldmatrix.trans`; while its
+//! grid is at most 2 SMs' worth of blocks, a second set of warps takes every
+//! other key tile (`flash_attn_split`). head_dim 128 has its own entry points.
 
 use tern_graph::{AttentionParams, DType, Node, NodeId, Op};
 use tern_quant::GgmlType;

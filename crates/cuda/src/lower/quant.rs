@@ -1,6 +1,13 @@
 //! Lowering the int8 activations of ternary matmuls: the RMS norm and its
 //! weight fused into the quantization (`norm_quant`), and a prompt's gated
 //! FFN product formed inside it (`gated_norm_quant`).
+//!
+//! `norm_quant` runs a block per row. When the row's permuted int8 words fit
+//! four a thread, each thread norms, weights and quantizes its own words in
+//! registers; longer rows are staged in shared memory. A lone token's row uses
+//! the fewest threads that keep it in registers (256 up to k_pad 4096, else
+//! 512), so the block finds room beside the previous GEMV's and starts early
+//! under programmatic launch; batches of 64 rows or more use 256 threads a row.
 
 use tern_graph::{Activation, NodeId, Op};
 
