@@ -91,6 +91,16 @@ impl Backend for CpuBackend {
             Op::RmsNorm { .. } | Op::HeadNorm { .. } | Op::Mul | Op::Add | Op::Scale { .. } | Op::GatedAct(_) => {
                 f32_only(srcs)
             }
+            Op::Columns { .. } | Op::ExpertSum => f32_only(srcs),
+            Op::MulMatHeads { .. } => matches!(srcs[0].dtype, DType::Ggml(_)) && f32_only(&srcs[1..]),
+            Op::LatentAttention(_) => {
+                let cache = |n: &Node| matches!(n.dtype, DType::Ggml(GgmlType::F32 | GgmlType::F16 | GgmlType::Q8_0));
+                f32_only(&srcs[..4]) && cache(srcs[4])
+            }
+            Op::Route(_) => f32_only(srcs),
+            Op::RouteWeights(_) => f32_only(&srcs[..1]) && srcs[1].dtype == DType::I32,
+            Op::MulMatId { .. } => matches!(srcs[0].dtype, DType::Ggml(_)) && f32_only(&srcs[1..2]),
+            Op::MoeUpGate { .. } => srcs[..2].iter().all(|n| matches!(n.dtype, DType::Ggml(_))) && f32_only(&srcs[2..3]),
         }
     }
 

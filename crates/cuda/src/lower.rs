@@ -336,6 +336,14 @@ impl Lower<'_> {
         let node = self.node_ref(id).clone();
         match &node.op {
             Op::Weight(_) | Op::Input(_) | Op::KvCache { .. } => Ok(1),
+            Op::Columns { .. }
+            | Op::MulMatHeads { .. }
+            | Op::LatentAttention(_)
+            | Op::Route(_)
+            | Op::RouteWeights(_)
+            | Op::MulMatId { .. }
+            | Op::MoeUpGate { .. }
+            | Op::ExpertSum => fail(format!("{} has no CUDA kernel", node.op.name())),
             Op::RmsNorm { eps } => self.rms_norm(nodes, i, *eps),
             Op::HeadNorm { eps, head_dim } => {
                 // The heads of a contiguous row are rows of `head_dim`: the

@@ -50,7 +50,7 @@ fn layer(n: usize) -> Layer {
     let n1 = g.rms_norm(x, 1e-5);
     let h = g.mul(n1, wn);
     let (q, k, v) = (g.mul_mat(wq, h, p), g.mul_mat(wk, h, p), g.mul_mat(wv, h, p));
-    let r = RopeParams { mode: RopeMode::Neox, n_rot: HD, head_dim: HD, freq_base: 1e4, freq_scale: 1.0 };
+    let r = RopeParams { mode: RopeMode::Neox, n_rot: HD, head_dim: HD, freq_base: 1e4, freq_scale: 1.0, yarn: None };
     let (qr, kr) = (g.rope(q, pos, None, r), g.rope(k, pos, None, r));
     let ap = AttentionParams { layer: 0, n_head: 4, n_head_kv: 2, head_dim: HD, scale: 0.125, kv_pos: 0 };
     let a = g.attention(qr, kr, v, kc, vc, pos, ap);

@@ -354,7 +354,7 @@ fn pointwise_norm_and_rope_match_cpu() {
         let pos = g.input(InputKind::Positions, n);
         let f = factors.then(|| g.weight(3, "f", GgmlType::F32, [n_rot / 2, 1, 1, 1]));
         let hw = g.weight(4, "hw", GgmlType::F32, [hd, 1, 1, 1]);
-        let p = RopeParams { mode, n_rot, head_dim: hd, freq_base: 10000.0, freq_scale: 0.5 };
+        let p = RopeParams { mode, n_rot, head_dim: hd, freq_base: 10000.0, freq_scale: 0.5, yarn: None };
         let outs = [
             g.rms_norm(x, 1e-6),
             g.add(x, b),
@@ -429,7 +429,7 @@ fn attention_matches_cpu_across_splits_and_cache_types() {
             };
             // Rope on q and k, as models do: the GPU fuses it with the cache store.
             let (mode, n_rot) = if llama { (RopeMode::Norm, hd / 2) } else { (RopeMode::Neox, hd) };
-            let r = RopeParams { mode, n_rot, head_dim: hd, freq_base: 500000.0, freq_scale: 1.0 };
+            let r = RopeParams { mode, n_rot, head_dim: hd, freq_base: 500000.0, freq_scale: 1.0, yarn: None };
             let factors = llama.then(|| g.weight(3, "rope_freqs", GgmlType::F32, [n_rot / 2, 1, 1, 1]));
             let (qr, kr) = (g.rope(q, pos, factors, r), g.rope(k, pos, factors, r));
             let a = g.attention(qr, kr, v, kc, vc, pos, p);
@@ -561,7 +561,7 @@ fn fused_decoding_layers_match_cpu() {
         let mut x = b.weight(GgmlType::F32, [k, 1, 1, 1], bytes_f32(&x0));
         let pos = b.g.input(InputKind::Positions, 1);
         b.data.insert(pos, bytes_i32(&[kv_pos as i32]));
-        let rope = RopeParams { mode: RopeMode::Neox, n_rot: hd, head_dim: hd, freq_base: 500000.0, freq_scale: 1.0 };
+        let rope = RopeParams { mode: RopeMode::Neox, n_rot: hd, head_dim: hd, freq_base: 500000.0, freq_scale: 1.0, yarn: None };
         let mut outs = Vec::new();
         for layer in 0..2 {
             let h = b.norm(x, k);

@@ -1,6 +1,7 @@
-//! The KV cache: per layer one K and one V tensor `[head_dim * n_head_kv,
-//! n_ctx]` (f32, f16 or q8_0 rows), allocated in the buffers of the backend
-//! that is the layer's home.
+//! The KV cache: per layer one K and one V tensor `[width, n_ctx]` (f32, f16
+//! or q8_0 rows; widths from `Config::kv_widths`: `head_dim * n_head_kv`, or
+//! an MLA layer's latent and rope values in K and no V), allocated in the
+//! buffers of the backend that is the layer's home.
 
 use tern_backend::{BackendId, TensorLoc};
 use tern_gguf::GgmlType;
@@ -17,14 +18,14 @@ pub struct KvCache {
 
 impl KvCache {
     pub fn new(c: &Config, spec: KvSpec, homes: &[BackendId], backends: &mut Backends) -> Result<KvCache> {
-        let row = c.head_dim * c.n_head_kv;
-        let bytes = |ty: GgmlType| -> Result<usize> {
+        let (k_row, v_row) = c.kv_widths();
+        let bytes = |ty: GgmlType, row: usize| -> Result<usize> {
             let b = ty.tensor_bytes(&[row as u64, spec.n_ctx as u64]).ok_or_else(|| {
                 Error::KvType(format!("{ty}: a KV row of {row} is not whole {}-element blocks", ty.block_elems()))
             })?;
             Ok(b as usize)
         };
-        let (kb, vb) = (bytes(spec.k_type)?, bytes(spec.v_type)?);
+        let (kb, vb) = (bytes(spec.k_type, k_row)?, bytes(spec.v_type, v_row)?);
         let mut layers = Vec::with_capacity(c.n_layer);
         for home in homes {
             let b = backends.get_mut(*home)?;

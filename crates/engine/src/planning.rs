@@ -143,8 +143,8 @@ fn desc(info: &tern_gguf::TensorInfo) -> WeightDesc {
 /// largest micro-batch.
 fn memory_use(model: &Model, placement: &Placement, kv: &KvSpec, schedule: &Schedule) -> Vec<MemoryUse> {
     let c = &model.config;
-    let row = (c.head_dim * c.n_head_kv) as u64;
-    let cache = |ty: GgmlType| ty.tensor_bytes(&[row, kv.n_ctx as u64]).unwrap_or(0);
+    let (k_row, v_row) = c.kv_widths();
+    let cache = |ty: GgmlType, row: usize| ty.tensor_bytes(&[row as u64, kv.n_ctx as u64]).unwrap_or(0);
     placement
         .backends()
         .into_iter()
@@ -193,7 +193,7 @@ fn memory_use(model: &Model, placement: &Placement, kv: &KvSpec, schedule: &Sche
             let (weights, staged) = if b.is_host() { (weights + staged, 0) } else { (weights, staged) };
             let layers = placement.kv_homes.iter().filter(|h| **h == b).count() as u64;
             let arena = schedule.memory.arena_bytes.get(&b).copied().unwrap_or(0) as u64;
-            let kv = layers * (cache(kv.k_type) + cache(kv.v_type));
+            let kv = layers * (cache(kv.k_type, k_row) + cache(kv.v_type, v_row));
             MemoryUse { backend: b, weights, kv, arena, staged, capacity: None }
         })
         .collect()

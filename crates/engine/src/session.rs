@@ -383,8 +383,10 @@ impl Session {
         let Session { plans, pos, weight_locs, kv, backends, copies, profile, logits, .. } = self;
         let Plan { built, schedule, homes } = plans.get_mut(&key).expect("inserted above");
         for node in &mut built.graph.nodes {
-            if let Op::Attention(p) = &mut node.op {
-                p.kv_pos = *pos;
+            match &mut node.op {
+                Op::Attention(p) => p.kv_pos = *pos,
+                Op::LatentAttention(p) => p.kv_pos = *pos,
+                _ => {}
             }
         }
         let (built, schedule) = (&*built, &*schedule);

@@ -5,9 +5,12 @@
 //! Bounds (the measured peer-vs-float64 distances sit inside them):
 //! - class f (float weights): mean KL(peer ‖ tern) ≤ 2e-4 nat, max |Δlogit| ≤ 0.1
 //!   against the peer, and max |Δ| ≤ 1e-3 against float64;
-//! - class q (quantized weights): mean KL ≤ 5e-3 nat and the same top-1 on ≥ 85% of rows.
+//! - class q (quantized weights): mean KL ≤ 5e-3 nat and the same top-1 on ≥ 85% of rows;
+//! - class moe (qwen3moe, deepseek2): mean KL ≤ 2e-2 nat and the same top-1 on ≥ 80% of
+//!   rows. Random routers sit near ties, so a rounding difference may pick
+//!   another expert for a token; each file is compared with its own golden only.
 //!
-//! A missing fixture fails; nothing is skipped except class moe (qwen3moe and deepseek2 do not run yet).
+//! A missing fixture fails; nothing is skipped.
 
 use std::path::{Path, PathBuf};
 
@@ -45,6 +48,10 @@ fn manifest() -> Vec<Row> {
         .collect()
 }
 
+fn golden_len(prompt_shape: &[usize]) -> usize {
+    (prompt_shape[0] + 16) * prompt_shape[1]
+}
+
 fn load_npy(path: &Path) -> (Vec<usize>, Vec<f32>) {
     npy::read_f32(path).unwrap_or_else(|e| panic!("fixture: {e}"))
 }
@@ -65,15 +72,18 @@ fn compact_fixtures_match_goldens() {
     let mut failures = Vec::new();
     let mut checked = 0;
     for row in manifest() {
-        if row.class == "moe" {
-            eprintln!("{:<34} moe: skipped, qwen3moe and deepseek2 do not run yet", row.golden);
-            continue;
-        }
         let model = dir.join("models").join(&row.model);
         assert!(model.exists(), "missing fixture {}", model.display());
         let (ps, prompt) = load_npy(&dir.join(format!("golden/{}.prompt_logits.npy", row.golden)));
         let (_, gen) = load_npy(&dir.join(format!("golden/{}.gen_logits.npy", row.golden)));
-        let (_, ref64) = load_npy(&dir.join(format!("ref64/{}.npy", row.golden)));
+        let ref64_path = dir.join(format!("ref64/{}.npy", row.golden));
+        let ref64 = match ref64_path.exists() {
+            true => load_npy(&ref64_path).1,
+            false => {
+                failures.push(format!("missing {}", ref64_path.display()));
+                vec![0.0; golden_len(&ps)]
+            }
+        };
         let n_vocab = ps[1];
         let golden: Vec<f32> = prompt.into_iter().chain(gen).collect();
         let ours = eval(&model, &row.ids, &opts());
@@ -94,6 +104,7 @@ fn compact_fixtures_match_goldens() {
         let ok = match row.class.as_str() {
             "f" => peer.mean_kl <= 2e-4 && peer.max_abs <= 0.1 && exact.max_abs <= 1e-3,
             "q" => peer.mean_kl <= 5e-3 && peer.top1 >= 0.85,
+            "moe" => peer.mean_kl <= 2e-2 && peer.top1 >= 0.8,
             other => panic!("unknown class {other}"),
         };
         if !ok {
@@ -101,7 +112,7 @@ fn compact_fixtures_match_goldens() {
         }
         checked += 1;
     }
-    assert!(checked >= 13, "only {checked} fixtures checked");
+    assert!(checked >= 30, "only {checked} fixtures checked");
     assert!(failures.is_empty(), "out of bounds:\n{}", failures.join("\n"));
 }
 

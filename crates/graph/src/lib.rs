@@ -7,7 +7,10 @@
 
 mod op;
 
-pub use op::{Activation, AttentionParams, InputKind, KvKind, Op, Precision, RopeMode, RopeParams};
+pub use op::{
+    Activation, AttentionParams, ExpertGroups, Gating, HeadMatMul, InputKind, KvKind, LatentAttentionParams, Op, Precision,
+    RopeMode, RopeParams, RouteParams, Yarn,
+};
 pub use tern_gguf::GgmlType;
 
 /// Element type of a graph tensor.
@@ -220,6 +223,98 @@ impl Graph {
             DType::F32,
             None,
         )
+    }
+
+    /// Elements `start..start + len` of every `width`-wide piece of `x`'s rows.
+    pub fn columns(&mut self, x: NodeId, width: usize, start: usize, len: usize) -> NodeId {
+        let ne = self.ne(x);
+        assert!(width > 0 && ne[0] % width == 0 && start + len <= width, "columns: {start}+{len} of {width} in {ne:?}");
+        let out = [len * (ne[0] / width), ne[1], ne[2], ne[3]];
+        self.push(Op::Columns { width, start, len }, vec![x], out, DType::F32, None)
+    }
+
+    /// Per-head products with blocks of `w`'s rows ([`HeadMatMul`]).
+    pub fn mul_mat_heads(&mut self, w: NodeId, x: NodeId, mm: HeadMatMul, precision: Precision) -> NodeId {
+        let (nw, nx) = (self.ne(w), self.ne(x));
+        let rows = nw[1] * nw[2] * nw[3];
+        assert!(mm.n_head > 0 && (mm.n_head - 1) * mm.stride + mm.offset + mm.len <= rows, "mul_mat_heads: rows");
+        let (k_in, k_out) = if mm.transposed { (mm.len, nw[0]) } else { (nw[0], mm.len) };
+        assert_eq!(nx[0], k_in * mm.n_head, "mul_mat_heads: input width");
+        let label = self.node(w).label.as_ref().map(|l| l.trim_end_matches(".weight").to_string());
+        self.push(Op::MulMatHeads { mm, precision }, vec![w, x], [k_out * mm.n_head, nx[1], 1, 1], DType::F32, label)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn latent_attention(
+        &mut self,
+        q_lat: NodeId,
+        q_pe: NodeId,
+        c: NodeId,
+        k_pe: NodeId,
+        cache: NodeId,
+        positions: NodeId,
+        p: LatentAttentionParams,
+    ) -> NodeId {
+        let n = self.ne(q_lat)[1];
+        assert_eq!(self.ne(q_lat)[0], p.rank * p.n_head, "latent_attention: q_lat width");
+        assert_eq!(self.ne(q_pe)[0], p.rope * p.n_head, "latent_attention: q_pe width");
+        assert_eq!(self.ne(c)[0], p.rank, "latent_attention: latent width");
+        assert_eq!(self.ne(k_pe)[0], p.rope, "latent_attention: k_pe width");
+        assert_eq!(self.ne(cache)[0], p.rank + p.rope, "latent_attention: cache width");
+        assert!(p.kv_pos + n <= self.ne(cache)[1], "latent_attention: cache too small");
+        let srcs = vec![q_lat, q_pe, c, k_pe, cache, positions];
+        self.push(Op::LatentAttention(p), srcs, [p.rank * p.n_head, n, 1, 1], DType::F32, None)
+    }
+
+    /// The experts each token uses: i32 `[k, n]`.
+    pub fn route(&mut self, logits: NodeId, bias: Option<NodeId>, p: RouteParams) -> NodeId {
+        let ne = self.ne(logits);
+        assert_eq!(ne[0], p.n_expert, "route: one logit per expert");
+        assert_eq!(bias.is_some(), p.biased, "route: bias");
+        let srcs = std::iter::once(logits).chain(bias).collect();
+        self.push(Op::Route(p), srcs, [p.k, ne[1], 1, 1], DType::I32, None)
+    }
+
+    /// The weights of the chosen experts: `[k, n]`.
+    pub fn route_weights(&mut self, logits: NodeId, experts: NodeId, p: RouteParams) -> NodeId {
+        let ne = self.ne(experts);
+        self.push(Op::RouteWeights(p), vec![logits, experts], ne, DType::F32, None)
+    }
+
+    /// Each chosen expert's `W·x` ([`Op::MulMatId`]): `[m, e, n]`.
+    pub fn mul_mat_id(&mut self, w: NodeId, x: NodeId, experts: NodeId, precision: Precision) -> NodeId {
+        let (nw, nx, ne) = (self.ne(w), self.ne(x), self.ne(experts));
+        assert_eq!(nw[0], nx[0], "mul_mat_id: k");
+        assert!(nx[1] == 1 || nx[1] == ne[0], "mul_mat_id: one input or one per slot");
+        assert_eq!(nx[2], ne[1], "mul_mat_id: tokens");
+        let label = self.node(w).label.as_ref().map(|l| l.trim_end_matches(".weight").to_string());
+        self.push(Op::MulMatId { precision }, vec![w, x, experts], [nw[1], ne[0], ne[1], 1], DType::F32, label)
+    }
+
+    /// `act(Wg·x) ⊙ Wu·x` for each chosen expert: `[m, e, n]`.
+    pub fn moe_up_gate(
+        &mut self,
+        gate: NodeId,
+        up: NodeId,
+        x: NodeId,
+        experts: NodeId,
+        act: Activation,
+        precision: Precision,
+    ) -> NodeId {
+        let (ng, nx, ne) = (self.ne(gate), self.ne(x), self.ne(experts));
+        assert_eq!(ng, self.ne(up), "moe_up_gate: gate and up differ");
+        assert_eq!(ng[0], nx[0], "moe_up_gate: k");
+        assert_eq!(nx[1], ne[1], "moe_up_gate: tokens");
+        let label = self.node(up).label.as_ref().map(|l| l.trim_end_matches(".weight").to_string());
+        let srcs = vec![gate, up, x, experts];
+        self.push(Op::MoeUpGate { act, precision }, srcs, [ng[1], ne[0], ne[1], 1], DType::F32, label)
+    }
+
+    /// `Σ_j weights[j] · y[:, j]`: `[m, n]`.
+    pub fn expert_sum(&mut self, y: NodeId, weights: NodeId) -> NodeId {
+        let (ny, nw) = (self.ne(y), self.ne(weights));
+        assert_eq!([ny[1], ny[2]], [nw[0], nw[1]], "expert_sum: one weight per slot");
+        self.push(Op::ExpertSum, vec![y, weights], [ny[0], ny[2], 1, 1], DType::F32, None)
     }
 
     /// For each node, the index of the last node that reads it (`None` if

@@ -38,6 +38,25 @@ pub struct RopeParams {
     pub freq_base: f32,
     /// Linear position scale (1 / `rope.scaling.factor`), 1.0 when unscaled.
     pub freq_scale: f32,
+    /// YaRN's blend of interpolated and extrapolated frequencies, when the
+    /// file declares `rope.scaling.type` yarn.
+    pub yarn: Option<Yarn>,
+}
+
+/// YaRN (Peng et al. 2023): pairs that turn fewer than `beta_slow` times over
+/// the original context are interpolated (`freq_scale`), pairs that turn more
+/// than `beta_fast` times keep their frequency, a linear ramp in between; the
+/// rotated values are multiplied by `magnitude`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Yarn {
+    /// The context the model was trained on before scaling.
+    pub n_ctx_orig: usize,
+    pub beta_fast: f32,
+    pub beta_slow: f32,
+    /// How much of the ramp applies (1 for YaRN).
+    pub ext_factor: f32,
+    /// The factor on cos and sin.
+    pub magnitude: f32,
 }
 
 /// Pointwise activations.
@@ -68,6 +87,75 @@ pub struct AttentionParams {
     pub n_head: usize,
     pub n_head_kv: usize,
     pub head_dim: usize,
+    pub scale: f32,
+    /// Cache position of the first token of this batch.
+    pub kv_pos: usize,
+}
+
+/// How a router turns its logits into expert scores.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gating {
+    /// Softmax over all experts (Qwen3-MoE, DeepSeek-V2).
+    Softmax,
+    /// A sigmoid per expert (DeepSeek-V3).
+    Sigmoid,
+}
+
+/// Group-limited routing (DeepSeek-V3): experts form `count` equal groups,
+/// a group scores the sum of its two best experts, and only the `used` best
+/// groups' experts may be chosen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExpertGroups {
+    pub count: usize,
+    pub used: usize,
+}
+
+/// A mixture-of-experts router: which `k` of `n_expert` experts each token
+/// uses, and with what weights.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RouteParams {
+    pub n_expert: usize,
+    /// Experts used per token.
+    pub k: usize,
+    pub gating: Gating,
+    /// A per-expert bias (`exp_probs_b`) is added to the scores for the
+    /// choice only; the weights use the unbiased scores.
+    pub biased: bool,
+    pub groups: Option<ExpertGroups>,
+    /// Renormalise the chosen weights to sum 1.
+    pub norm: bool,
+    /// Multiplies the weights (after any renormalisation).
+    pub scale: f32,
+}
+
+/// Per-head matrix products with a weight that holds one block of rows per
+/// head (`stride` rows apart; a 3-D `[k, rows, n_head]` weight has
+/// `stride` = rows): head `h` uses rows `h·stride + offset ..+ len`.
+/// Multi-head latent attention absorbs its key and value up-projections
+/// into the queries and the output with these.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeadMatMul {
+    pub n_head: usize,
+    pub stride: usize,
+    pub offset: usize,
+    pub len: usize,
+    /// `false`: `y_h [len] = W_h · x_h` with `x_h [ne0]`; `true`:
+    /// `y_h [ne0] = W_hᵀ · x_h` with `x_h [len]`.
+    pub transposed: bool,
+}
+
+/// Attention in a compressed latent space (DeepSeek's MLA, absorbed form):
+/// one cache row per token holds the normalised latent `c [rank]` and the
+/// roped key part `k_pe [rope]`; a head's score is `q_lat·c + q_pe·k_pe`,
+/// and its output is the softmax-weighted sum of the latents.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LatentAttentionParams {
+    pub layer: usize,
+    pub n_head: usize,
+    /// The latent's width (`kv_lora_rank`).
+    pub rank: usize,
+    /// The rope part's width.
+    pub rope: usize,
     pub scale: f32,
     /// Cache position of the first token of this batch.
     pub kv_pos: usize,
@@ -106,6 +194,31 @@ pub enum Op {
     /// n_tokens]`. Positions repeat `kv_pos..`; devices that replay captured
     /// work read them instead of the parameter.
     Attention(AttentionParams),
+    /// `srcs = [x [width · g, n]]` → `[len · g, n]`: elements
+    /// `start..start + len` of every piece of `width` (a head's slice).
+    Columns { width: usize, start: usize, len: usize },
+    /// `srcs = [w, x [k · n_head, n]]` → per head, see [`HeadMatMul`].
+    MulMatHeads { mm: HeadMatMul, precision: Precision },
+    /// `srcs = [q_lat [rank · n_head, n], q_pe [rope · n_head, n], c [rank, n],
+    /// k_pe [rope, n], cache [rank + rope, n_ctx], positions]` → `[rank · n_head,
+    /// n]`. Stores `[c | k_pe]` at the batch's positions, then attends causally.
+    LatentAttention(LatentAttentionParams),
+    /// `srcs = [logits [n_expert, n], bias [n_expert] (when `biased`)]` → i32
+    /// `[k, n]`: each token's chosen experts, best first.
+    Route(RouteParams),
+    /// `srcs = [logits [n_expert, n], experts [k, n]]` → `[k, n]`: the weights of
+    /// the chosen experts.
+    RouteWeights(RouteParams),
+    /// `srcs = [w [k, m, n_expert], x [k, s, n], experts [e, n]]` → `[m, e, n]`:
+    /// slot `j` of token `t` is `W[experts[j, t]] · x[:, j, t]` (`s` = `e`), or
+    /// `· x[:, 0, t]` (`s` = 1, one input shared by the slots). ggml's MUL_MAT_ID.
+    MulMatId { precision: Precision },
+    /// `srcs = [gate [k, m, n_expert], up [k, m, n_expert], x [k, n],
+    /// experts [e, n]]` → `[m, e, n]`: `act(Wg·x) ⊙ Wu·x` per chosen expert, the
+    /// token's activation quantized once for both.
+    MoeUpGate { act: Activation, precision: Precision },
+    /// `srcs = [y [m, e, n], weights [e, n]]` → `[m, n]`: `Σ_j weights[j] · y[:, j]`.
+    ExpertSum,
 }
 
 impl Op {
@@ -125,6 +238,14 @@ impl Op {
             Op::Rope(_) => "rope",
             Op::GatedAct(_) => "gated_act",
             Op::Attention(_) => "attention",
+            Op::Columns { .. } => "columns",
+            Op::MulMatHeads { .. } => "mul_mat_heads",
+            Op::LatentAttention(_) => "latent_attention",
+            Op::Route(_) => "route",
+            Op::RouteWeights(_) => "route_weights",
+            Op::MulMatId { .. } => "mul_mat_id",
+            Op::MoeUpGate { .. } => "moe_up_gate",
+            Op::ExpertSum => "expert_sum",
         }
     }
 

@@ -106,6 +106,7 @@ impl<'a> Ctx<'a> {
     fn attention(&mut self, il: usize, l: &Layer, h: NodeId) -> NodeId {
         match &l.attn {
             Attention::Gqa(a) => self.gqa(il, a, h),
+            Attention::Mla(a) => self.mla(il, a, h),
         }
     }
 
@@ -123,13 +124,7 @@ impl<'a> Ctx<'a> {
             let w = self.weight(kn);
             k = self.g.head_norm(k, w, c.rms_eps);
         }
-        let rope = RopeParams {
-            mode: c.rope_mode,
-            n_rot: c.n_rot,
-            head_dim: c.head_dim,
-            freq_base: c.rope_freq_base,
-            freq_scale: c.rope_freq_scale,
-        };
+        let rope = self.rope_params(c.head_dim);
         let factors = self.w.rope_freqs.map(|f| self.weight(f));
         let q = self.g.rope(q, self.inputs.positions, factors, rope);
         let k = self.g.rope(k, self.inputs.positions, factors, rope);
@@ -151,14 +146,28 @@ impl<'a> Ctx<'a> {
         self.linear(a.wo, o, so)
     }
 
+    /// Rope over `n_rot` dims of heads of `head_dim`, with the file's scaling.
+    pub fn rope_params(&self, head_dim: usize) -> RopeParams {
+        let c = self.c;
+        RopeParams {
+            mode: c.rope_mode,
+            n_rot: c.n_rot,
+            head_dim,
+            freq_base: c.rope_freq_base,
+            freq_scale: c.rope_freq_scale,
+            yarn: c.yarn.map(|y| y.rope),
+        }
+    }
+
     fn ffn(&mut self, l: &Layer, h: NodeId) -> NodeId {
         match &l.ffn {
             Ffn::Dense(f) => self.dense_ffn(f, h),
+            Ffn::Moe(f) => self.moe_ffn(f, h),
         }
     }
 
     /// `down(act(gate·h) ⊙ up·h)`, with BitNet's sub-norm before `down`.
-    fn dense_ffn(&mut self, f: &DenseFfn, h: NodeId) -> NodeId {
+    pub fn dense_ffn(&mut self, f: &DenseFfn, h: NodeId) -> NodeId {
         let [sg, su, sd] = f.scales;
         let gate = self.linear(f.gate, h, sg); // [n_ff, n_tokens]
         let up = self.linear(f.up, h, su); // [n_ff, n_tokens]

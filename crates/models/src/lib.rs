@@ -6,15 +6,17 @@ mod arch;
 mod blocks;
 mod config;
 mod error;
+mod mla;
+mod moe;
 mod names;
 mod weights;
 
 pub use arch::{ArchSpec, DefaultActivation, ARCHS};
 pub use blocks::{Built, StepInputs};
-pub use config::Config;
+pub use config::{Config, MlaConfig, MoeConfig, YarnConfig};
 pub use error::{Error, Result};
 pub use names::TensorName;
-pub use weights::{Attention, DenseFfn, Ffn, Gqa, Layer, WeightRef, WeightTable, Weights};
+pub use weights::{Attention, DenseFfn, Ffn, Gqa, HeadProj, Layer, Mla, MlaQuery, MoeFfn, WeightRef, WeightTable, Weights};
 
 use tern_gguf::{File, GgmlType};
 

@@ -21,6 +21,22 @@ pub enum TensorName {
     FfnUp,
     FfnDown,
     FfnSubNorm,
+    AttnQA,
+    AttnQANorm,
+    AttnQB,
+    AttnKvAMqa,
+    AttnKvANorm,
+    AttnKB,
+    AttnVB,
+    AttnKvB,
+    FfnGateInp,
+    ExpProbsB,
+    FfnGateExps,
+    FfnUpExps,
+    FfnDownExps,
+    FfnGateShexp,
+    FfnUpShexp,
+    FfnDownShexp,
 }
 
 impl TensorName {
@@ -43,6 +59,22 @@ impl TensorName {
             TensorName::FfnUp => "ffn_up",
             TensorName::FfnDown => "ffn_down",
             TensorName::FfnSubNorm => "ffn_sub_norm",
+            TensorName::AttnQA => "attn_q_a",
+            TensorName::AttnQANorm => "attn_q_a_norm",
+            TensorName::AttnQB => "attn_q_b",
+            TensorName::AttnKvAMqa => "attn_kv_a_mqa",
+            TensorName::AttnKvANorm => "attn_kv_a_norm",
+            TensorName::AttnKB => "attn_k_b",
+            TensorName::AttnVB => "attn_v_b",
+            TensorName::AttnKvB => "attn_kv_b",
+            TensorName::FfnGateInp => "ffn_gate_inp",
+            TensorName::ExpProbsB => "exp_probs_b",
+            TensorName::FfnGateExps => "ffn_gate_exps",
+            TensorName::FfnUpExps => "ffn_up_exps",
+            TensorName::FfnDownExps => "ffn_down_exps",
+            TensorName::FfnGateShexp => "ffn_gate_shexp",
+            TensorName::FfnUpShexp => "ffn_up_shexp",
+            TensorName::FfnDownShexp => "ffn_down_shexp",
         }
     }
 
@@ -53,6 +85,11 @@ impl TensorName {
     /// The weight's GGUF name: `token_embd.weight`, `blk.3.attn_q.weight`.
     pub fn key(self, layer: Option<usize>) -> String {
         self.key_with(layer, "weight")
+    }
+
+    /// A bias vector: `blk.3.exp_probs_b.bias`.
+    pub fn bias_key(self, layer: usize) -> String {
+        self.key_with(Some(layer), "bias")
     }
 
     /// The 1bitLLM per-weight scale: `blk.3.attn_q.scale`.

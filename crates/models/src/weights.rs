@@ -2,6 +2,7 @@
 //! and listed in a table that placement and backends index.
 
 use tern_gguf::{File, GgmlType, TensorInfo};
+use tern_graph::{HeadMatMul, RouteParams};
 
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -37,12 +38,43 @@ pub struct Layer {
     pub ffn: Ffn,
 }
 
-/// A block's attention. Multi-head latent attention (DeepSeek-V2/V3) is the
-/// variant the MoE architectures add, with its own latent KV cache.
+/// A block's attention.
 #[derive(Clone, Debug)]
 pub enum Attention {
     /// Grouped-query attention (multi-head when n_head_kv == n_head).
     Gqa(Gqa),
+    /// Multi-head latent attention (DeepSeek-V2/V3), over a latent KV cache.
+    Mla(Mla),
+}
+
+/// MLA's weights; dims from [`crate::config::MlaConfig`]: `dk = nope + rope`.
+#[derive(Clone, Debug)]
+pub struct Mla {
+    pub q: MlaQuery,
+    pub kv_a: WeightRef,      // [n_embd, rank + rope]
+    pub kv_a_norm: WeightRef, // [rank]
+    /// Per head `q_lat = K_b · q_nope`: `attn_k_b` `[nope, rank, n_head]`, or
+    /// the k rows of `attn_kv_b` `[rank, n_head · (nope + v)]`, transposed.
+    pub k_b: HeadProj,
+    /// Per head `o = V_b · o_lat`: `attn_v_b` `[rank, v, n_head]`, or the v
+    /// rows of `attn_kv_b`.
+    pub v_b: HeadProj,
+    pub wo: WeightRef, // [n_head * v, n_embd]
+}
+
+#[derive(Clone, Debug)]
+pub enum MlaQuery {
+    /// `attn_q` `[n_embd, n_head · dk]` (V2-Lite).
+    Direct(WeightRef),
+    /// `attn_q_b · norm(attn_q_a · h)`: `[n_embd, q_lora]`, `[q_lora]`, `[q_lora, n_head · dk]`.
+    LowRank { a: WeightRef, norm: WeightRef, b: WeightRef },
+}
+
+/// A weight used per head, with which of its rows each head reads.
+#[derive(Clone, Copy, Debug)]
+pub struct HeadProj {
+    pub w: WeightRef,
+    pub mm: HeadMatMul,
 }
 
 #[derive(Clone, Debug)]
@@ -58,12 +90,25 @@ pub struct Gqa {
     pub scales: [f32; 4],
 }
 
-/// A block's feed-forward network. Routed experts with a router and shared
-/// experts are the variant the MoE architectures add.
+/// A block's feed-forward network.
 #[derive(Clone, Debug)]
 pub enum Ffn {
     /// `down(act(gate·h) ⊙ up·h)`.
     Dense(DenseFfn),
+    /// Routed experts, plus shared ones when the model has them.
+    Moe(MoeFfn),
+}
+
+#[derive(Clone, Debug)]
+pub struct MoeFfn {
+    pub router: WeightRef,       // [n_embd, n_expert]
+    pub bias: Option<WeightRef>, // [n_expert] (exp_probs_b: the choice only)
+    pub gate: WeightRef,         // [n_embd, n_ff_exp, n_expert]
+    pub up: WeightRef,           // [n_embd, n_ff_exp, n_expert]
+    pub down: WeightRef,         // [n_ff_exp, n_embd, n_expert]
+    /// Shared experts as one dense FFN `[n_embd, n_shared · n_ff_exp]`.
+    pub shared: Option<DenseFfn>,
+    pub route: RouteParams,
 }
 
 #[derive(Clone, Debug)]
@@ -81,6 +126,8 @@ impl Layer {
     pub fn first_projection(&self) -> WeightRef {
         match &self.attn {
             Attention::Gqa(a) => a.wq,
+            Attention::Mla(Mla { q: MlaQuery::Direct(w), .. }) => *w,
+            Attention::Mla(Mla { q: MlaQuery::LowRank { a, .. }, .. }) => *a,
         }
     }
 }
@@ -157,12 +204,17 @@ impl Weights {
         let token_embd = l.get(TokenEmbd, None, &[e, v])?;
         let mut layers = Vec::with_capacity(c.n_layer);
         for i in 0..c.n_layer {
-            layers.push(Layer {
-                attn_norm: l.get(AttnNorm, Some(i), &[e])?,
-                attn: Attention::Gqa(l.gqa(c, i)?),
-                ffn_norm: l.get(FfnNorm, Some(i), &[e])?,
-                ffn: Ffn::Dense(l.dense_ffn(c, i)?),
-            });
+            let attn_norm = l.get(AttnNorm, Some(i), &[e])?;
+            let attn = match c.mla {
+                Some(_) => Attention::Mla(l.mla(c, i)?),
+                None => Attention::Gqa(l.gqa(c, i)?),
+            };
+            let ffn_norm = l.get(FfnNorm, Some(i), &[e])?;
+            let ffn = match c.is_moe_layer(i) {
+                true => Ffn::Moe(l.moe(c, i)?),
+                false => Ffn::Dense(l.dense_ffn(c, i)?),
+            };
+            layers.push(Layer { attn_norm, attn, ffn_norm, ffn });
         }
         let output_norm = l.get(OutputNorm, None, &[e])?;
         let output = match l.find(&Output.key(None), &[e, v])? {
@@ -223,6 +275,69 @@ impl Loader<'_> {
             sub_norm: self.optional(c.arch.sub_norms, FfnSubNorm, i, &[f])?,
             down: self.get(FfnDown, at, &[f, e])?,
             scales: [self.proj_scale(c, FfnGate, i)?, self.proj_scale(c, FfnUp, i)?, self.proj_scale(c, FfnDown, i)?],
+        })
+    }
+}
+
+impl Loader<'_> {
+    fn mla(&mut self, c: &Config, i: usize) -> Result<Mla> {
+        use TensorName::*;
+        let m = c.mla.expect("an MLA architecture");
+        let (e, h, at) = (c.n_embd, c.n_head, Some(i));
+        let dk = m.nope + m.rope;
+        let q = match m.q_lora {
+            Some(r) => MlaQuery::LowRank {
+                a: self.get(AttnQA, at, &[e, r])?,
+                norm: self.get(AttnQANorm, at, &[r])?,
+                b: self.get(AttnQB, at, &[r, h * dk])?,
+            },
+            None => MlaQuery::Direct(self.get(AttnQ, at, &[e, h * dk])?),
+        };
+        let kv_a = self.get(AttnKvAMqa, at, &[e, m.rank + m.rope])?;
+        let kv_a_norm = self.get(AttnKvANorm, at, &[m.rank])?;
+        let per_head = |w: WeightRef, stride: usize, offset: usize, len: usize, transposed: bool| HeadProj {
+            w,
+            mm: HeadMatMul { n_head: h, stride, offset, len, transposed },
+        };
+        let (k_b, v_b) = match self.file.tensor(&AttnKB.key(at)) {
+            Some(_) => (
+                per_head(self.get(AttnKB, at, &[m.nope, m.rank, h])?, m.rank, 0, m.rank, false),
+                per_head(self.get(AttnVB, at, &[m.rank, m.v_dim, h])?, m.v_dim, 0, m.v_dim, false),
+            ),
+            None => {
+                let kv_b = self.get(AttnKvB, at, &[m.rank, h * (m.nope + m.v_dim)])?;
+                let stride = m.nope + m.v_dim;
+                (per_head(kv_b, stride, 0, m.nope, true), per_head(kv_b, stride, m.nope, m.v_dim, false))
+            }
+        };
+        let wo = self.get(AttnOutput, at, &[h * m.v_dim, e])?;
+        Ok(Mla { q, kv_a, kv_a_norm, k_b, v_b, wo })
+    }
+
+    fn moe(&mut self, c: &Config, i: usize) -> Result<MoeFfn> {
+        use TensorName::*;
+        let m = c.moe.expect("an MoE architecture");
+        let (e, f, n, at) = (c.n_embd, m.n_ff_exp, m.n_expert, Some(i));
+        let router = self.get(FfnGateInp, at, &[e, n])?;
+        let bias = self.find(&ExpProbsB.bias_key(i), &[n])?;
+        let shared = match m.n_shared {
+            0 => None,
+            s => Some(DenseFfn {
+                gate: self.get(FfnGateShexp, at, &[e, s * f])?,
+                up: self.get(FfnUpShexp, at, &[e, s * f])?,
+                down: self.get(FfnDownShexp, at, &[s * f, e])?,
+                sub_norm: None,
+                scales: [1.0; 3],
+            }),
+        };
+        Ok(MoeFfn {
+            router,
+            bias,
+            gate: self.get(FfnGateExps, at, &[e, f, n])?,
+            up: self.get(FfnUpExps, at, &[e, f, n])?,
+            down: self.get(FfnDownExps, at, &[f, e, n])?,
+            shared,
+            route: RouteParams { biased: bias.is_some(), ..m.route },
         })
     }
 }

@@ -134,6 +134,7 @@ pub fn assign(graph: &Graph, placement: &Placement, backends: &[&dyn Backend]) -
             Op::KvCache { layer, .. } => on(placement.kv_homes[*layer], NodeReason::Cache),
             Op::Input(_) => on(BackendId::CPU, NodeReason::StepInput),
             Op::Attention(p) => on(placement.kv_homes[p.layer], NodeReason::CacheLives),
+            Op::LatentAttention(p) => on(placement.kv_homes[p.layer], NodeReason::CacheLives),
             _ => match node.srcs.iter().enumerate().find_map(|(k, s)| match graph.node(*s).op {
                 Op::Weight(i) => Some((k, i)),
                 _ => None,

@@ -22,7 +22,7 @@ const TOKENS: usize = 32;
 const POSITIONS: usize = 64;
 
 /// A cache as rows of `width` elements of type `ty` (F32, F16 or Q8_0).
-struct Cache {
+pub(super) struct Cache {
     ptr: *mut u8,
     ty: GgmlType,
     width: usize,
@@ -33,7 +33,7 @@ struct Cache {
 unsafe impl Sync for Cache {}
 
 impl Cache {
-    fn new(t: &Tensor) -> Cache {
+    pub(super) fn new(t: &Tensor) -> Cache {
         let ty = match t.node.dtype {
             DType::Ggml(ty) => ty,
             DType::I32 => unreachable!("supports() admits only F32, F16 and Q8_0 caches"),
@@ -45,7 +45,7 @@ impl Cache {
 
     /// # Safety
     /// `row` is inside the cache and nobody reads it concurrently.
-    unsafe fn store(&self, row: usize, src: &[f32]) {
+    pub(super) unsafe fn store(&self, row: usize, src: &[f32]) {
         let bytes = std::slice::from_raw_parts_mut(self.ptr.add(row * self.row_bytes), self.row_bytes);
         match self.ty {
             GgmlType::F16 => {
@@ -60,7 +60,7 @@ impl Cache {
 
     /// Element range `[start, start + out.len())` of `row`, widened into `out`
     /// (`start` and the length are whole blocks: head boundaries).
-    fn load(&self, row: usize, start: usize, out: &mut [f32], isa: Isa) {
+    pub(super) fn load(&self, row: usize, start: usize, out: &mut [f32], isa: Isa) {
         // SAFETY: rows below the current position were written by `store`; the
         // cache buffer holds n_ctx rows (checked when the graph was built).
         unsafe {

@@ -17,7 +17,7 @@ use crate::kernels::{self, blocks};
 const PREFETCH_BYTES: usize = 4096;
 use crate::kernels::ternary::{self, PackedActs, PackedTernary};
 
-fn weight_type(w: &Tensor) -> GgmlType {
+pub(super) fn weight_type(w: &Tensor) -> GgmlType {
     match w.node.dtype {
         DType::Ggml(t) => t,
         DType::I32 => unreachable!("supports() admits only GGUF types as weights"),
@@ -125,24 +125,9 @@ fn mul_mat_rows(w: &Tensor, x: &[f32], precision: Precision, y: &mut [f32], cx: 
         // SAFETY: the backend's ISA level is available; `y` is n · m floats.
         return unsafe { kernels::q2_0::mul_mat(bytes, k, n, x, y, cx.pool) };
     }
-    let scale = TensorScale::of(ty, bytes, k * n);
-    let row_bytes = ty.row_bytes(k as u64).expect("validated at load") as usize;
-    let act = match precision {
-        Precision::Paired => tern_quant::act_type(ty),
-        Precision::Float => ActType::F32,
-    };
-    let act_bytes = tern_quant::act_row_bytes(act, k);
-    let mut acts = vec![0u8; act_bytes * m];
-    if act != ActType::F32 {
-        for (col, out) in x.chunks_exact(k).zip(acts.chunks_exact_mut(act_bytes)) {
-            tern_quant::quantize_acts(act, col, out);
-        }
-    }
-    // The SIMD kernel for the pair, if there is one: float weights with f32
-    // activations, or quantized weights with their paired int8 activations.
-    let fast = if act != ActType::F32 || ty.is_float() { blocks::dot_fn(ty, cx.isa) } else { None };
-    // SAFETY: f32 has no padding; the kernels read activations as little-endian f32 bytes.
-    let x_bytes = unsafe { std::slice::from_raw_parts(x.as_ptr() as *const u8, x.len() * 4) };
+    let dot = RowDot::new(ty, bytes, k, k * n, precision, cx);
+    let acts = Acts::quantize(dot.act, x, k);
+    let row_bytes = dot.row_bytes;
     let y_ptr = Out(y.as_mut_ptr());
     // About 64k multiply-adds per thread before splitting pays.
     let min_rows = (65536 / (k * m).max(1)).max(1);
@@ -156,22 +141,101 @@ fn mul_mat_rows(w: &Tensor, x: &[f32], precision: Precision, y: &mut [f32], cx: 
             if ahead > 0 && j + ahead < end {
                 kernels::prefetch(bytes[(j + ahead) * row_bytes..].as_ptr(), row_bytes);
             }
-            let wr = &bytes[j * row_bytes..(j + 1) * row_bytes];
+            let wr = dot.row(j);
             for c in 0..m {
-                let act_row = if act == ActType::F32 {
-                    &x_bytes[c * k * 4..(c + 1) * k * 4]
-                } else {
-                    &acts[c * act_bytes..(c + 1) * act_bytes]
-                };
-                let v = match fast {
-                    // SAFETY: dot_fn only returns kernels the processor supports.
-                    Some(f) => unsafe { f(k, wr, act_row) },
-                    None if act == ActType::F32 => tern_quant::vec_dot_f32(ty, wr, scale, &x[c * k..(c + 1) * k]),
-                    None => tern_quant::vec_dot(ty, k, wr, scale, act_row),
-                };
                 // SAFETY: row j of every column belongs to this thread only.
-                unsafe { *y_ptr.0.add(c * n + j) = v };
+                unsafe { *y_ptr.0.add(c * n + j) = dot.dot(wr, &acts, c) };
             }
         }
     });
+}
+
+/// Activation rows in the type a weight format pairs with: quantized once,
+/// then read by every weight row (f32 activations stay as they are).
+pub(super) struct Acts<'x> {
+    x: &'x [f32],
+    k: usize,
+    act: ActType,
+    row_bytes: usize,
+    quantized: Vec<u8>,
+}
+
+impl<'x> Acts<'x> {
+    /// `x`: rows of `k` floats.
+    pub fn quantize(act: ActType, x: &'x [f32], k: usize) -> Acts<'x> {
+        let row_bytes = tern_quant::act_row_bytes(act, k);
+        let mut quantized = Vec::new();
+        if act != ActType::F32 {
+            quantized = vec![0u8; row_bytes * (x.len() / k)];
+            for (col, out) in x.chunks_exact(k).zip(quantized.chunks_exact_mut(row_bytes)) {
+                tern_quant::quantize_acts(act, col, out);
+            }
+        }
+        Acts { x, k, act, row_bytes, quantized }
+    }
+
+    fn row_bytes_of(&self, c: usize) -> &[u8] {
+        if self.act == ActType::F32 {
+            // SAFETY: f32 has no padding; the kernels read activations as little-endian f32 bytes.
+            unsafe { std::slice::from_raw_parts(self.x[c * self.k..].as_ptr() as *const u8, self.k * 4) }
+        } else {
+            &self.quantized[c * self.row_bytes..(c + 1) * self.row_bytes]
+        }
+    }
+}
+
+/// The dot product of a weight's rows (file format) with activation rows:
+/// the SIMD kernel for the pair when there is one, else the scalar reference.
+pub(super) struct RowDot<'w> {
+    ty: GgmlType,
+    bytes: &'w [u8],
+    k: usize,
+    scale: TensorScale,
+    pub act: ActType,
+    pub row_bytes: usize,
+    fast: Option<blocks::DotFn>,
+}
+
+impl<'w> RowDot<'w> {
+    /// `bytes`: the weight's rows of `k` elements (`n_elements` in all).
+    pub fn new(ty: GgmlType, bytes: &'w [u8], k: usize, n_elements: usize, precision: Precision, cx: &Ctx) -> RowDot<'w> {
+        let act = match precision {
+            Precision::Paired => tern_quant::act_type(ty),
+            Precision::Float => ActType::F32,
+        };
+        // A SIMD kernel exists for float weights with f32 activations, or
+        // quantized weights with their paired int8 activations.
+        let fast = if act != ActType::F32 || ty.is_float() { blocks::dot_fn(ty, cx.isa) } else { None };
+        RowDot {
+            ty,
+            bytes,
+            k,
+            scale: TensorScale::of(ty, bytes, n_elements),
+            act,
+            row_bytes: ty.row_bytes(k as u64).expect("validated at load") as usize,
+            fast,
+        }
+    }
+
+    pub fn row(&self, j: usize) -> &'w [u8] {
+        &self.bytes[j * self.row_bytes..(j + 1) * self.row_bytes]
+    }
+
+    /// Weight row `wr` against activation row `c`.
+    pub fn dot(&self, wr: &[u8], acts: &Acts, c: usize) -> f32 {
+        let act_row = acts.row_bytes_of(c);
+        match self.fast {
+            // SAFETY: dot_fn only returns kernels the processor supports.
+            Some(f) => unsafe { f(self.k, wr, act_row) },
+            None if self.act == ActType::F32 => {
+                tern_quant::vec_dot_f32(self.ty, wr, self.scale, &acts.x[c * self.k..(c + 1) * self.k])
+            }
+            None => tern_quant::vec_dot(self.ty, self.k, wr, self.scale, act_row),
+        }
+    }
+
+    /// Row `j` widened to f32.
+    pub fn widen(&self, j: usize, out: &mut [f32]) {
+        tern_quant::dequantize_row(self.ty, self.row(j), self.scale, out)
+    }
 }

@@ -3,6 +3,8 @@
 mod attention;
 mod elementwise;
 mod matmul;
+mod mla;
+mod moe;
 mod rope;
 
 use tern_graph::{Node, Op};
@@ -149,5 +151,20 @@ pub unsafe fn run(node: &Node, dst: Tensor, srcs: &[Tensor], cx: &Ctx) {
         }),
         Op::MulMat { precision } => matmul::mul_mat(&srcs[0], &srcs[1], *precision, dst.f32_mut(), cx),
         Op::Attention(p) => attention::attention(srcs, p, dst.f32_mut(), cx.pool, cx.isa),
+        Op::Columns { width: w, start, len } => mla::columns(srcs[0].f32(), *w, *start, *len, dst.f32_mut()),
+        Op::MulMatHeads { mm, precision } => {
+            mla::mul_mat_heads(&srcs[0], srcs[1].f32(), mm, *precision, dst.f32_mut(), cx)
+        }
+        Op::LatentAttention(p) => mla::latent_attention(srcs, p, dst.f32_mut(), cx),
+        Op::Route(p) => {
+            let ids = std::slice::from_raw_parts_mut(dst.ptr as *mut i32, node.n_elements());
+            moe::route(srcs[0].f32(), srcs.get(1).map(|b| b.f32()), p, ids)
+        }
+        Op::RouteWeights(p) => moe::route_weights(srcs[0].f32(), srcs[1].i32(), p, dst.f32_mut()),
+        Op::MulMatId { precision } => moe::mul_mat_id(&srcs[0], &srcs[1], &srcs[2], *precision, dst.f32_mut(), cx),
+        Op::MoeUpGate { act, precision } => {
+            moe::moe_up_gate(&srcs[0], &srcs[1], &srcs[2], &srcs[3], *act, *precision, dst.f32_mut(), cx)
+        }
+        Op::ExpertSum => moe::expert_sum(srcs[0].f32(), srcs[1].f32(), node.ne[0], srcs[1].node.ne[0], dst.f32_mut()),
     }
 }

@@ -1,7 +1,7 @@
 //! Rotary position embeddings. Angles are computed in f64 so positions deep in
 //! a long context keep their precision.
 
-use tern_graph::{RopeMode, RopeParams};
+use tern_graph::{RopeMode, RopeParams, Yarn};
 
 /// `x`: `[head_dim * n_head, n_tokens]`, one position per token; `factors`
 /// (Llama 3.1 `rope_freqs`) divide each pair's frequency.
@@ -27,6 +27,42 @@ pub fn rope(x: &[f32], positions: &[i32], factors: Option<&[f32]>, p: &RopeParam
     });
 }
 
+/// Each pair's angle per position, and the factor on cos and sin. Pair `i`
+/// turns at `base^(-2i/n_rot)`, scaled by `freq_scale`; under YaRN only the
+/// pairs that turn fewer than `beta_slow` times over the original context
+/// are fully scaled, those above `beta_fast` keep their frequency, with a
+/// linear ramp between (the ramp in pair indices, as llama.cpp's
+/// `ggml_rope_yarn_corr_dims` bounds it).
+fn pair_freqs(p: &RopeParams, factors: Option<&[f32]>) -> (Vec<f64>, f64) {
+    let n_rot = p.n_rot as f64;
+    let base = p.freq_base as f64;
+    // The pair index at which a pair turns `turns` times over `n_ctx` positions.
+    let corr = |n_ctx: usize, turns: f32| {
+        n_rot * (n_ctx as f64 / (turns as f64 * 2.0 * std::f64::consts::PI)).ln() / (2.0 * base.ln())
+    };
+    let ramp = p.yarn.map(|y| {
+        let low = corr(y.n_ctx_orig, y.beta_fast).floor().max(0.0);
+        let high = corr(y.n_ctx_orig, y.beta_slow).ceil().min(n_rot - 1.0);
+        (low, high, y.ext_factor as f64)
+    });
+    let freqs = (0..p.n_rot / 2)
+        .map(|i| {
+            let extrap = base.powf(-2.0 * i as f64 / n_rot);
+            let extrap = factors.map_or(extrap, |d| extrap / d[i] as f64);
+            let interp = extrap * p.freq_scale as f64;
+            match ramp {
+                Some((low, high, ext)) => {
+                    let y = (i as f64 - low) / (high - low).max(0.001);
+                    let mix = (1.0 - y.clamp(0.0, 1.0)) * ext;
+                    interp * (1.0 - mix) + extrap * mix
+                }
+                None => interp,
+            }
+        })
+        .collect();
+    (freqs, p.yarn.map_or(1.0, |y| y.magnitude as f64))
+}
+
 /// The (cos, sin) of every pair at a run of consecutive positions. Decoding
 /// ropes q and k of every layer at the same position, and a prompt's tokens
 /// keep their positions through every layer (a thread gets the same rows of
@@ -35,10 +71,12 @@ pub fn rope(x: &[f32], positions: &[i32], factors: Option<&[f32]>, p: &RopeParam
 /// 2 × n_layer times.
 #[derive(Default)]
 struct Angles {
-    /// (freq_base, freq_scale, n_rot) and the frequency divisors `freqs` is for.
-    params: Option<(u32, u32, usize)>,
+    /// (freq_base, freq_scale, n_rot, yarn) and the frequency divisors `freqs` is for.
+    params: Option<(f32, f32, usize, Option<Yarn>)>,
     factors: Vec<f32>,
     freqs: Vec<f64>,
+    /// The factor on every cos and sin (YaRN's magnitude, else 1).
+    magnitude: f64,
     /// The first position of the run; `cos_sin` holds `freqs.len()` pairs per position.
     first: i32,
     cos_sin: Vec<(f64, f64)>,
@@ -54,14 +92,9 @@ thread_local! {
 
 impl Angles {
     fn at(&mut self, p: &RopeParams, factors: Option<&[f32]>, pos: i32) -> &[(f64, f64)] {
-        let params = (p.freq_base.to_bits(), p.freq_scale.to_bits(), p.n_rot);
+        let params = (p.freq_base, p.freq_scale, p.n_rot, p.yarn);
         if self.params != Some(params) || self.factors != factors.unwrap_or_default() {
-            self.freqs = (0..p.n_rot / 2)
-                .map(|i| {
-                    let f = (p.freq_base as f64).powf(-2.0 * i as f64 / p.n_rot as f64) * p.freq_scale as f64;
-                    factors.map_or(f, |d| f / d[i] as f64)
-                })
-                .collect();
+            (self.freqs, self.magnitude) = pair_freqs(p, factors);
             self.params = Some(params);
             self.factors = factors.unwrap_or_default().to_vec();
             self.cos_sin.clear();
@@ -74,9 +107,10 @@ impl Angles {
                 self.first = pos;
                 self.cos_sin.clear();
             }
+            let m = self.magnitude;
             self.cos_sin.extend(self.freqs.iter().map(|f| {
                 let (s, c) = (pos as f64 * f).sin_cos();
-                (c, s)
+                (c * m, s * m)
             }));
         }
         let i = (pos - self.first) as usize;
@@ -115,8 +149,8 @@ mod tests {
     /// frequency factors (two models in one thread, one after the other).
     #[test]
     fn cached_angles_follow_params_factors_and_positions() {
-        let a = RopeParams { mode: RopeMode::Norm, n_rot: 16, head_dim: 16, freq_base: 10000.0, freq_scale: 1.0 };
-        let b = RopeParams { mode: RopeMode::Neox, n_rot: 8, head_dim: 16, freq_base: 500000.0, freq_scale: 0.5 };
+        let a = RopeParams { mode: RopeMode::Norm, n_rot: 16, head_dim: 16, freq_base: 10000.0, freq_scale: 1.0, yarn: None };
+        let b = RopeParams { mode: RopeMode::Neox, n_rot: 8, head_dim: 16, freq_base: 500000.0, freq_scale: 0.5, yarn: None };
         let f1: Vec<f32> = (0..8).map(|i| 1.0 + i as f32).collect();
         let f2: Vec<f32> = (0..8).map(|i| 8.0 - i as f32 * 0.5).collect();
         let x: Vec<f32> = (0..48).map(|i| ((i * 37) % 11) as f32 - 5.0).collect();

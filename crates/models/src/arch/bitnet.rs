@@ -22,4 +22,6 @@ pub const SPEC: ArchSpec = ArchSpec {
     sub_norms: true,
     qk_norm: false,
     proj_scales: true,
+    moe: None,
+    mla: false,
 };

@@ -20,4 +20,6 @@ pub const SPEC: ArchSpec = ArchSpec {
     sub_norms: false,
     qk_norm: false,
     proj_scales: false,
+    moe: None,
+    mla: false,
 };

@@ -7,11 +7,13 @@
 use tern_graph::{Activation, RopeMode};
 
 mod bitnet;
+mod deepseek2;
 mod llama;
 mod qwen3;
+mod qwen3moe;
 
 /// Every architecture tern runs, one line each.
-pub const ARCHS: &[&ArchSpec] = &[&llama::SPEC, &bitnet::SPEC, &qwen3::SPEC];
+pub const ARCHS: &[&ArchSpec] = &[&llama::SPEC, &bitnet::SPEC, &qwen3::SPEC, &qwen3moe::SPEC, &deepseek2::SPEC];
 
 /// What the shape of a model's attention and FFN blocks is, and how the
 /// loader finds its weights.
@@ -33,6 +35,17 @@ pub struct ArchSpec {
     /// Per-projection output multipliers (`blk.N.attn_q.scale`, one f32, 1.0
     /// when absent: 1bitLLM's BitNet files).
     pub proj_scales: bool,
+    /// Routed experts (`ffn_*_exps`, `ffn_gate_inp`), and how they route.
+    pub moe: Option<MoeSpec>,
+    /// Multi-head latent attention (`attn_kv_a_mqa` and a latent KV cache).
+    pub mla: bool,
+}
+
+/// What an MoE architecture assumes when its file does not say.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MoeSpec {
+    /// Renormalise the chosen experts' weights (`expert_weights_norm`).
+    pub norm: bool,
 }
 
 /// How an architecture's activation is decided when the file does not say.
