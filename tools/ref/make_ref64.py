@@ -6,7 +6,9 @@ For each row of manifest.tsv: read its teacher-forced ids, run the float64 refer
 read IQ*_BN; Q2_0 files are read themselves by ref_forward_tiny.load_raw, because their token_embd is Q8_0, not the
 F16 file's F16: their ternary projections equal the F16 file's bit for bit),
 and save ref64/<golden>.npy as float32 [n_prompt + n_gen, n_vocab]. Reads manifest.tsv (never rewrites it);
-rows whose architecture or routing the reference does not cover yet are named and skipped.
+rows whose architecture the reference does not cover are named and skipped. Activations stay float64 (no
+--emulate-act): the file is the exact-arithmetic reference, so quantized MoE rows may route differently from
+their peer where the peer's rounding decides a near-tie.
 usage: make_ref64.py COMPACT_DIR [GOLDEN_PREFIX...]
 """
 import os, re, sys
@@ -27,11 +29,11 @@ for line in open(f"{d}/manifest.tsv"):
     arch = R.arch_of(f"{d}/models/{src}")
     if arch in R.FWD:
         kv, W = R.load_any(f"{d}/models/{src}")
-        if arch == "deepseek2" and "deepseek2.expert_gating_func" in kv:
-            print(f"{prefix}: no float64 reference for DeepSeek-V3 routing yet"); continue
-        if f"{arch}.rope.scaling.type" in kv:
-            print(f"{prefix}: no float64 reference for rope scaling yet"); continue
+        R.ROUTE_LOG.clear()
         lg = R.FWD[arch](kv, W, seq)
+        if R.ROUTE_LOG:   # MoE: the smallest gap at a top-k / group cut tells how close the routing is to a flip
+            lay, t, gap = min(R.ROUTE_LOG, key=lambda r: r[2])
+            cls += f" (closest routing cut: {lay} token {t}, gap {gap:.1e})"
     elif arch in ("bitnet", "bitnet-b1.58", "bitnet-25"):
         hp, W = bref.load(f"{d}/models/{src}")
         lg = bref.forward(hp, W, seq, "silu" if hp["arch"] == "bitnet" else "relu2", False)
