@@ -1,8 +1,9 @@
 //! Tokenizers for GGUF models, built from the `tokenizer.ggml.*` metadata.
 //!
 //! Supported: byte-level BPE (`tokenizer.ggml.model = "gpt2"`) with the
-//! GPT-2, Llama 3 and Qwen2 pre-tokenizers. SentencePiece (`"llama"`) and the other
-//! families are reported as [`Error::Unsupported`].
+//! GPT-2, Llama 3, Qwen2, DeepSeek LLM (V2) and DeepSeek-V3 pre-tokenizers.
+//! SentencePiece (`"llama"`) and the other families are reported as
+//! [`Error::Unsupported`].
 //!
 //! ```no_run
 //! let tok = tern_tokenizer::Tokenizer::from_file("model.gguf")?;
@@ -31,7 +32,9 @@ mod vocab;
 pub use chat::{ChatTemplate, Message, TemplateError};
 pub use decode::StreamDecoder;
 pub use error::Error;
-pub use pretokenize::{PreTokenizer, GPT2_PATTERN, LLAMA3_PATTERN, QWEN2_PATTERN};
+pub use pretokenize::{
+    PreTokenizer, DEEPSEEK_LLM_PATTERNS, DEEPSEEK_V3_PATTERNS, GPT2_PATTERN, LLAMA3_PATTERN, QWEN2_PATTERN,
+};
 pub use vocab::TokenType;
 
 use special::Fragment;

@@ -82,6 +82,49 @@ fn templates_without_system() {
     assert_eq!(ds.render(msgs, false).unwrap(), "<｜begin▁of▁sentence｜><｜User｜>Hello!");
 }
 
+/// The cases of `tools/tokenizer/render_templates.py` (keep the two in
+/// step): name, messages, `add_generation_prompt`.
+fn reference_cases() -> Vec<(&'static str, Vec<Message>, bool)> {
+    let talk = conversation();
+    let mut thinking = talk.clone();
+    thinking[2] = Message::new("assistant", "<think>\n  Let me think.  \n</think>\n\n  The answer.");
+    thinking.push(Message::new("assistant", "<think>\nSecond.\n</think>\n\nDone."));
+    let tool_response = vec![
+        talk[0].clone(),
+        Message::new("user", "What is 6*7?"),
+        Message::new("assistant", "<think>\nMultiply.\n</think>\n\nLet me check."),
+        Message::new("user", "<tool_response>\n42\n</tool_response>"),
+        Message::new("assistant", "<think>\nIt is 42.\n</think>\n\n6*7 = 42."),
+    ];
+    vec![
+        ("conversation", talk.clone(), true),
+        ("thinking", thinking, false),
+        ("no-system", talk[1..2].to_vec(), true),
+        ("tool-response", tool_response, false),
+    ]
+}
+
+/// Every reference case rendered by tern equals what Python's jinja2, set
+/// up as transformers sets it up, wrote into `testdata/templates/rendered`.
+fn check_against_jinja2(stem: &str, bos: &str, eos: &str) {
+    let t = template(&format!("{stem}.jinja"), bos, eos);
+    for (case, messages, add_generation_prompt) in reference_cases() {
+        let want = std::fs::read_to_string(testdata(&format!("templates/rendered/{stem}.{case}.txt"))).unwrap();
+        let got = t.render(&messages, add_generation_prompt).unwrap();
+        assert_eq!(got, want, "{stem}, case {case}");
+    }
+}
+
+#[test]
+fn qwen3_template_matches_jinja2() {
+    check_against_jinja2("Qwen-Qwen3-0.6B", "<|endoftext|>", "<|im_end|>");
+}
+
+#[test]
+fn deepseek_v31_template_matches_jinja2() {
+    check_against_jinja2("deepseek-ai-DeepSeek-V3.1", "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>");
+}
+
 /// A template that fails is one error naming the problem, not a panic.
 #[test]
 fn template_errors() {

@@ -1,9 +1,9 @@
-//! llama.cpp's tokenizer test vectors, on the Llama 3 and Qwen2 vocabularies
-//! and on the small 512-token vocabulary of the compact fixtures.
+//! llama.cpp's tokenizer test vectors, on the Llama 3, Qwen2 and DeepSeek LLM
+//! vocabularies and on the small 512-token vocabulary of the compact fixtures.
 
 mod common;
 use common::*;
-use tern_tokenizer::Tokenizer;
+use tern_tokenizer::{PreTokenizer, Tokenizer};
 
 fn check(tok: &Tokenizer, inp: &str, out: &str, expected_cases: usize) {
     let cases = load_vectors(inp, out);
@@ -35,6 +35,83 @@ fn qwen2_vectors() {
         "tokenizer/ggml-vocab-qwen2-from-tiktoken.gguf.out",
         46,
     );
+}
+
+#[test]
+fn deepseek_llm_vectors() {
+    check(
+        deepseek_llm(),
+        "tokenizer/ggml-vocab-deepseek-llm.gguf.inp",
+        "tokenizer/ggml-vocab-deepseek-llm.gguf.out",
+        46,
+    );
+}
+
+/// A piece as `tools/tokenizer/pretokenizer_splits.py` writes it: `\\`,
+/// `\s`, `\n`, `\r`, `\t` and `\u{HEX}` escapes.
+fn unescape(piece: &str) -> String {
+    let mut out = String::new();
+    let mut cs = piece.chars();
+    while let Some(c) = cs.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match cs.next() {
+            Some('\\') => out.push('\\'),
+            Some('s') => out.push(' '),
+            Some('n') => out.push('\n'),
+            Some('r') => out.push('\r'),
+            Some('t') => out.push('\t'),
+            Some('u') => {
+                let rest = cs.as_str();
+                let end = rest.find('}').expect("\\u{HEX}");
+                let hex = rest[..end].strip_prefix('{').expect("\\u{HEX}");
+                out.push(char::from_u32(u32::from_str_radix(hex, 16).unwrap()).unwrap());
+                cs = rest[end + 1..].chars();
+            }
+            other => panic!("bad escape {other:?} in {piece:?}"),
+        }
+    }
+    out
+}
+
+/// The pre-tokenizer's pieces of every test string, against the pieces
+/// Python's `regex` module gives for the same pattern list.
+fn check_splits(pre: PreTokenizer, splits: &str) {
+    let cases =
+        load_vectors("tokenizer/ggml-vocab-deepseek-llm.gguf.inp", "tokenizer/ggml-vocab-deepseek-llm.gguf.out");
+    let expected = std::fs::read_to_string(testdata(splits)).unwrap();
+    let expected: Vec<Vec<String>> =
+        expected.lines().map(|l| l.split(' ').filter(|p| !p.is_empty()).map(unescape).collect()).collect();
+    assert_eq!(expected.len(), cases.len(), "{splits}: one line per case");
+    let mut failures = Vec::new();
+    for (i, ((text, _), want)) in cases.iter().zip(&expected).enumerate() {
+        let mut got = Vec::new();
+        pre.split(text, &mut got);
+        if got != *want {
+            failures.push(format!("case {i} {text:?}:\n  want {want:?}\n  got  {got:?}"));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases split differently:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn deepseek_llm_splits() {
+    check_splits(PreTokenizer::DeepseekLlm, "tokenizer/deepseek-llm.splits");
+}
+
+/// No DeepSeek-V3 vocabulary with llama.cpp test vectors exists, so its
+/// pre-tokenizer is checked on the pieces alone.
+#[test]
+fn deepseek_v3_splits() {
+    check_splits(PreTokenizer::DeepseekV3, "tokenizer/deepseek-v3.splits");
 }
 
 /// Qwen2 runs BPE without `ignore_merges` (as its tokenizer.json and

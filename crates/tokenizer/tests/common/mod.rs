@@ -12,6 +12,7 @@ pub fn testdata(rel: &str) -> PathBuf {
 pub const LLAMA3_VOCAB: &str = "tokenizer/ggml-vocab-llama-bpe-from-tiktoken.gguf";
 pub const SMALL_VOCAB: &str = "compact/models/small-bpe-512-vocab.gguf";
 pub const QWEN2_VOCAB: &str = "tokenizer/ggml-vocab-qwen2-from-tiktoken.gguf";
+pub const DEEPSEEK_LLM_VOCAB: &str = "tokenizer/ggml-vocab-deepseek-llm.gguf";
 
 /// The Llama 3 vocabulary, loaded once per test binary.
 pub fn llama3() -> &'static Tokenizer {
@@ -23,6 +24,12 @@ pub fn llama3() -> &'static Tokenizer {
 pub fn qwen2() -> &'static Tokenizer {
     static T: OnceLock<Tokenizer> = OnceLock::new();
     T.get_or_init(|| Tokenizer::from_file(testdata(QWEN2_VOCAB)).unwrap())
+}
+
+/// The DeepSeek LLM / V2 vocabulary, loaded once per test binary.
+pub fn deepseek_llm() -> &'static Tokenizer {
+    static T: OnceLock<Tokenizer> = OnceLock::new();
+    T.get_or_init(|| Tokenizer::from_file(testdata(DEEPSEEK_LLM_VOCAB)).unwrap())
 }
 
 pub fn small() -> &'static Tokenizer {
