@@ -266,3 +266,48 @@ fn offloaded_matmuls_run_from_staged_copies_and_match() {
     let want = tern_engine::Session::load(&path, &opts(0, &[])).unwrap().eval(&ids, tern_engine::Logits::All).unwrap();
     assert_eq!(got, want);
 }
+
+/// `-ot exps=CPU`, `--cpu-moe` and `--n-cpu-moe N` put the routed experts
+/// (and only them) on the host, everything else of `-ngl 99` on the GPU,
+/// each with the rule that put it there; the expert ops then read them there.
+#[test]
+fn moe_experts_stay_on_the_host() {
+    for model in ["q3moe-e128-q8_0.gguf", "ds3-e128-q8_0.gguf"] {
+        let cases: [(Vec<String>, usize); 3] = [
+            (vec!["exps=CPU".to_string()], 0),
+            (tern_sched::moe_overrides(None), 0),
+            (tern_sched::moe_overrides(Some(2)), 2),
+        ];
+        for (ot, first_layers) in cases {
+            let ot: Vec<&str> = ot.iter().map(|s| s.as_str()).collect();
+            let p = plan_for(fixture(model), &opts(99, &ot), &parse_devices(GPU).unwrap()).unwrap();
+            let n_layer = p.model.config.n_layer;
+            let mut experts = 0;
+            for w in &p.placement.weights {
+                let layer = layer_of(&w.name);
+                let routed = w.name.contains("_exps.");
+                let host = routed && (first_layers == 0 || layer.is_some_and(|l| l < first_layers));
+                if host {
+                    experts += 1;
+                    assert_eq!(w.backend, BackendId::CPU, "{model} {ot:?}: {}", w.name);
+                    assert!(matches!(w.reason, WeightReason::Override { .. }), "{model}: {} {:?}", w.name, w.reason);
+                } else if layer.is_some() {
+                    assert_eq!(w.backend, BackendId::cuda(0), "{model} {ot:?}: {}", w.name);
+                }
+            }
+            assert!(experts >= 3, "{model} {ot:?}: {experts} expert tensors on the host");
+            // Host experts are multiplied on the host, not copied to the GPU.
+            let g = &p.step.graph;
+            for (i, n) in g.nodes.iter().enumerate() {
+                if let Op::MulMatId { .. } | Op::MoeUpGate { .. } = n.op {
+                    let w = &g.nodes[n.srcs[0].index()];
+                    let Op::Weight(wi) = w.op else { panic!("expert op without a weight") };
+                    if p.placement.weights[wi].backend.is_host() {
+                        assert_eq!(p.schedule.assigned[i].backend, BackendId::CPU, "{model}: {:?}", n.label);
+                    }
+                }
+            }
+            assert_eq!(p.placement.kv_homes.len(), n_layer);
+        }
+    }
+}

@@ -231,10 +231,16 @@ fn moe_config(md: &Metadata, key: &dyn Fn(&str) -> String, spec: MoeSpec, n_laye
         (Some(count), used) => {
             let used = used.unwrap_or(count);
             if n_expert % count != 0 || n_expert / count < 2 {
-                return Err(bad("expert_group_count", format!("{count} groups do not divide {n_expert} experts in pairs")));
+                return Err(bad(
+                    "expert_group_count",
+                    format!("{count} groups do not divide {n_expert} experts in pairs"),
+                ));
             }
             if used == 0 || used > count || used * (n_expert / count) < k {
-                return Err(bad("expert_group_used_count", format!("{used} of {count} groups cannot hold {k} experts")));
+                return Err(bad(
+                    "expert_group_used_count",
+                    format!("{used} of {count} groups cannot hold {k} experts"),
+                ));
             }
             (used < count).then_some(ExpertGroups { count, used })
         }
@@ -243,10 +249,13 @@ fn moe_config(md: &Metadata, key: &dyn Fn(&str) -> String, spec: MoeSpec, n_laye
         Some(_) => md.bool(&key("expert_weights_norm"))?,
         None => spec.norm,
     };
-    let scale = md.opt_f32(&key("expert_weights_scale"))?.unwrap_or(1.0);
-    if !(scale.is_finite() && scale > 0.0) {
-        return Err(bad("expert_weights_scale", format!("{scale}")));
-    }
+    // 0 is how converters write "no scale".
+    let scale = match md.opt_f32(&key("expert_weights_scale"))? {
+        None => 1.0,
+        Some(0.0) => 1.0,
+        Some(s) if s.is_finite() && s > 0.0 => s,
+        Some(s) => return Err(bad("expert_weights_scale", format!("{s}"))),
+    };
     let n_dense_lead = md.opt_usize(&key("leading_dense_block_count"))?.unwrap_or(0);
     if n_dense_lead > n_layer {
         return Err(bad("leading_dense_block_count", format!("{n_dense_lead} of {n_layer} layers")));
@@ -261,7 +270,13 @@ fn moe_config(md: &Metadata, key: &dyn Fn(&str) -> String, spec: MoeSpec, n_laye
     })
 }
 
-fn mla_config(md: &Metadata, key: &dyn Fn(&str) -> String, head_dim: usize, n_rot: usize, v_dim: usize) -> Result<MlaConfig> {
+fn mla_config(
+    md: &Metadata,
+    key: &dyn Fn(&str) -> String,
+    head_dim: usize,
+    n_rot: usize,
+    v_dim: usize,
+) -> Result<MlaConfig> {
     let bad = |k: &str, reason: String| Error::BadConfig { key: key(k), reason };
     let rank = md.usize(&key("attention.kv_lora_rank"))?;
     if rank == 0 {

@@ -96,7 +96,7 @@ pub enum Ffn {
     /// `down(act(gate·h) ⊙ up·h)`.
     Dense(DenseFfn),
     /// Routed experts, plus shared ones when the model has them.
-    Moe(MoeFfn),
+    Moe(Box<MoeFfn>),
 }
 
 #[derive(Clone, Debug)]
@@ -211,7 +211,7 @@ impl Weights {
             };
             let ffn_norm = l.get(FfnNorm, Some(i), &[e])?;
             let ffn = match c.is_moe_layer(i) {
-                true => Ffn::Moe(l.moe(c, i)?),
+                true => Ffn::Moe(Box::new(l.moe(c, i)?)),
                 false => Ffn::Dense(l.dense_ffn(c, i)?),
             };
             layers.push(Layer { attn_norm, attn, ffn_norm, ffn });

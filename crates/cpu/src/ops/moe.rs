@@ -9,8 +9,8 @@
 
 use tern_graph::{Activation, Gating, Precision, RouteParams};
 
-use super::matmul::{Acts, RowDot};
 use super::matmul::weight_type;
+use super::matmul::{Acts, RowDot};
 use super::{elementwise, Ctx, Tensor};
 
 /// Each token's chosen experts, best first (ties go to the lower index).
@@ -65,7 +65,8 @@ pub fn route_weights(logits: &[f32], ids: &[i32], p: &RouteParams, w: &mut [f32]
             *w = scores[e as usize];
         }
         if p.norm {
-            let sum: f32 = w.iter().sum();
+            // llama.cpp's floor on the sum: the smallest normal f16.
+            let sum = w.iter().sum::<f32>().max(half::f16::MIN_POSITIVE.to_f32());
             w.iter_mut().for_each(|w| *w /= sum);
         }
         w.iter_mut().for_each(|w| *w *= p.scale);
