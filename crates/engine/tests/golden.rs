@@ -149,24 +149,46 @@ fn kv_cache_types_agree_with_f32() {
     }
 }
 
+/// `-ctk f16` on MLA's latent cache (one row of latent and rope values a
+/// token) stays within the MoE class's bounds of the f32 cache. This
+/// fixture's row (64 + 16) is not whole Q8_0 blocks, so `-ctk q8_0` is
+/// refused with the reason (real models' 512 + 64 are; the op tests cover it).
+#[test]
+fn latent_cache_types_agree_with_f32() {
+    let row = manifest().into_iter().find(|r| r.model == "ds2-e128-f16.gguf").expect("ds2 row");
+    let model = compact().join("models").join(&row.model);
+    let base = eval(&model, &row.ids, &opts());
+    let got = eval(&model, &row.ids, &LoadOptions { k_type: GgmlType::F16, v_type: GgmlType::F16, ..opts() });
+    let d = distance(&base, &got, 512);
+    eprintln!("latent KV F16: {d:?} against the f32 cache");
+    assert!(d.mean_kl <= 2e-2 && d.top1 >= 0.8, "latent KV F16: {d:?}");
+    let q8 = LoadOptions { k_type: GgmlType::Q8_0, v_type: GgmlType::Q8_0, ..opts() };
+    let err = Session::load(&model, &q8).err().expect("a Q8_0 cache of 80-wide rows").to_string();
+    assert!(err.contains("a KV row of 80 is not whole 32-element blocks"), "{err}");
+}
+
 /// A long prompt in one batch (attention over several 16-token blocks and
 /// 64-position blocks) gives the logits of feeding the same tokens one at a
 /// time, whose attention is the single-query case checked against float64
 /// above. Bound: max |Δ| ≤ 1e-3 on logits of std ~2 (f32 cache).
 #[test]
 fn batched_attention_matches_token_by_token() {
-    let model = compact().join("models/llama-e256-f16.gguf");
-    let ids: Vec<u32> = (0..150u32).map(|i| (i * 37 + 11) % 510).collect();
-    let o = LoadOptions { n_ctx: 160, ..opts() };
-    let batched = eval(&model, &ids, &o);
-    let mut s = Session::load(&model, &o).unwrap();
-    let mut single = Vec::new();
-    for &id in &ids {
-        single.extend(s.eval(&[id], Logits::All).unwrap());
+    // GQA, and MLA's latent attention with routed experts (a batch groups
+    // its tokens by expert; one token at a time reads each chosen expert).
+    for name in ["llama-e256-f16.gguf", "ds3-e128-f16.gguf", "q3moe-e128-f16.gguf"] {
+        let model = compact().join("models").join(name);
+        let ids: Vec<u32> = (0..150u32).map(|i| (i * 37 + 11) % 510).collect();
+        let o = LoadOptions { n_ctx: 160, ..opts() };
+        let batched = eval(&model, &ids, &o);
+        let mut s = Session::load(&model, &o).unwrap();
+        let mut single = Vec::new();
+        for &id in &ids {
+            single.extend(s.eval(&[id], Logits::All).unwrap());
+        }
+        let d = batched.iter().zip(&single).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        eprintln!("{name}: batched vs token-by-token: max |Δ| {d:.2e}");
+        assert!(d <= 1e-3, "{name}: max |Δ| {d}");
     }
-    let d = batched.iter().zip(&single).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-    eprintln!("batched vs token-by-token: max |Δ| {d:.2e}");
-    assert!(d <= 1e-3, "max |Δ| {d}");
 }
 
 /// A prompt longer than `n_batch` is evaluated in chunks: `Logits::All`
