@@ -51,7 +51,13 @@ impl Choice {
     /// The type tensor `t` is written as.
     fn for_tensor(&self, t: &TensorInfo) -> GgmlType {
         let is_matrix = t.n_dims >= 2 && t.ne[1] > 1;
-        if !is_matrix || t.name.ends_with("_norm.weight") || t.name.ends_with(".scale") {
+        // The MoE router stays as it is, as llama-quantize leaves it: its
+        // logits pick the experts, and near-ties would flip on rounding.
+        if !is_matrix
+            || t.name.ends_with("_norm.weight")
+            || t.name.ends_with(".scale")
+            || t.name.ends_with("ffn_gate_inp.weight")
+        {
             return t.ty;
         }
         let want = match t.name.as_str() {

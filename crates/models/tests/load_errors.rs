@@ -111,13 +111,17 @@ fn malformed_moe_files_are_refused() {
         assert!(err.to_string().contains(named), "{file}: {err}");
     }
     // An expert tensor of the wrong shape (up's dims as down's: the same bytes).
-    let err = variant_of(Q3, |_| {}, |t| {
-        let mut t = t.clone();
-        if t.name == "blk.1.ffn_up_exps.weight" {
-            t.dims.swap(0, 1);
-        }
-        Some(t)
-    });
+    let err = variant_of(
+        Q3,
+        |_| {},
+        |t| {
+            let mut t = t.clone();
+            if t.name == "blk.1.ffn_up_exps.weight" {
+                t.dims.swap(0, 1);
+            }
+            Some(t)
+        },
+    );
     let err = err.unwrap_err();
     assert!(matches!(&err, Error::BadShape { name, .. } if name == "blk.1.ffn_up_exps.weight"), "{err}");
     // Missing MLA keys and tensors.
