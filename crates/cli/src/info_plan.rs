@@ -14,6 +14,8 @@ use crate::run::ModelArgs;
 use crate::CliError;
 
 pub struct Plan {
+    /// What the model's blocks are made of (attention, FFN, routing, cache).
+    model: Vec<String>,
     memory: Vec<MemoryUse>,
     weights: Vec<(String, String, String, u64)>, // name, backend, reason, bytes
     /// Per backend: weight bytes read per token.
@@ -94,15 +96,29 @@ impl Plan {
             weights.push((info.name.clone(), place.backend.to_string(), place.reason.to_string(), info.nbytes));
         }
         let mut counted = vec![false; entries.len()];
-        for (node, a) in built.graph.nodes.iter().zip(&schedule.assigned) {
+        let expert_share = model.config.moe.map(|m| (m.n_expert_used, m.n_expert));
+        let graph = &built.graph;
+        let by_experts: Vec<bool> = {
+            let mut read = vec![false; graph.nodes.len()];
+            for n in &graph.nodes {
+                if let Op::MulMatId { .. } | Op::MoeUpGate { .. } = n.op {
+                    n.srcs.iter().for_each(|s| read[s.index()] = true);
+                }
+            }
+            read
+        };
+        for (id, (node, a)) in graph.nodes.iter().zip(&schedule.assigned).enumerate() {
             if let Op::Weight(i) = node.op {
                 // A tied embedding is both the lookup table and the head: read once.
                 if std::mem::replace(&mut counted[i], true) {
                     continue;
                 }
-                // The embedding is read one row per token, every other weight whole.
+                // The embedding is read one row per token, a token's experts
+                // k of n_expert, every other weight whole.
                 let bytes = if i == model.weights.token_embd.index && i != model.weights.output.index {
                     entries[i].nbytes / entries[i].ne[1].max(1)
+                } else if let (true, Some((k, n))) = (by_experts[id], expert_share) {
+                    entries[i].nbytes * k as u64 / n as u64
                 } else {
                     entries[i].nbytes
                 };
@@ -123,6 +139,7 @@ impl Plan {
             p.cost.gpu_macs_per_s / 1e12
         );
         Ok(Plan {
+            model: model_summary(model, graph),
             memory: plan.memory,
             weights,
             bytes_per_token,
@@ -138,6 +155,10 @@ impl Plan {
     }
 
     pub fn print(&self) {
+        println!("\nmodel:");
+        for line in &self.model {
+            println!("  {line}");
+        }
         println!("\nplacement (weights):");
         println!("  {:<36} {:<7} {:>12}  reason", "tensor", "backend", "bytes");
         for (name, backend, reason, bytes) in &self.weights {
@@ -239,7 +260,9 @@ impl Plan {
             ("cpu_ms", format!("{:.3}", o.cpu_s * 1e3)),
             ("offload_ms", format!("{:.3}", o.offload_s * 1e3)),
         ]);
+        let model: Vec<String> = self.model.iter().map(|l| json::string(l)).collect();
         json::object(&[
+            ("model", json::array(&model)),
             ("memory", json::array(&memory)),
             ("prompt", prompt),
             ("weights", json::array(&weights)),
@@ -249,4 +272,67 @@ impl Plan {
             ("copy_bytes_per_token", self.copy_bytes.to_string()),
         ])
     }
+}
+
+/// The model's parts as the graph builds them: attention and its cache, the
+/// FFN per layer range, and the router as the decode step's `Route` op holds it.
+fn model_summary(model: &tern_models::Model, graph: &tern_graph::Graph) -> Vec<String> {
+    let c = &model.config;
+    let alias = if c.arch_name == c.arch.name() { String::new() } else { format!(" (as {})", c.arch.name()) };
+    let mut lines =
+        vec![format!("{}{alias}, {} layers, n_embd {}, {} heads", c.arch_name, c.n_layer, c.n_embd, c.n_head)];
+    let (k, v) = c.kv_widths();
+    lines.push(match &c.mla {
+        Some(m) => format!(
+            "attention: MLA (absorbed), latent {} + rope {}, nope {}, v {}, q_lora {}; cache {} values a token and layer",
+            m.rank,
+            m.rope,
+            m.nope,
+            m.v_dim,
+            m.q_lora.map_or("none".to_string(), |r| r.to_string()),
+            k + v
+        ),
+        None => format!(
+            "attention: GQA, {} KV heads of {}; cache {} values a token and layer",
+            c.n_head_kv,
+            c.head_dim,
+            k + v
+        ),
+    });
+    if let Some(y) = &c.yarn {
+        lines.push(format!(
+            "rope: YaRN, factor {:.3}, original context {}, log multiplier {}",
+            1.0 / c.rope_freq_scale,
+            y.rope.n_ctx_orig,
+            y.log_mul
+        ));
+    }
+    match &c.moe {
+        Some(m) => {
+            if m.n_dense_lead > 0 {
+                lines.push(format!("ffn: dense (n_ff {}) in layers 0..{}", c.n_ff, m.n_dense_lead));
+            }
+            let shared = match m.n_shared {
+                0 => String::new(),
+                s => format!(", {s} shared"),
+            };
+            lines.push(format!(
+                "ffn: {} experts of n_ff {} in layers {}..{}, {} used a token{shared}",
+                m.n_expert, m.n_ff_exp, m.n_dense_lead, c.n_layer, m.n_expert_used
+            ));
+            if let Some(Op::Route(r)) = graph.nodes.iter().map(|n| &n.op).find(|op| matches!(op, Op::Route(_))) {
+                let groups = r.groups.map_or(String::new(), |g| format!(", best {} of {} groups", g.used, g.count));
+                lines.push(format!(
+                    "route: {:?} gating{}{groups}, top {}, {}, scale {}",
+                    r.gating,
+                    if r.biased { ", selection bias" } else { "" },
+                    r.k,
+                    if r.norm { "renormalised" } else { "not renormalised" },
+                    r.scale
+                ));
+            }
+        }
+        None => lines.push(format!("ffn: dense, n_ff {}", c.n_ff)),
+    }
+    lines
 }
