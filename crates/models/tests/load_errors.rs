@@ -97,7 +97,8 @@ fn bad_head_counts_and_rope_are_refused() {
 fn malformed_moe_files_are_refused() {
     const Q3: &str = "q3moe-e128-q8_0.gguf";
     const DS3: &str = "ds3-e128-q8_0.gguf";
-    let cases: [(&str, Box<dyn Fn(&mut tern_gguf::Metadata)>, &str); 7] = [
+    type Edit = Box<dyn Fn(&mut tern_gguf::Metadata)>;
+    let cases: [(&str, Edit, &str); 7] = [
         (Q3, Box::new(|md| drop(md.remove("qwen3moe.expert_count"))), "qwen3moe.expert_count"),
         (Q3, Box::new(|md| md.set("qwen3moe.expert_used_count", Value::U32(9))), "expert_used_count"),
         (Q3, Box::new(|md| md.set("qwen3moe.expert_used_count", Value::U32(0))), "expert_used_count"),
