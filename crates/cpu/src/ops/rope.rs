@@ -188,4 +188,39 @@ mod tests {
             assert_eq!(y, direct(&x, pos, factors, p), "{p:?} {factors:?} pos {pos}");
         }
     }
+
+    /// YaRN: pairs below the ramp keep their frequency, pairs above it are
+    /// interpolated by `freq_scale`, the ramp between is linear in the pair
+    /// index, and cos and sin carry the magnitude. For n_rot 16, base 1e4 and
+    /// 4096 original positions the ramp runs from pair 2 to pair 6 (llama.cpp's
+    /// corr dims: 2.62 → 2 and 5.63 → 6).
+    #[test]
+    fn yarn_ramps_between_extrapolation_and_interpolation() {
+        let yarn = Yarn { n_ctx_orig: 4096, beta_fast: 32.0, beta_slow: 1.0, ext_factor: 1.0, magnitude: 1.25 };
+        let p = RopeParams {
+            mode: RopeMode::Norm,
+            n_rot: 16,
+            head_dim: 16,
+            freq_base: 10000.0,
+            freq_scale: 0.025,
+            yarn: Some(yarn),
+        };
+        let (freqs, magnitude) = pair_freqs(&p, None);
+        assert_eq!(magnitude, 1.25);
+        for (i, f) in freqs.iter().enumerate() {
+            let extrap = 10000f64.powf(-2.0 * i as f64 / 16.0);
+            let mix = 1.0 - ((i as f64 - 2.0) / 4.0).clamp(0.0, 1.0);
+            let want = extrap * p.freq_scale as f64 * (1.0 - mix) + extrap * mix;
+            assert!((f - want).abs() <= 1e-15 * extrap, "pair {i}: {f} vs {want}");
+        }
+        assert_eq!(freqs[0], 1.0);
+        assert_eq!(freqs[7], 10000f64.powf(-14.0 / 16.0) * p.freq_scale as f64);
+        // The magnitude multiplies the rotated pair.
+        let x: Vec<f32> = (0..16).map(|i| i as f32 - 7.5).collect();
+        let mut y = vec![0.0; 16];
+        rope(&x, &[3], None, &p, &mut y);
+        let (s, c) = (3.0 * freqs[0]).sin_cos();
+        let want0 = 1.25 * (x[0] as f64 * c - x[1] as f64 * s);
+        assert!((y[0] as f64 - want0).abs() < 1e-5, "{} vs {want0}", y[0]);
+    }
 }
