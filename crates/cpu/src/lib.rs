@@ -100,7 +100,9 @@ impl Backend for CpuBackend {
             Op::Route(_) => f32_only(srcs),
             Op::RouteWeights(_) => f32_only(&srcs[..1]) && srcs[1].dtype == DType::I32,
             Op::MulMatId { .. } => matches!(srcs[0].dtype, DType::Ggml(_)) && f32_only(&srcs[1..2]),
-            Op::MoeUpGate { .. } => srcs[..2].iter().all(|n| matches!(n.dtype, DType::Ggml(_))) && f32_only(&srcs[2..3]),
+            Op::MoeUpGate { .. } => {
+                srcs[..2].iter().all(|n| matches!(n.dtype, DType::Ggml(_))) && f32_only(&srcs[2..3])
+            }
         }
     }
 

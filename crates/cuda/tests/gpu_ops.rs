@@ -561,7 +561,14 @@ fn fused_decoding_layers_match_cpu() {
         let mut x = b.weight(GgmlType::F32, [k, 1, 1, 1], bytes_f32(&x0));
         let pos = b.g.input(InputKind::Positions, 1);
         b.data.insert(pos, bytes_i32(&[kv_pos as i32]));
-        let rope = RopeParams { mode: RopeMode::Neox, n_rot: hd, head_dim: hd, freq_base: 500000.0, freq_scale: 1.0, yarn: None };
+        let rope = RopeParams {
+            mode: RopeMode::Neox,
+            n_rot: hd,
+            head_dim: hd,
+            freq_base: 500000.0,
+            freq_scale: 1.0,
+            yarn: None,
+        };
         let mut outs = Vec::new();
         for layer in 0..2 {
             let h = b.norm(x, k);

@@ -8,8 +8,8 @@
 mod op;
 
 pub use op::{
-    Activation, AttentionParams, ExpertGroups, Gating, HeadMatMul, InputKind, KvKind, LatentAttentionParams, Op, Precision,
-    RopeMode, RopeParams, RouteParams, Yarn,
+    Activation, AttentionParams, ExpertGroups, Gating, HeadMatMul, InputKind, KvKind, LatentAttentionParams, Op,
+    Precision, RopeMode, RopeParams, RouteParams, Yarn,
 };
 pub use tern_gguf::GgmlType;
 
@@ -228,7 +228,10 @@ impl Graph {
     /// Elements `start..start + len` of every `width`-wide piece of `x`'s rows.
     pub fn columns(&mut self, x: NodeId, width: usize, start: usize, len: usize) -> NodeId {
         let ne = self.ne(x);
-        assert!(width > 0 && ne[0] % width == 0 && start + len <= width, "columns: {start}+{len} of {width} in {ne:?}");
+        assert!(
+            width > 0 && ne[0].is_multiple_of(width) && start + len <= width,
+            "columns: {start}+{len} of {width} in {ne:?}"
+        );
         let out = [len * (ne[0] / width), ne[1], ne[2], ne[3]];
         self.push(Op::Columns { width, start, len }, vec![x], out, DType::F32, None)
     }

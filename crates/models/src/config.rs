@@ -231,10 +231,16 @@ fn moe_config(md: &Metadata, key: &dyn Fn(&str) -> String, spec: MoeSpec, n_laye
         (Some(count), used) => {
             let used = used.unwrap_or(count);
             if n_expert % count != 0 || n_expert / count < 2 {
-                return Err(bad("expert_group_count", format!("{count} groups do not divide {n_expert} experts in pairs")));
+                return Err(bad(
+                    "expert_group_count",
+                    format!("{count} groups do not divide {n_expert} experts in pairs"),
+                ));
             }
             if used == 0 || used > count || used * (n_expert / count) < k {
-                return Err(bad("expert_group_used_count", format!("{used} of {count} groups cannot hold {k} experts")));
+                return Err(bad(
+                    "expert_group_used_count",
+                    format!("{used} of {count} groups cannot hold {k} experts"),
+                ));
             }
             (used < count).then_some(ExpertGroups { count, used })
         }
@@ -261,7 +267,13 @@ fn moe_config(md: &Metadata, key: &dyn Fn(&str) -> String, spec: MoeSpec, n_laye
     })
 }
 
-fn mla_config(md: &Metadata, key: &dyn Fn(&str) -> String, head_dim: usize, n_rot: usize, v_dim: usize) -> Result<MlaConfig> {
+fn mla_config(
+    md: &Metadata,
+    key: &dyn Fn(&str) -> String,
+    head_dim: usize,
+    n_rot: usize,
+    v_dim: usize,
+) -> Result<MlaConfig> {
     let bad = |k: &str, reason: String| Error::BadConfig { key: key(k), reason };
     let rank = md.usize(&key("attention.kv_lora_rank"))?;
     if rank == 0 {

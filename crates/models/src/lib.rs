@@ -16,7 +16,9 @@ pub use blocks::{Built, StepInputs};
 pub use config::{Config, MlaConfig, MoeConfig, YarnConfig};
 pub use error::{Error, Result};
 pub use names::TensorName;
-pub use weights::{Attention, DenseFfn, Ffn, Gqa, HeadProj, Layer, Mla, MlaQuery, MoeFfn, WeightRef, WeightTable, Weights};
+pub use weights::{
+    Attention, DenseFfn, Ffn, Gqa, HeadProj, Layer, Mla, MlaQuery, MoeFfn, WeightRef, WeightTable, Weights,
+};
 
 use tern_gguf::{File, GgmlType};
 

@@ -198,7 +198,14 @@ pub(super) struct RowDot<'w> {
 
 impl<'w> RowDot<'w> {
     /// `bytes`: the weight's rows of `k` elements (`n_elements` in all).
-    pub fn new(ty: GgmlType, bytes: &'w [u8], k: usize, n_elements: usize, precision: Precision, cx: &Ctx) -> RowDot<'w> {
+    pub fn new(
+        ty: GgmlType,
+        bytes: &'w [u8],
+        k: usize,
+        n_elements: usize,
+        precision: Precision,
+        cx: &Ctx,
+    ) -> RowDot<'w> {
         let act = match precision {
             Precision::Paired => tern_quant::act_type(ty),
             Precision::Float => ActType::F32,

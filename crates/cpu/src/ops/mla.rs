@@ -25,7 +25,8 @@ struct Widen<'w> {
 impl<'w> Widen<'w> {
     fn new(w: &'w Tensor<'w>, cx: &Ctx) -> Widen<'w> {
         let (k, rows) = (w.node.ne[0], w.node.n_rows());
-        let file = w.packed.is_none().then(|| RowDot::new(weight_type(w), w.bytes(), k, k * rows, Precision::Float, cx));
+        let file =
+            w.packed.is_none().then(|| RowDot::new(weight_type(w), w.bytes(), k, k * rows, Precision::Float, cx));
         Widen { w, file }
     }
 

@@ -9,8 +9,8 @@
 
 use tern_graph::{Activation, Gating, Precision, RouteParams};
 
-use super::matmul::{Acts, RowDot};
 use super::matmul::weight_type;
+use super::matmul::{Acts, RowDot};
 use super::{elementwise, Ctx, Tensor};
 
 /// Each token's chosen experts, best first (ties go to the lower index).

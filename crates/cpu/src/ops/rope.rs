@@ -149,8 +149,22 @@ mod tests {
     /// frequency factors (two models in one thread, one after the other).
     #[test]
     fn cached_angles_follow_params_factors_and_positions() {
-        let a = RopeParams { mode: RopeMode::Norm, n_rot: 16, head_dim: 16, freq_base: 10000.0, freq_scale: 1.0, yarn: None };
-        let b = RopeParams { mode: RopeMode::Neox, n_rot: 8, head_dim: 16, freq_base: 500000.0, freq_scale: 0.5, yarn: None };
+        let a = RopeParams {
+            mode: RopeMode::Norm,
+            n_rot: 16,
+            head_dim: 16,
+            freq_base: 10000.0,
+            freq_scale: 1.0,
+            yarn: None,
+        };
+        let b = RopeParams {
+            mode: RopeMode::Neox,
+            n_rot: 8,
+            head_dim: 16,
+            freq_base: 500000.0,
+            freq_scale: 0.5,
+            yarn: None,
+        };
         let f1: Vec<f32> = (0..8).map(|i| 1.0 + i as f32).collect();
         let f2: Vec<f32> = (0..8).map(|i| 8.0 - i as f32 * 0.5).collect();
         let x: Vec<f32> = (0..48).map(|i| ((i * 37) % 11) as f32 - 5.0).collect();
