@@ -3,8 +3,9 @@
 //!
 //! Bounds, with `S = Σ|w_i·a_i|` over the dequantized weights and activations:
 //! * integer formats: `|Δ| ≤ 1e-5·S` (the block integer sums are exact; only
-//!   the f32 summation of block results may be reordered), and the k-quants
-//!   (which keep the reference's block order) must match it bit for bit;
+//!   the f32 summation of block results may be reordered), and the k-quants,
+//!   Q4_1 and Q5_1 (which keep the reference's block order) must match it
+//!   bit for bit;
 //! * F32/F16/BF16: `|Δ| ≤ 1e-6·S` (f32 lanes against the reference's f64).
 //!
 //! `cargo test --release -p tern-cpu --test block_kernels -- --ignored --nocapture`
@@ -52,12 +53,24 @@ impl Rng {
     }
 }
 
-const INT_TYPES: [GgmlType; 7] =
-    [GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::IQ4_NL, GgmlType::Q1_0];
+const INT_TYPES: [GgmlType; 10] = [
+    GgmlType::Q6_K,
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::IQ4_NL,
+    GgmlType::Q1_0,
+    GgmlType::Q5_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_1,
+];
 const FLOAT_TYPES: [GgmlType; 3] = [GgmlType::F32, GgmlType::F16, GgmlType::BF16];
 
-fn is_kquant(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
+/// The formats whose kernels sum blocks in the reference's order, and so
+/// return its bits.
+fn is_bit_exact(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::Q4_1 | GgmlType::Q5_1)
 }
 
 /// Row lengths: several multiples of the block, odd block counts included, and
@@ -78,8 +91,8 @@ fn lengths(ty: GgmlType) -> &'static [usize] {
 /// written there when weights are random bytes).
 fn f16_fields(ty: GgmlType) -> &'static [usize] {
     match ty {
-        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::IQ4_NL | GgmlType::Q2_0 | GgmlType::Q1_0 => &[0],
-        GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
+        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::IQ4_NL | GgmlType::Q2_0 | GgmlType::Q1_0 | GgmlType::Q5_0 => &[0],
+        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q4_1 | GgmlType::Q5_1 => &[0, 2],
         GgmlType::Q6_K => &[208],
         _ => &[],
     }
@@ -159,8 +172,8 @@ fn check_type(ty: GgmlType, tol: f64, seed: u64) -> Vec<(Isa, f64)> {
                     let ctx = format!("{ty} {isa:?} n={n} raw={raw} rep={rep}: got {got}, want {want}, S={s}");
                     assert!(got.is_finite(), "{ctx}");
                     assert!(err <= tol * s, "{ctx}: |Δ| = {err:e} > {tol:e}·S");
-                    if is_kquant(ty) {
-                        assert_eq!(got.to_bits(), want.to_bits(), "{ctx}: k-quant kernels are bit-exact");
+                    if is_bit_exact(ty) {
+                        assert_eq!(got.to_bits(), want.to_bits(), "{ctx}: the kernels keep the reference's order");
                     }
                     if s > 0.0 {
                         *worst = worst.max(err / s);
@@ -196,15 +209,18 @@ fn float_formats_match_reference() {
 
 /// The AVX-512 kernels of the Q8_0-activation formats are exact for every
 /// activation byte, −128 included (which `quantize_acts` never writes and the
-/// AVX2 sign trick cannot take).
+/// AVX2 sign trick cannot take); so are the AVX2 kernels of Q4_1 and Q5_1,
+/// whose codes are unsigned.
 #[test]
-fn avx512_q8_0_acts_take_any_byte() {
-    if !Isa::Avx512.available() {
-        return;
-    }
+fn q8_0_acts_take_any_byte() {
     let mut rng = Rng(0x5EED);
-    for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::IQ4_NL, GgmlType::Q1_0] {
-        let f = dot_fn(ty, Isa::Avx512).unwrap();
+    let q8_0_weights = [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::IQ4_NL, GgmlType::Q1_0, GgmlType::Q5_0];
+    let with_min = [GgmlType::Q4_1, GgmlType::Q5_1];
+    let avx512 = Isa::Avx512.available().then_some(Isa::Avx512);
+    let cases = q8_0_weights.into_iter().chain(with_min).filter_map(|ty| avx512.map(|isa| (ty, isa)));
+    let avx2 = with_min.into_iter().filter(|_| Isa::Avx2.available()).map(|ty| (ty, Isa::Avx2));
+    for (ty, isa) in cases.chain(avx2) {
+        let f = dot_fn(ty, isa).unwrap();
         for &n in lengths(ty).iter().filter(|&&n| n % 32 == 0 && n <= 2560) {
             for _ in 0..4 {
                 let w = weight_row(ty, n, &mut rng, true);
@@ -212,9 +228,13 @@ fn avx512_q8_0_acts_take_any_byte() {
                 a[2] = 0x80; // an activation quant of −128
                 let want = vec_dot(ty, n, &w, TensorScale::ONE, &a);
                 let s = abs_dot(ty, n, &w, &a);
-                // SAFETY: AVX-512 is available.
+                // SAFETY: `isa` is available.
                 let got = unsafe { f(n, &w, &a) };
-                assert!((got as f64 - want as f64).abs() <= 1e-5 * s, "{ty} n={n}: got {got}, want {want}, S={s}");
+                assert!(
+                    (got as f64 - want as f64).abs() <= 1e-5 * s,
+                    "{ty} {isa:?} n={n}: got {got}, want {want}, S={s}"
+                );
+                assert!(!is_bit_exact(ty) || got.to_bits() == want.to_bits(), "{ty} {isa:?} n={n}: {got} != {want}");
             }
         }
     }
@@ -244,6 +264,47 @@ fn low_bit_formats_every_code() {
                     let got = unsafe { f(n, &w, &a) };
                     let ctx = format!("{ty} {isa:?} n={n} codes {fill:#04x}: got {got}, want {want}, S={s}");
                     assert!((got as f64 - want as f64).abs() <= 1e-5 * s, "{ctx}");
+                }
+            }
+        }
+    }
+}
+
+/// Q5_0 and Q5_1 rows with every fifth bit clear, set, alternating and
+/// random, over nibbles of one value and mixed, with random f16 scales (and
+/// minimums), odd block counts, and for Q5_1 an activation quant of −128:
+/// within the integer formats' bound of the scalar twin on every ISA level
+/// (Q5_1: its bits).
+#[test]
+fn five_bit_formats_every_code() {
+    let mut rng = Rng(0x0505);
+    for (ty, qh_at) in [(GgmlType::Q5_0, 2), (GgmlType::Q5_1, 4)] {
+        let bb = ty.layout().block_bytes;
+        for &n in lengths(ty) {
+            for qh in [0x0000_0000u32, 0xFFFF_FFFF, 0x5555_5555, 0x0F0F_F0F0, rng.next() as u32] {
+                for fill in [None, Some(0x00u8), Some(0xFF), Some(0x8F), Some(0x1E)] {
+                    let mut w = weight_row(ty, n, &mut rng, true);
+                    for b in w.chunks_exact_mut(bb) {
+                        b[qh_at..qh_at + 4].copy_from_slice(&qh.to_le_bytes());
+                        if let Some(fill) = fill {
+                            b[qh_at + 4..].fill(fill);
+                        }
+                    }
+                    let mut a = act_row(ty, n, &mut rng);
+                    if ty == GgmlType::Q5_1 {
+                        a[2 + 34 * (n / 64)] = 0x80;
+                    }
+                    let want = vec_dot(ty, n, &w, TensorScale::ONE, &a);
+                    let s = abs_dot(ty, n, &w, &a);
+                    for isa in isas() {
+                        let f = dot_fn(ty, isa).unwrap();
+                        // SAFETY: `isa` is available on this machine.
+                        let got = unsafe { f(n, &w, &a) };
+                        let ctx =
+                            format!("{ty} {isa:?} n={n} qh {qh:#010x} qs {fill:?}: got {got}, want {want}, S={s}");
+                        assert!((got as f64 - want as f64).abs() <= 1e-5 * s, "{ctx}");
+                        assert!(!is_bit_exact(ty) || got.to_bits() == want.to_bits(), "{ctx}");
+                    }
                 }
             }
         }
@@ -376,6 +437,9 @@ fn bench_block_kernels() {
         (GgmlType::Q8_0, &[256, 16384][..]),
         (GgmlType::Q4_0, &[256, 32768][..]),
         (GgmlType::IQ4_NL, &[256, 32768][..]),
+        (GgmlType::Q5_0, &[256, 32768][..]),
+        (GgmlType::Q4_1, &[256, 32768][..]),
+        (GgmlType::Q5_1, &[256, 32768][..]),
         (GgmlType::Q1_0, &[256, 32768][..]),
         (GgmlType::Q4_K, &[256, 32768][..]),
         (GgmlType::Q5_K, &[256, 32768][..]),

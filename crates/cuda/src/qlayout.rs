@@ -1,15 +1,18 @@
 //! The GPU layouts of block-quantized weights (heads, embeddings,
 //! non-ternary models), both exact: every value is the file's.
 //!
-//! - [`QLayout::Levels`] (Q8_0, Q4_0, Q2_0, Q1_0): `k` int8 levels a row
-//!   plus an f32 scale per 16, read with 16-byte loads.
+//! - [`QLayout::Levels`] (Q8_0, Q4_0, Q2_0, Q1_0, Q5_0): `k` int8 levels a
+//!   row plus an f32 scale per 16, read with 16-byte loads.
 //! - [`QLayout::Q6K`]: Q6_K's 6.56 bits a weight kept, in planes a warp reads
 //!   with coalesced vector loads (the head streams 269 MB a token instead of
 //!   the 410 MB its int8 levels and f32 scales would take).
 //!
-//! Q2_0 and Q1_0 matrices become levels −1..=2 and ±1. Both GEMVs read a
-//! word of levels a lane, consecutive lanes on consecutive elements, so a
-//! warp's float4 activation loads cover four cache lines. Levels become floats
+//! Q2_0, Q1_0 and Q5_0 matrices become levels −1..=2, ±1 and −16..=15.
+//! Q4_1 and Q5_1 (a code times a scale plus a minimum per block) have no
+//! exact form in these layouts, so they stay on the CPU (`weights.rs`).
+//! Both GEMVs read a word of levels a lane, consecutive lanes on
+//! consecutive elements, so a warp's float4 activation loads cover four
+//! cache lines. Levels become floats
 //! by a byte permute into the mantissa of 2^23 and one exact subtraction, so a
 //! float model's Q6_K head computes the exact function of its dequantized
 //! weights. A quantized model's one-token Q6_K product (`Precision::Paired`,
@@ -19,7 +22,7 @@
 //! as 16-byte words while it multiplies the current one.
 
 use half::f16;
-use tern_quant::{cast_blocks, BlockQ1_0, BlockQ2_0, BlockQ4_0, BlockQ6K, BlockQ8_0, GgmlType};
+use tern_quant::{cast_blocks, BlockQ1_0, BlockQ2_0, BlockQ4_0, BlockQ5_0, BlockQ6K, BlockQ8_0, GgmlType};
 
 /// Elements per scale.
 pub const GROUP: usize = 16;
@@ -83,7 +86,7 @@ pub fn pack_q6k(bytes: &[u8], k: usize, rows: usize) -> Vec<u8> {
     out
 }
 
-/// Converts a `[k, rows]` Q8_0, Q4_0, Q2_0 or Q1_0 tensor to [`QLayout::Levels`].
+/// Converts a `[k, rows]` Q8_0, Q4_0, Q2_0, Q1_0 or Q5_0 tensor to [`QLayout::Levels`].
 pub fn pack(ty: GgmlType, bytes: &[u8], k: usize, rows: usize) -> GpuQ8 {
     let mut values = vec![0i8; k * rows];
     let mut scales = vec![0f32; k * rows / GROUP];
@@ -121,6 +124,15 @@ pub fn pack(ty: GgmlType, bytes: &[u8], k: usize, rows: usize) -> GpuQ8 {
                 scales[8 * i..8 * i + 8].fill(f16_at(b.d));
             }
         }
+        GgmlType::Q5_0 => {
+            // Levels code − 16 (−16..=15); the block's two groups of 16 share its d.
+            for (i, b) in cast_blocks::<BlockQ5_0>(bytes).iter().enumerate() {
+                for (j, v) in values[32 * i..32 * i + 32].iter_mut().enumerate() {
+                    *v = b.code(j) as i8 - 16;
+                }
+                scales[2 * i..2 * i + 2].fill(f16_at(b.d));
+            }
+        }
         _ => panic!("{ty} has no int8 GPU layout"),
     }
     GpuQ8 { values, scales }
@@ -155,15 +167,18 @@ mod tests {
             (GgmlType::Q2_0, true),
             (GgmlType::Q1_0, false),
             (GgmlType::Q1_0, true),
+            (GgmlType::Q5_0, false),
+            (GgmlType::Q5_0, true),
         ] {
             let mut bytes = vec![0u8; ty.tensor_bytes(&[k as u64, rows as u64]).unwrap() as usize];
             tern_quant::quantize_tensor(ty, &x, k, &mut bytes);
             if raw {
                 // Every code (Q2_0's quantizer never writes +2), finite scales of both signs.
+                let bb = ty.layout().block_bytes;
                 for (i, b) in bytes.iter_mut().enumerate() {
-                    *b = match i % 18 {
-                        0 => (i / 18 * 29) as u8,
-                        1 => 0x2e | ((i / 18) as u8 & 1) << 7,
+                    *b = match i % bb {
+                        0 => (i / bb * 29) as u8,
+                        1 => 0x2e | ((i / bb) as u8 & 1) << 7,
                         _ => (i * 97 % 256) as u8,
                     };
                 }

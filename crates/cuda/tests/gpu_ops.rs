@@ -254,6 +254,7 @@ fn float_and_block_matmuls_and_get_rows_match_cpu() {
         GgmlType::Q6_K,
         GgmlType::Q2_0,
         GgmlType::Q1_0,
+        GgmlType::Q5_0,
     ];
     for ty in types {
         for &(k, rows, n) in &[(256usize, 33usize, 1usize), (512, 100, 5), (768, 17, 13)] {
@@ -267,6 +268,10 @@ fn float_and_block_matmuls_and_get_rows_match_cpu() {
             if ty == GgmlType::Q2_0 {
                 // Every code, +2 included (the quantizer writes only −1, 0, +1).
                 weight.chunks_exact_mut(18).for_each(|b| b[2..].iter_mut().for_each(|q| *q = rng.next() as u8));
+            }
+            if ty == GgmlType::Q5_0 {
+                // Random nibbles and fifth bits: every level in every position.
+                weight.chunks_exact_mut(22).for_each(|b| b[2..].iter_mut().for_each(|q| *q = rng.next() as u8));
             }
             let data = HashMap::from([
                 (w, weight),

@@ -17,6 +17,12 @@ pub enum GgmlType {
     /// Mainline's 2-bit codes for −1, 0, +1, +2, f16 scale per 64.
     Q2_0,
     Q4_0,
+    /// 4-bit codes 0..15 with an f16 scale and an f16 min per 32.
+    Q4_1,
+    /// 5-bit levels −16..15 (a fifth bit per element beside the nibbles), f16 scale per 32.
+    Q5_0,
+    /// 5-bit codes 0..31 with an f16 scale and an f16 min per 32.
+    Q5_1,
     Q8_0,
     Q4_K,
     Q5_K,
@@ -47,12 +53,15 @@ pub struct Layout {
 }
 
 impl GgmlType {
-    pub const ALL: [GgmlType; 16] = [
+    pub const ALL: [GgmlType; 19] = [
         GgmlType::F32,
         GgmlType::F16,
         GgmlType::Q1_0,
         GgmlType::Q2_0,
         GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
         GgmlType::Q8_0,
         GgmlType::Q4_K,
         GgmlType::Q5_K,
@@ -72,6 +81,9 @@ impl GgmlType {
             GgmlType::F32 => 0,
             GgmlType::F16 => 1,
             GgmlType::Q4_0 => 2,
+            GgmlType::Q4_1 => 3,
+            GgmlType::Q5_0 => 6,
+            GgmlType::Q5_1 => 7,
             GgmlType::Q8_0 => 8,
             GgmlType::Q4_K => 12,
             GgmlType::Q5_K => 13,
@@ -99,6 +111,9 @@ impl GgmlType {
             GgmlType::F32 => "F32",
             GgmlType::F16 => "F16",
             GgmlType::Q4_0 => "Q4_0",
+            GgmlType::Q4_1 => "Q4_1",
+            GgmlType::Q5_0 => "Q5_0",
+            GgmlType::Q5_1 => "Q5_1",
             GgmlType::Q8_0 => "Q8_0",
             GgmlType::Q4_K => "Q4_K",
             GgmlType::Q5_K => "Q5_K",
@@ -125,6 +140,9 @@ impl GgmlType {
             GgmlType::F32 => (1, 4, 0, 0),
             GgmlType::F16 | GgmlType::BF16 => (1, 2, 0, 0),
             GgmlType::Q4_0 | GgmlType::IQ4_NL => (32, 18, 0, 0),
+            GgmlType::Q4_1 => (32, 20, 0, 0),
+            GgmlType::Q5_0 => (32, 22, 0, 0),
+            GgmlType::Q5_1 => (32, 24, 0, 0),
             GgmlType::Q8_0 => (32, 34, 0, 0),
             GgmlType::Q4_K => (256, 144, 0, 0),
             GgmlType::Q5_K => (256, 176, 0, 0),
@@ -148,7 +166,10 @@ impl GgmlType {
             GgmlType::F32 => 0,
             GgmlType::F16 => 1,
             GgmlType::Q4_0 => 2,
+            GgmlType::Q4_1 => 3,
             GgmlType::Q8_0 => 7,
+            GgmlType::Q5_0 => 8,
+            GgmlType::Q5_1 => 9,
             GgmlType::Q4_K => 15,
             GgmlType::Q5_K => 17,
             GgmlType::Q6_K => 18,
@@ -220,6 +241,11 @@ mod tests {
         assert_eq!(GgmlType::Q1_0.tensor_bytes(&ne), Some(921_600));
         assert_eq!(GgmlType::Q1_0.tensor_bytes(&[64]), None);
         assert_eq!(GgmlType::Q4_0.tensor_bytes(&[33]), None);
+        // A 2048 x 768 expert matrix: 64 blocks a row.
+        assert_eq!(GgmlType::Q4_1.tensor_bytes(&[2048, 768]), Some(64 * 20 * 768));
+        assert_eq!(GgmlType::Q5_0.tensor_bytes(&[2048, 768]), Some(64 * 22 * 768));
+        assert_eq!(GgmlType::Q5_1.tensor_bytes(&[2048, 768]), Some(64 * 24 * 768));
+        assert_eq!(GgmlType::Q5_0.tensor_bytes(&[48]), None);
         assert_eq!(GgmlType::F32.tensor_bytes(&[u64::MAX, 2]), None);
     }
 
@@ -229,6 +255,8 @@ mod tests {
             assert_eq!(GgmlType::from_id(t.id()), Some(t));
             assert_eq!(GgmlType::from_name(&t.name().to_lowercase()), Some(t));
         }
-        assert_eq!(GgmlType::from_id(3), None);
+        assert_eq!(GgmlType::from_id(4), None);
+        assert_eq!(GgmlType::from_id(6), Some(GgmlType::Q5_0));
+        assert_eq!(GgmlType::from_name("q5_1"), Some(GgmlType::Q5_1));
     }
 }

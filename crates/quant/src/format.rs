@@ -14,6 +14,8 @@ use crate::kquants::{q4k::Q4K, q5k::Q5K, q6k::Q6K};
 use crate::q1_0::Q1_0;
 use crate::q2_0::Q2_0;
 use crate::q4_0::{IQ4NL, Q4_0};
+use crate::q4_1::{Q4_1, Q5_1};
+use crate::q5_0::Q5_0;
 use crate::q8_0::Q8_0;
 use crate::ternary::{bn::IQ1BN, bn::IQ2BN, i2s::I2S, tq::TQ1_0, tq::TQ2_0};
 use crate::{row_bytes, ActType, GgmlType, TensorScale};
@@ -132,6 +134,9 @@ pub(crate) const fn ops(ty: GgmlType) -> &'static FormatOps {
         BF16 => BF16,
         Q8_0 => Q8_0,
         Q4_0 => Q4_0,
+        Q4_1 => Q4_1,
+        Q5_0 => Q5_0,
+        Q5_1 => Q5_1,
         IQ4_NL => IQ4NL,
         Q4_K => Q4K,
         Q5_K => Q5K,

@@ -19,7 +19,8 @@
 //! registry in `format.rs` maps each `GgmlType` to it; the functions below
 //! dispatch through that registry.
 //!
-//! Modules: `float` (private) F32/F16/BF16, [`q8_0`], [`q4_0`] (Q4_0 + IQ4_NL), [`q2_0`], [`q1_0`],
+//! Modules: `float` (private) F32/F16/BF16, [`q8_0`], [`q4_0`] (Q4_0 + IQ4_NL),
+//! [`q5_0`], [`q4_1`] (Q4_1 + Q5_1), [`q2_0`], [`q1_0`],
 //! [`kquants`] (Q4_K/Q5_K/Q6_K), [`ternary`] (TQ1_0/TQ2_0, IQ1_BN/IQ2_BN,
 //! I2_S), [`act`] (activation formats), [`blocks`] (casts and scalar helpers),
 //! `format` (the trait and the registry).
@@ -32,6 +33,8 @@ pub mod kquants;
 pub mod q1_0;
 pub mod q2_0;
 pub mod q4_0;
+pub mod q4_1;
+pub mod q5_0;
 pub mod q8_0;
 pub mod ternary;
 
@@ -42,6 +45,8 @@ pub use kquants::{q4k::BlockQ4K, q5k::BlockQ5K, q6k::BlockQ6K};
 pub use q1_0::BlockQ1_0;
 pub use q2_0::BlockQ2_0;
 pub use q4_0::{BlockIQ4NL, BlockQ4_0};
+pub use q4_1::{BlockQ4_1, BlockQ5_1};
+pub use q5_0::BlockQ5_0;
 pub use q8_0::BlockQ8_0;
 pub use tern_gguf::GgmlType;
 pub use ternary::{bn::BlockIQ1BN, bn::BlockIQ2BN, i2s::BlockI2S, tq::BlockTQ1_0, tq::BlockTQ2_0};
@@ -94,7 +99,7 @@ pub fn dequantize_row(ty: GgmlType, row: &[u8], scale: TensorScale, out: &mut [f
 /// Quantizes one row `x` into `out` (`row_bytes(ty, x.len())` bytes).
 ///
 /// Ternary quantizers reproduce the peers byte for byte (TQ1_0/TQ2_0 as
-/// mainline, IQ1_BN/IQ2_BN as ik); Q8_0, Q4_0, Q2_0 and Q1_0 are ggml's
+/// mainline, IQ1_BN/IQ2_BN as ik); Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_0 and Q1_0 are ggml's
 /// reference quantizers; IQ4_NL and the k-quants are our own error-minimizing searches.
 ///
 /// I2_S: a row cannot carry the tensor scale, so its codes are taken against

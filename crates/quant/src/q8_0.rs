@@ -1,6 +1,7 @@
 //! Q8_0 (ggml id 8): 32 elements in 34 bytes, one f16 scale per block.
 //! The same block doubles as the `ActType::Q8_0` activation row format that
-//! Q8_0, Q4_0 and IQ4_NL weights are multiplied with.
+//! the 32-element weight formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL) and
+//! Q2_0 and Q1_0 are multiplied with.
 //!
 //! ```text
 //! f16 d        // scale

@@ -1,5 +1,5 @@
 //! Byte compatibility with peer-written files (testdata/compact/models, see its
-//! README): our quantizers must reproduce the ternary, Q8_0 and Q4_0 tensors
+//! README): our quantizers must reproduce the ternary, Q8_0, Q4_0 and Q5_0 tensors
 //! of the quantized fixtures exactly from their F16 siblings, and our
 //! decoders must bring the peers' Q4_K/Q6_K/IQ4_NL tensors close to the F16
 //! originals.
@@ -82,6 +82,14 @@ fn q4_0_token_embeddings_requantize_to_themselves() {
     ] {
         assert_eq!(requantize_matches(name, name, GgmlType::Q4_0), 1, "{name}");
     }
+}
+
+/// llama-quantize falls back from Q4_K to Q5_0 for rows that are not whole
+/// 256-element blocks: all 23 matrices of the qwen3moe fixture (rows of
+/// 128, 192 and 32), the expert tensors included.
+#[test]
+fn mainline_q5_0_fallbacks_are_reproduced() {
+    assert_eq!(requantize_matches("q3moe-e128-f16.gguf", "q3moe-e128-q4_k.gguf", GgmlType::Q5_0), 23);
 }
 
 #[test]

@@ -22,12 +22,15 @@ use tern_quant::{dequantize_row, quantize_i2s_tensor, row_bytes, GgmlType, Tenso
 /// | Q4_K | 0.095 | 0.0732 | 16 levels + min per 32, 6-bit sub-scales |
 /// | IQ4_NL | 0.095 | 0.0739 | 16 non-linear levels per 32, fitted scale |
 /// | Q4_0 | 0.11 | 0.0867 | 16 levels per 32, extreme pinned to −8 |
+/// | Q5_0 | 0.062 | 0.0477 | 32 levels per 32, extreme pinned to −16 |
+/// | Q4_1 | 0.105 | 0.0817 | 16 levels + min per 32, spanning min..max |
+/// | Q5_1 | 0.049 | 0.0377 | 32 levels + min per 32, spanning min..max |
 /// | Q2_0 | 0.94 | 0.726 | 3 levels (of its 4) per 64, block max scale |
 /// | Q1_0 | 0.78 | 0.602 | signs per 128, mean-magnitude scale: √(1 − 2/π) on Gaussian data |
 /// | TQ2_0 / TQ1_0 | 0.95 | 0.78 / 0.80 | 3 levels, block max scale |
 /// | IQ2_BN / IQ1_BN | 0.95 | 0.88 / 0.91 | 3 levels, row max scale |
 /// | I2_S | 0.98 | 0.952 | 3 levels, tensor max scale |
-const BOUNDS: [(GgmlType, f64); 15] = [
+const BOUNDS: [(GgmlType, f64); 18] = [
     (GgmlType::F32, 0.0),
     (GgmlType::F16, 3e-4),
     (GgmlType::BF16, 2.5e-3),
@@ -37,6 +40,9 @@ const BOUNDS: [(GgmlType, f64); 15] = [
     (GgmlType::Q4_K, 0.095),
     (GgmlType::IQ4_NL, 0.095),
     (GgmlType::Q4_0, 0.11),
+    (GgmlType::Q5_0, 0.062),
+    (GgmlType::Q4_1, 0.105),
+    (GgmlType::Q5_1, 0.049),
     (GgmlType::Q2_0, 0.94),
     (GgmlType::Q1_0, 0.78),
     (GgmlType::TQ2_0, 0.95),
