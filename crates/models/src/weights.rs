@@ -91,8 +91,6 @@ pub struct Gqa {
 }
 
 /// A block's feed-forward network.
-// One per layer, built once at load: the size of the larger variant costs nothing.
-#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
 pub enum Ffn {
     /// `down(act(gate·h) ⊙ up·h)`.
