@@ -1,0 +1,245 @@
+//! What the op tests share: a seeded generator, and a harness that drives a
+//! graph through the public CPU backend (leaves loaded with `load_weight` or
+//! written into buffers of their own, every other node given a buffer of its
+//! own, `compute`, results read back).
+
+#![allow(dead_code)] // each test file uses its own part
+
+use std::sync::Arc;
+
+use tern_backend::{Backend, BackendId, HostBytes, TensorLoc, WeightDesc};
+use tern_cpu::isa::Isa;
+use tern_cpu::{CpuBackend, CpuOptions};
+use tern_graph::{DType, GgmlType, Graph, InputKind, Node, NodeId, Op};
+
+/// splitmix64.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [-1, 1).
+    pub fn uniform(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+
+    /// Roughly normal (sum of four uniforms), occasionally a 10× outlier.
+    pub fn normalish(&mut self) -> f32 {
+        let v = (0..4).map(|_| self.uniform()).sum::<f32>() * 0.87;
+        if self.next().is_multiple_of(97) {
+            v * 10.0
+        } else {
+            v
+        }
+    }
+
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+
+    pub fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.normalish() * scale).collect()
+    }
+}
+
+struct Owned(Vec<u8>);
+
+impl AsRef<[u8]> for Owned {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+pub fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+pub fn i32_bytes(v: &[i32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+pub fn to_f32(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+}
+
+pub fn to_i32(b: &[u8]) -> Vec<i32> {
+    b.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+}
+
+/// The (threads, ISA level) pairs every op test runs: 1 and 3 threads on
+/// every level this machine has.
+pub fn setups() -> Vec<(usize, Isa)> {
+    let isas: Vec<Isa> = Isa::ALL.into_iter().filter(|i| i.available()).collect();
+    [1, 3].into_iter().flat_map(|t| isas.iter().map(move |&i| (t, i))).collect()
+}
+
+/// A backend and the buffers it holds, kept across graphs (a cache written
+/// by one step is read by the next).
+pub struct Dev {
+    pub b: CpuBackend,
+}
+
+impl Dev {
+    pub fn new(threads: usize, isa: Isa) -> Dev {
+        Dev { b: CpuBackend::with_options(BackendId::CPU, &CpuOptions { threads, isa: Some(isa) }) }
+    }
+
+    /// A zeroed buffer of `n` bytes.
+    pub fn alloc(&mut self, n: usize) -> TensorLoc {
+        TensorLoc { buffer: self.b.alloc(n).unwrap(), offset: 0, nbytes: n }
+    }
+
+    pub fn read(&self, loc: TensorLoc) -> Vec<u8> {
+        let mut out = vec![0u8; loc.nbytes];
+        self.b.read(loc, &mut out).unwrap();
+        out
+    }
+}
+
+/// One graph under construction, with the locations of its nodes.
+#[derive(Default)]
+pub struct Step {
+    pub g: Graph,
+    locs: Vec<Option<TensorLoc>>,
+}
+
+impl Step {
+    pub fn new() -> Step {
+        Step::default()
+    }
+
+    fn bind(&mut self, id: NodeId, loc: TensorLoc) {
+        self.locs.resize(self.g.nodes.len(), None);
+        self.locs[id.index()] = Some(loc);
+    }
+
+    /// A weight leaf of type `ty` holding `bytes` (file format), loaded as a
+    /// model weight is (ternary matrices are repacked).
+    pub fn weight(&mut self, dev: &mut Dev, ty: GgmlType, ne: [usize; 4], bytes: Vec<u8>) -> NodeId {
+        let id = self.g.weight(self.g.nodes.len(), "w", ty, ne);
+        assert_eq!(bytes.len(), self.g.node(id).nbytes(), "{ty} {ne:?}");
+        let len = bytes.len();
+        let desc = WeightDesc { ty, ne };
+        let loc = dev.b.load_weight(HostBytes::new(Arc::new(Owned(bytes)), 0..len), desc).unwrap().loc;
+        self.bind(id, loc);
+        id
+    }
+
+    /// An f32 leaf.
+    pub fn f32(&mut self, dev: &mut Dev, ne: [usize; 4], v: &[f32]) -> NodeId {
+        self.weight(dev, GgmlType::F32, ne, f32_bytes(v))
+    }
+
+    /// An i32 leaf of shape `ne` (the router's `[k, n]` expert lists, or
+    /// positions), written into a buffer of its own.
+    pub fn i32(&mut self, dev: &mut Dev, ne: [usize; 4], v: &[i32]) -> NodeId {
+        let id = NodeId(self.g.nodes.len() as u32);
+        let node = Node { op: Op::Input(InputKind::Positions), srcs: vec![], ne, dtype: DType::I32, label: None };
+        self.g.nodes.push(node);
+        let loc = dev.alloc(self.g.node(id).nbytes());
+        dev.b.write(loc, &i32_bytes(v)).unwrap();
+        self.bind(id, loc);
+        id
+    }
+
+    /// A KV cache leaf living in `loc` (kept by the caller across steps).
+    pub fn cache(&mut self, ty: GgmlType, ne: [usize; 4], loc: TensorLoc) -> NodeId {
+        let id = self.g.kv_cache(0, tern_graph::KvKind::K, ty, ne);
+        assert_eq!(loc.nbytes, self.g.node(id).nbytes());
+        self.bind(id, loc);
+        id
+    }
+
+    /// Gives every op node a zeroed buffer of its own and runs them all in order.
+    pub fn run(&mut self, dev: &mut Dev) {
+        self.locs.resize(self.g.nodes.len(), None);
+        let ops: Vec<NodeId> = self.g.ids().filter(|&id| !self.g.node(id).op.is_leaf()).collect();
+        for &id in &ops {
+            let loc = dev.alloc(self.g.node(id).nbytes());
+            self.locs[id.index()] = Some(loc);
+        }
+        dev.b.compute(&self.g, &ops, &self.locs).unwrap();
+    }
+
+    pub fn bytes(&self, dev: &Dev, id: NodeId) -> Vec<u8> {
+        dev.read(self.locs[id.index()].expect("bound"))
+    }
+
+    pub fn read_f32(&self, dev: &Dev, id: NodeId) -> Vec<f32> {
+        to_f32(&self.bytes(dev, id))
+    }
+
+    pub fn read_i32(&self, dev: &Dev, id: NodeId) -> Vec<i32> {
+        to_i32(&self.bytes(dev, id))
+    }
+}
+
+/// The unit roundoff of f32.
+pub const U: f64 = 1.0 / (1u64 << 24) as f64;
+
+/// `n` weight rows of `k` random values quantized to `ty` (rows of varied
+/// magnitude).
+pub fn weight_rows(rng: &mut Rng, ty: GgmlType, k: usize, n: usize) -> Vec<u8> {
+    let rb = tern_quant::row_bytes(ty, k);
+    let mut out = vec![0u8; rb * n];
+    for row in out.chunks_exact_mut(rb) {
+        let scale = 0.02 * (1 + rng.below(50)) as f32;
+        tern_quant::quantize_row(ty, &rng.vec(k, scale), row);
+    }
+    out
+}
+
+/// The scalar twin of one weight row (`ty`, file bytes) against one f32
+/// activation column, as `precision` asks: `vec_dot` on the activation
+/// quantized to the type `ty` pairs with, or `vec_dot_f32`. Also returns
+/// `S = Σ|w_i·a_i|` over the values the product multiplies.
+pub fn twin_dot(ty: GgmlType, precision: tern_graph::Precision, row: &[u8], x: &[f32]) -> (f32, f64) {
+    use tern_quant::{act_row_bytes, act_type, dequantize_acts, quantize_acts, TensorScale};
+    let k = x.len();
+    let mut w = vec![0f32; k];
+    tern_quant::dequantize_row(ty, row, TensorScale::ONE, &mut w);
+    let s = |a: &[f32]| w.iter().zip(a).map(|(&w, &a)| (w as f64 * a as f64).abs()).sum::<f64>();
+    match precision {
+        tern_graph::Precision::Float => (tern_quant::vec_dot_f32(ty, row, TensorScale::ONE, x), s(x)),
+        tern_graph::Precision::Paired => {
+            let act = act_type(ty);
+            let mut q = vec![0u8; act_row_bytes(act, k)];
+            quantize_acts(act, x, &mut q);
+            let mut a = vec![0f32; k];
+            dequantize_acts(act, &q, &mut a);
+            (tern_quant::vec_dot(ty, k, row, TensorScale::ONE, &q), s(&a))
+        }
+    }
+}
+
+/// How far a row product of the CPU backend may be from [`twin_dot`], as a
+/// multiple of `S` (the bound `blocks/mod.rs` states for its kernels, made
+/// explicit):
+/// * f32 activations (float weights, or `Precision::Float`): the float
+///   kernels accumulate in f32 lanes, `|Δ| ≤ (k/32 + 16)·u·S` (`float.rs`),
+///   and the twin rounds its f64 sum once (`u·S`): `(k/32 + 17)·u·S`;
+/// * K-quants with their Q8_K activations: 0, the kernels return the
+///   reference's bits (the same integers, scaled and summed in its order);
+/// * the 32-element formats with Q8_0 activations: both sides sum the same
+///   `N = k/32` block terms `fl(d_w·d_a)·isum` (exact integers, the same
+///   scale), in different orders and with or without rounding the products
+///   (FMA): each sum is within `(N + 1)·u·Σ|term|` of the exact one, and
+///   `Σ|term| ≤ (1 + u)·S`, so `|Δ| ≤ 2(N + 2)·u·S`.
+pub fn dot_tol(ty: GgmlType, k: usize, precision: tern_graph::Precision) -> f64 {
+    use tern_quant::ActType;
+    let act = match precision {
+        tern_graph::Precision::Paired => tern_quant::act_type(ty),
+        tern_graph::Precision::Float => ActType::F32,
+    };
+    match act {
+        ActType::F32 => (k / 32 + 17) as f64 * U,
+        ActType::Q8_K => 0.0,
+        _ => 2.0 * (k / ty.block_elems() + 2) as f64 * U,
+    }
+}
