@@ -15,9 +15,12 @@
 //! runs one 256-thread block per SM through the table's phases behind grid
 //! barriers: a counter each block adds to once (`red.release`) and polls
 //! (`ld.acquire`); a launch count in the table's header gives each launch its
-//! targets. Every spin wait traps after two seconds, so a bug fails the launch
-//! instead of hanging the GPU. Phases with a scale per chunk, rows over 8192 or
-//! more than 256 rows a block stay launches.
+//! targets. One counter, because counters spread over several lines cost the
+//! same and a flag a block that one warp polls costs more; the release fence
+//! is much of the barrier's cost, but it is what publishes the rows written
+//! before it. Every spin wait traps after two seconds, so a bug fails the
+//! launch instead of hanging the GPU. Phases with a scale per chunk, rows over
+//! 8192 or more than 256 rows a block stay launches.
 //!
 //! - *Weights never depend on activations.* The table holds a `Copy` record per
 //!   GEMV phase; thread 32 of each block refills a ring of shared memory with

@@ -21,7 +21,9 @@
 //! a producer warp's bulk tensor copies (`tma.rs`) fill four shared-memory
 //! stages on mbarriers, and three or two consumer warpgroups, whichever costs
 //! fewer rounds of blocks over the SMs, decode codes into A fragments and
-//! multiply with `wgmma`, with no block barrier. Elsewhere, or with
+//! multiply with `wgmma`, with no block barrier. Feeding the tensor cores is
+//! what bounds it, not the cores: `wgmma` on fixed operands, A from registers
+//! or shared memory, runs several times the GEMM's rate. Elsewhere, or with
 //! `CudaOptions::wgmma` off, the mma.sync GEMM takes 256-row tiles; where a
 //! matrix has a scale per 256-chunk, 128-row tiles on every device.
 
