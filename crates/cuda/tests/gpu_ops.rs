@@ -3,7 +3,7 @@
 //! plus a timing table of the ternary GEMV/GEMM at the 2B-4T shapes.
 //!
 //! Needs a CUDA device: skipped with the reason when there is none, unless
-//! `TERN_REQUIRE_GPU=1` (scripts/gpu-check.sh sets it), which makes that a
+//! `TERN_REQUIRE_GPU=1` (`scripts/gpu check` sets it), which makes that a
 //! failure. Bounds, as max |gpu − cpu| / max |cpu|:
 //! - ternary matmuls: 0 for one scale per row (the same integer sums and the
 //!   same float operations), 1e-5 for per-block scales (summation order);

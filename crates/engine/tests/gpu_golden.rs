@@ -5,7 +5,7 @@
 //! for the float fixtures.
 //!
 //! Needs a CUDA device: skipped with the reason when there is none, unless
-//! `TERN_REQUIRE_GPU=1` (scripts/gpu-check.sh sets it). Bounds:
+//! `TERN_REQUIRE_GPU=1` (`scripts/gpu check` sets it). Bounds:
 //! - class f: max |Δlogit| ≤ 1e-3 vs CPU and vs float64 (f32 caches);
 //! - class q: mean KL(cpu ‖ gpu) ≤ 1e-3 nat and top-1 agreement ≥ 95% (an int8
 //!   activation can round the other way at a tie when a norm sums in another
@@ -46,7 +46,7 @@ fn have_gpu() -> bool {
 }
 
 /// The kernel cache `tern` uses, and separate launches under
-/// `TERN_CUDA_FUSE=0` (scripts/gpu-check.sh runs these tests both ways).
+/// `TERN_CUDA_FUSE=0` (`scripts/gpu check` runs these tests both ways).
 fn cuda_options() -> CudaOptions {
     let var = |k| std::env::var_os(k);
     CudaOptions {

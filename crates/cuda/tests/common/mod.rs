@@ -12,7 +12,7 @@ use tern_graph::{DType, Graph, NodeId, Op};
 use tern_quant::GgmlType;
 
 /// The options tests open a backend with: the kernel cache `tern` uses, and
-/// the mma.sync prompt GEMM under `TERN_CUDA_WGMMA=0` (scripts/gpu-check.sh
+/// the mma.sync prompt GEMM under `TERN_CUDA_WGMMA=0` (`scripts/gpu check`
 /// runs the tests both ways).
 pub fn options() -> CudaOptions {
     let var = |k| std::env::var_os(k);
