@@ -232,6 +232,7 @@ impl Chars {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tern_testutil::Rng;
 
     fn split(pre: PreTokenizer, text: &str) -> Vec<&str> {
         let mut out = Vec::new();
@@ -257,20 +258,6 @@ mod tests {
         assert_eq!(split(Gpt2, ""), Vec::<&str>::new());
     }
 
-    /// A tiny deterministic generator so the test needs no extra crates.
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-        fn below(&mut self, n: usize) -> usize {
-            (self.next() % n as u64) as usize
-        }
-    }
-
     /// Characters chosen to hit every class boundary the patterns care about:
     /// ASCII of each class, apostrophes and contraction letters in both cases,
     /// `ſ` and the Kelvin sign (case folding), every kind of newline and
@@ -291,7 +278,7 @@ mod tests {
 
     fn differential(pre: PreTokenizer, seed: u64) {
         let re = fancy_regex::Regex::new(pre.pattern()).unwrap();
-        let mut rng = Rng(seed);
+        let mut rng = Rng::new(seed);
         for _ in 0..30_000 {
             let text = random_text(&mut rng);
             let ours = split(pre, &text);
