@@ -13,7 +13,7 @@ use tern_gguf::{File, GgmlType, Value, Writer, WriterTensor};
 const PROMPT: [u32; 11] = [510, 296, 387, 388, 44, 322, 361, 380, 295, 301, 440];
 
 fn compact() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/compact")
+    tern_testutil::compact_dir()
 }
 
 /// Rewrites `src` with architecture `arch` (every `old.` key renamed) and an

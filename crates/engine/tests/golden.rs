@@ -18,7 +18,7 @@ use tern_engine::{npy, LoadOptions, Logits, Session};
 use tern_gguf::GgmlType;
 
 fn compact() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/compact")
+    tern_testutil::compact_dir()
 }
 
 struct Row {

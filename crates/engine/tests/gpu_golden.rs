@@ -24,12 +24,12 @@ use tern_engine::{npy, CudaOptions, LoadOptions, Logits, Session};
 use tern_gguf::GgmlType;
 
 fn compact() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/compact")
+    tern_testutil::compact_dir()
 }
 
 /// The model the repo ships (trained here), for the split-execution tests.
 fn demo_model() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/tern-demo-kjv.gguf")
+    tern_testutil::demo_model()
 }
 
 fn have_gpu() -> bool {

@@ -11,7 +11,7 @@ use tern_graph::Op;
 use tern_sched::{layer_of, NodeReason, OffloadPolicy, OffloadWhy, WeightReason};
 
 fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/compact/models").join(name)
+    tern_testutil::compact_model(name)
 }
 
 fn opts(ngl: usize, ot: &[&str]) -> LoadOptions {

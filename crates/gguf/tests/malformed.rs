@@ -115,7 +115,7 @@ fn says(e: &Error, needles: &[&str]) {
 }
 
 fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/compact/models").join(name)
+    tern_testutil::compact_model(name)
 }
 
 // ---------------------------------------------------------------- classes

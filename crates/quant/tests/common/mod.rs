@@ -2,8 +2,6 @@
 //! is `tern_testutil::Rng`).
 #![allow(dead_code)] // each test binary uses a different subset
 
-use std::path::PathBuf;
-
 use tern_quant::{dequantize_row, row_bytes, GgmlType, TensorScale};
 
 /// RMS of `x − y` divided by the RMS of `x`.
@@ -27,9 +25,7 @@ pub fn round_trip(ty: GgmlType, x: &[f32]) -> (Vec<u8>, Vec<f32>) {
     (q, y)
 }
 
-pub fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/compact/models").join(name)
-}
+pub use tern_testutil::compact_model as fixture;
 
 pub fn open(name: &str) -> tern_gguf::File {
     let path = fixture(name);
