@@ -11,11 +11,9 @@
 
 use std::path::{Path, PathBuf};
 
-mod common;
-
-use common::distance;
 use tern_engine::{npy, LoadOptions, Logits, Session};
 use tern_gguf::GgmlType;
+use tern_testutil::logits::{distance, max_abs_diff};
 
 fn compact() -> PathBuf {
     tern_testutil::compact_dir()
@@ -132,7 +130,7 @@ fn kv_cache_types_agree_with_f32() {
     for (ty, bound) in [(GgmlType::F16, 0.02), (GgmlType::Q8_0, 0.2)] {
         let o = LoadOptions { k_type: ty, v_type: ty, ..opts() };
         let got = eval(&model, &row.ids, &o);
-        let d = base.iter().zip(&got).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        let d = max_abs_diff(&base, &got);
         eprintln!("KV {ty}: max |Δ| {d:.5} against the f32 cache");
         assert!(d <= bound, "KV {ty}: max |Δ| {d} > {bound}");
     }
@@ -153,7 +151,7 @@ fn batched_attention_matches_token_by_token() {
     for &id in &ids {
         single.extend(s.eval(&[id], Logits::All).unwrap());
     }
-    let d = batched.iter().zip(&single).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    let d = max_abs_diff(&batched, &single);
     eprintln!("batched vs token-by-token: max |Δ| {d:.2e}");
     assert!(d <= 1e-3, "max |Δ| {d}");
 }
@@ -172,8 +170,7 @@ fn chunked_prompts_return_the_rows_of_one_batch() {
     let last = s.eval(&ids, Logits::Last).unwrap();
     let n_vocab = s.n_vocab();
     assert_eq!((all.len(), last.len()), (whole.len(), n_vocab));
-    let max_d = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
-    assert!(max_d(&all, &whole) <= 1e-4, "All over chunks: max |Δ| {}", max_d(&all, &whole));
+    assert!(max_abs_diff(&all, &whole) <= 1e-4, "All over chunks: max |Δ| {}", max_abs_diff(&all, &whole));
     let tail = &whole[whole.len() - n_vocab..];
-    assert!(max_d(&last, tail) <= 1e-4, "Last over chunks: max |Δ| {}", max_d(&last, tail));
+    assert!(max_abs_diff(&last, tail) <= 1e-4, "Last over chunks: max |Δ| {}", max_abs_diff(&last, tail));
 }

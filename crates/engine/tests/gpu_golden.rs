@@ -17,11 +17,9 @@
 
 use std::path::{Path, PathBuf};
 
-mod common;
-
-use common::argmax;
 use tern_engine::{npy, CudaOptions, LoadOptions, Logits, Session};
 use tern_gguf::GgmlType;
+use tern_testutil::logits::argmax;
 
 fn compact() -> PathBuf {
     tern_testutil::compact_dir()
@@ -70,7 +68,7 @@ fn opts(ngl: usize) -> LoadOptions {
 
 /// (mean KL, max |Δ|, top-1 agreement).
 fn distance(a: &[f32], b: &[f32], n_vocab: usize) -> (f64, f64, f64) {
-    let d = common::distance(a, b, n_vocab);
+    let d = tern_testutil::logits::distance(a, b, n_vocab);
     (d.mean_kl, d.max_abs, d.top1)
 }
 
