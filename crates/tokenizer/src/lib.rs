@@ -31,6 +31,7 @@ mod vocab;
 pub use chat::{ChatTemplate, Message, TemplateError};
 pub use decode::StreamDecoder;
 pub use error::Error;
+pub use jinja::json_string;
 pub use pretokenize::{PreTokenizer, GPT2_PATTERN, LLAMA3_PATTERN, QWEN2_PATTERN};
 pub use vocab::TokenType;
 
