@@ -1,23 +1,8 @@
 //! Minimal JSON emission for `--json` outputs (no serde in the CLI).
 
-/// A JSON string literal.
-pub fn string(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
-}
+/// A JSON string literal: the tokenizer's, which chat templates' `tojson`
+/// writes with.
+pub use tern_tokenizer::json_string as string;
 
 /// `{"k": v, ...}` from already-encoded values.
 pub fn object(fields: &[(&str, String)]) -> String {
@@ -31,9 +16,11 @@ pub fn array(items: &[String]) -> String {
 
 #[cfg(test)]
 mod tests {
+    /// Keys are escaped; values go in as encoded (the escaping itself is
+    /// tested with `tern_tokenizer::json_string`).
     #[test]
-    fn escapes() {
-        assert_eq!(super::string("a\"b\\\n\u{1}"), "\"a\\\"b\\\\\\n\\u0001\"");
-        assert_eq!(super::object(&[("x", "1".into())]), "{\"x\": 1}");
+    fn objects_and_arrays() {
+        assert_eq!(super::object(&[("x", "1".into()), ("a\"b", super::string("c"))]), "{\"x\": 1, \"a\\\"b\": \"c\"}");
+        assert_eq!(super::array(&["1".into(), "null".into()]), "[1, null]");
     }
 }

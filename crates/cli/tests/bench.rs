@@ -2,14 +2,10 @@
 //! table, csv and json, the -pg and --sweep rows, --mem-bw, and clean errors.
 //! Tiny sizes and no timing assertions: only shapes and parseable numbers.
 
-use std::path::PathBuf;
 use std::process::{Command, Output};
 
 fn model() -> String {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../testdata/compact/models/b158-e512-tq2_0.gguf")
-        .display()
-        .to_string()
+    tern_testutil::compact_model("b158-e512-tq2_0.gguf").display().to_string()
 }
 
 fn bench(args: &[&str]) -> Output {

@@ -11,7 +11,7 @@ fn tern(args: &[&str]) -> Output {
 }
 
 fn models() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/compact/models")
+    tern_testutil::compact_dir().join("models")
 }
 
 fn model(name: &str) -> String {
@@ -194,7 +194,7 @@ fn the_binary_carries_the_demo_model() {
     };
     let first = ok(&run());
     let copy = dir.file("cache/tern/tern-demo-kjv.gguf");
-    let shipped = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/tern-demo-kjv.gguf");
+    let shipped = tern_testutil::demo_model();
     assert_eq!(std::fs::read(&copy).unwrap(), std::fs::read(shipped).unwrap());
     assert!(first.starts_with("And God said"), "{first}");
     // A damaged copy is replaced, and the text is the same.

@@ -1,6 +1,7 @@
 //! Quick measurements of this backend's rates, for the offload policy's
 //! `auto` mode: how fast a ternary GEMM multiplies, and how fast all threads
-//! read memory (the bound of a one-token product). About 20 ms in all.
+//! read memory (the bound of a one-token product). Short passes, so that a
+//! load can afford them.
 
 use std::time::Instant;
 

@@ -20,36 +20,15 @@ use tern_quant::{
     act_row_bytes, act_type, dequantize_acts, dequantize_row, quantize_acts, quantize_row, row_bytes, vec_dot,
     GgmlType, TensorScale,
 };
+use tern_testutil::Rng;
 
-/// splitmix64.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [-1, 1).
-    fn uniform(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-
-    /// Roughly normal (sum of four uniforms), occasionally a 10× outlier.
-    fn normalish(&mut self) -> f32 {
-        let v = (0..4).map(|_| self.uniform()).sum::<f32>() * 0.87;
-        if self.next().is_multiple_of(97) {
-            v * 10.0
-        } else {
-            v
-        }
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
+/// Roughly normal (sum of four uniforms), occasionally a 10× outlier.
+fn normalish(rng: &mut Rng) -> f32 {
+    let v = (0..4).map(|_| rng.f32()).sum::<f32>() * 0.87;
+    if rng.next_u64().is_multiple_of(97) {
+        v * 10.0
+    } else {
+        v
     }
 }
 
@@ -105,17 +84,17 @@ fn f16_fields(ty: GgmlType) -> &'static [usize] {
 fn weight_row(ty: GgmlType, n: usize, rng: &mut Rng, raw: bool) -> Vec<u8> {
     let mut out = vec![0u8; row_bytes(ty, n)];
     if raw {
-        out.iter_mut().for_each(|b| *b = rng.next() as u8);
+        out.iter_mut().for_each(|b| *b = rng.next_u64() as u8);
         let bb = ty.layout().block_bytes;
         for block in out.chunks_exact_mut(bb) {
             for &f in f16_fields(ty) {
-                let d = half::f16::from_f32(rng.uniform() * 0.01);
+                let d = half::f16::from_f32(rng.f32() * 0.01);
                 block[f..f + 2].copy_from_slice(&d.to_le_bytes());
             }
         }
     } else {
         let scale = 0.02 * (1.0 + rng.below(100) as f32);
-        let x: Vec<f32> = (0..n).map(|_| rng.normalish() * scale).collect();
+        let x: Vec<f32> = (0..n).map(|_| normalish(rng) * scale).collect();
         quantize_row(ty, &x, &mut out);
     }
     out
@@ -123,7 +102,7 @@ fn weight_row(ty: GgmlType, n: usize, rng: &mut Rng, raw: bool) -> Vec<u8> {
 
 fn act_row(ty: GgmlType, n: usize, rng: &mut Rng) -> Vec<u8> {
     let scale = 0.1 * (1.0 + rng.below(50) as f32);
-    let x: Vec<f32> = (0..n).map(|_| rng.normalish() * scale).collect();
+    let x: Vec<f32> = (0..n).map(|_| normalish(rng) * scale).collect();
     let mut out = vec![0u8; act_row_bytes(act_type(ty), n)];
     quantize_acts(act_type(ty), &x, &mut out);
     out
@@ -152,7 +131,7 @@ fn isas() -> impl Iterator<Item = Isa> {
 /// Checks every kernel of `ty` on every available ISA against `vec_dot`;
 /// returns the largest `|Δ|/S` seen per ISA.
 fn check_type(ty: GgmlType, tol: f64, seed: u64) -> Vec<(Isa, f64)> {
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let mut worst: Vec<(Isa, f64)> = isas().map(|i| (i, 0.0)).collect();
     let raw_variants: &[bool] = if FLOAT_TYPES.contains(&ty) { &[false] } else { &[false, true] };
     for &n in lengths(ty) {
@@ -213,7 +192,7 @@ fn float_formats_match_reference() {
 /// whose codes are unsigned.
 #[test]
 fn q8_0_acts_take_any_byte() {
-    let mut rng = Rng(0x5EED);
+    let mut rng = Rng::new(0x5EED);
     let q8_0_weights = [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::IQ4_NL, GgmlType::Q1_0, GgmlType::Q5_0];
     let with_min = [GgmlType::Q4_1, GgmlType::Q5_1];
     let avx512 = Isa::Avx512.available().then_some(Isa::Avx512);
@@ -246,7 +225,7 @@ fn q8_0_acts_take_any_byte() {
 /// level. (Q2_0's kernels are tested in `q2_0_kernels.rs`.)
 #[test]
 fn low_bit_formats_every_code() {
-    let mut rng = Rng(0x0202);
+    let mut rng = Rng::new(0x0202);
     for ty in [GgmlType::Q1_0] {
         for &n in lengths(ty) {
             for fill in [0x00u8, 0x55, 0xAA, 0xFF, 0xE4, 0x1B] {
@@ -277,11 +256,11 @@ fn low_bit_formats_every_code() {
 /// (Q5_1: its bits).
 #[test]
 fn five_bit_formats_every_code() {
-    let mut rng = Rng(0x0505);
+    let mut rng = Rng::new(0x0505);
     for (ty, qh_at) in [(GgmlType::Q5_0, 2), (GgmlType::Q5_1, 4)] {
         let bb = ty.layout().block_bytes;
         for &n in lengths(ty) {
-            for qh in [0x0000_0000u32, 0xFFFF_FFFF, 0x5555_5555, 0x0F0F_F0F0, rng.next() as u32] {
+            for qh in [0x0000_0000u32, 0xFFFF_FFFF, 0x5555_5555, 0x0F0F_F0F0, rng.next_u64() as u32] {
                 for fill in [None, Some(0x00u8), Some(0xFF), Some(0x8F), Some(0x1E)] {
                     let mut w = weight_row(ty, n, &mut rng, true);
                     for b in w.chunks_exact_mut(bb) {
@@ -317,7 +296,7 @@ fn five_bit_formats_every_code() {
 fn zeros_and_single_elements() {
     for ty in INT_TYPES.into_iter().chain(FLOAT_TYPES) {
         let n = 2 * 256;
-        let mut rng = Rng(7);
+        let mut rng = Rng::new(7);
         let a = act_row(ty, n, &mut rng);
         let w = vec![0u8; row_bytes(ty, n)];
         let mut x = vec![0.0f32; n];
@@ -387,7 +366,7 @@ fn wrong_lengths_panic() {
 /// GB/s of weight bytes for one thread computing `rows` dots of length `k`
 /// against one activation row.
 fn bench(ty: GgmlType, k: usize, rows: usize, f: &dyn Fn(&[u8], &[u8]) -> f32) -> f64 {
-    let mut rng = Rng(99);
+    let mut rng = Rng::new(99);
     let rb = row_bytes(ty, k);
     // Quantize 64 distinct rows and tile them (the content does not matter for speed).
     let distinct: Vec<Vec<u8>> = (0..64.min(rows)).map(|_| weight_row(ty, k, &mut rng, false)).collect();

@@ -39,17 +39,17 @@
 
 mod common;
 
-use common::{dot_tol, setups, twin_dot, weight_rows, Dev, Rng, Step, U};
+use common::{dot_tol, setups, twin_dot, weight_rows, Data, Dev, Rng, Step, U};
 use tern_graph::{GgmlType, HeadMatMul, LatentAttentionParams, Precision};
 use tern_quant::TensorScale;
 
 #[test]
 fn columns_are_copied() {
-    let mut rng = Rng(0x3A1A_0001);
+    let mut rng = Rng::new(0x3A1A_0001);
     // (width, start, len, pieces, tokens)
     for (width, start, len, g, n) in [(80usize, 64usize, 16usize, 4usize, 3usize), (48, 0, 32, 1, 5), (16, 3, 5, 16, 1)]
     {
-        let x = rng.vec(width * g * n, 1.0);
+        let x = rng.scaled(width * g * n, 1.0);
         let want: Vec<f32> = x.chunks_exact(width).flat_map(|p| p[start..start + len].to_vec()).collect();
         for (threads, isa) in setups() {
             let mut dev = Dev::new(threads, isa);
@@ -97,7 +97,7 @@ fn check_heads(
     let (k_in, k_out) = if mm.transposed { (mm.len, kd) } else { (kd, mm.len) };
     let mut worst = 0f64;
     for n in [1usize, 3] {
-        let x = rng.vec(k_in * h * n, 0.7);
+        let x = rng.scaled(k_in * h * n, 0.7);
         for &precision in precisions {
             // (want, S, tolerance factor) per output.
             let mut want = vec![(0f64, 0f64, 0f64); k_out * h * n];
@@ -173,7 +173,7 @@ fn kdim(ty: GgmlType) -> usize {
 
 #[test]
 fn mul_mat_heads_3d_weight() {
-    let mut rng = Rng(0x3A1A_0002);
+    let mut rng = Rng::new(0x3A1A_0002);
     let both = [Precision::Paired, Precision::Float];
     for ty in TYPES {
         let kd = kdim(ty);
@@ -198,7 +198,7 @@ fn mul_mat_heads_3d_weight() {
 
 #[test]
 fn mul_mat_heads_legacy_kv_b() {
-    let mut rng = Rng(0x3A1A_0003);
+    let mut rng = Rng::new(0x3A1A_0003);
     let both = [Precision::Paired, Precision::Float];
     let ternary = [GgmlType::TQ1_0, GgmlType::TQ2_0];
     for ty in TYPES.into_iter().chain(ternary) {
@@ -288,7 +288,7 @@ fn attend64(q: &[f64], visible: &[Vec<f64>], rank: usize, scale: f64) -> Vec<(f6
 /// Runs the steps on a cache of `ty` and checks every output; returns the
 /// largest `|Δ| / bound` and `|Δ| / max|o|`.
 fn check_latent(ty: GgmlType, rank: usize, rope: usize, h: usize, threads: usize, isa: tern_cpu::isa::Isa) -> [f64; 2] {
-    let mut rng = Rng(0x3A1A_1000 + (rank * 131 + rope * 7 + h) as u64);
+    let mut rng = Rng::new(0x3A1A_1000 + (rank * 131 + rope * 7 + h) as u64);
     let width = rank + rope;
     let rb = tern_quant::row_bytes(ty, width);
     let scale = 2.5 / (width as f32).sqrt();
@@ -297,8 +297,8 @@ fn check_latent(ty: GgmlType, rank: usize, rope: usize, h: usize, threads: usize
     let mut before = dev.read(cache_loc);
     let mut worst = [0f64; 2];
     for (step, &(n, kv_pos)) in STEPS.iter().enumerate() {
-        let (q_lat, q_pe) = (rng.vec(rank * h * n, 1.0), rng.vec(rope * h * n, 1.0));
-        let (c, k_pe) = (rng.vec(rank * n, 1.0), rng.vec(rope * n, 1.0));
+        let (q_lat, q_pe) = (rng.scaled(rank * h * n, 1.0), rng.scaled(rope * h * n, 1.0));
+        let (c, k_pe) = (rng.scaled(rank * n, 1.0), rng.scaled(rope * n, 1.0));
         let positions: Vec<i32> = (kv_pos..kv_pos + n).map(|p| p as i32).collect();
         let mut st = Step::new();
         let ql = st.f32(&mut dev, [rank * h, n, 1, 1], &q_lat);

@@ -41,7 +41,7 @@
 
 mod common;
 
-use common::{dot_tol, setups, twin_dot, weight_rows, Dev, Rng, Step, U};
+use common::{dot_tol, setups, twin_dot, weight_rows, Data, Dev, Rng, Step, U};
 use tern_graph::{Activation, ExpertGroups, Gating, GgmlType, Precision, RouteParams};
 
 // ---------------------------------------------------------------- routing --
@@ -270,7 +270,7 @@ fn boundary_ties(l: &[f32], bias: Option<&[f32]>, p: &RouteParams) -> (bool, boo
 
 #[test]
 fn routing_matches_float64() {
-    let mut rng = Rng(0x5EED_0001);
+    let mut rng = Rng::new(0x5EED_0001);
     // (n_expert, k, groups, scale)
     let shapes: &[(usize, usize, Option<ExpertGroups>, f32)] = &[
         (8, 1, None, 1.0),
@@ -333,7 +333,7 @@ fn routing_matches_float64() {
 /// not by their sum (then scaled).
 #[test]
 fn routing_weight_sum_floor() {
-    let mut rng = Rng(0x5EED_0002);
+    let mut rng = Rng::new(0x5EED_0002);
     let n_expert = 16;
     for scale in [1.0f32, 2.5] {
         // Sigmoid, unbiased: every logit very low (σ(-13) ≈ 2e-6, k = 4).
@@ -392,14 +392,14 @@ fn columns(rng: &mut Rng, k: usize, n: usize) -> Vec<f32> {
     (0..n)
         .flat_map(|_| {
             let scale = 0.1 * (1 + rng.below(20)) as f32;
-            rng.vec(k, scale)
+            rng.scaled(k, scale)
         })
         .collect()
 }
 
 #[test]
 fn mul_mat_id_matches_twin() {
-    let mut rng = Rng(0x5EED_0003);
+    let mut rng = Rng::new(0x5EED_0003);
     for ty in TYPES {
         let kd = 256;
         let rb = tern_quant::row_bytes(ty, kd);
@@ -467,7 +467,7 @@ fn act64(act: Activation, g: f64) -> f64 {
 
 #[test]
 fn moe_up_gate_matches_twin() {
-    let mut rng = Rng(0x5EED_0004);
+    let mut rng = Rng::new(0x5EED_0004);
     // Gate and up of one type, and of two (shared or separate activations).
     let pairs: Vec<(GgmlType, GgmlType)> = TYPES
         .into_iter()
@@ -541,10 +541,10 @@ fn moe_up_gate_matches_twin() {
 
 #[test]
 fn expert_sum_is_the_plain_loop() {
-    let mut rng = Rng(0x5EED_0005);
+    let mut rng = Rng::new(0x5EED_0005);
     for (m, k, n) in [(40usize, 3usize, 1usize), (64, 8, 17), (7, 1, 3)] {
-        let ys = rng.vec(m * k * n, 1.0);
-        let w = rng.vec(k * n, 0.3);
+        let ys = rng.scaled(m * k * n, 1.0);
+        let w = rng.scaled(k * n, 0.3);
         let mut want = vec![0f32; m * n];
         for t in 0..n {
             for j in 0..k {

@@ -9,25 +9,14 @@
 use tern_cpu::kernels::q2_0::{gemm, gemv, Out, Q2Acts};
 use tern_cpu::pool::Pool;
 use tern_quant::{ActType, BlockQ8_0};
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        self.0 >> 33
-    }
-    fn f32(&mut self) -> f32 {
-        (self.next() % 20001) as f32 / 10000.0 - 1.0
-    }
-}
+use tern_testutil::Rng;
 
 fn weights(rows: usize, k: usize, rng: &mut Rng) -> Vec<u8> {
     let mut w = Vec::with_capacity(rows * k / 64 * 18);
     for _ in 0..rows * k / 64 {
         let d = half::f16::from_f32(rng.f32() * 0.1);
         w.extend_from_slice(&d.to_le_bytes());
-        w.extend((0..16).map(|_| rng.next() as u8));
+        w.extend((0..16).map(|_| rng.next_u64() as u8));
     }
     w
 }
@@ -71,7 +60,7 @@ fn check_codes(rows: usize, k: usize, m: usize, seed: u64, fill: Option<u8>) {
         eprintln!("skipped: no AVX2");
         return;
     }
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let mut w = weights(rows, k, &mut rng);
     if let Some(f) = fill {
         for b in w.chunks_exact_mut(18) {

@@ -8,26 +8,14 @@ use tern_cpu::isa::Isa;
 use tern_cpu::kernels::ternary::{gemm, gemm_with, Base3Decode, Out, PackedActs, PackedTernary};
 use tern_quant::ternary::rows::Packing;
 use tern_quant::{act_row_bytes, quantize_acts, quantize_tensor, vec_dot, ActType, GgmlType, TensorScale};
+use tern_testutil::Rng;
 
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E3779B97F4A7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58476D1CE4E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D049BB133111EB);
-        z ^ (z >> 31)
-    }
-    fn f32(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-    }
-    fn ternary(&mut self) -> f32 {
-        match self.next() % 20 {
-            0..=6 => 0.0,
-            7..=13 => 1.0,
-            _ => -1.0,
-        }
+/// A ternary value: 0 and +1 with probability 7/20 each, −1 with 6/20.
+fn ternary(rng: &mut Rng) -> f32 {
+    match rng.below(20) {
+        0..=6 => 0.0,
+        7..=13 => 1.0,
+        _ => -1.0,
     }
 }
 
@@ -42,7 +30,7 @@ fn weights(ty: GgmlType, k: usize, rows: usize, grouped: bool, rng: &mut Rng) ->
     for (r, row) in x.chunks_exact_mut(k).enumerate() {
         for (i, v) in row.iter_mut().enumerate() {
             let s = if grouped { 0.25 * (1 + (i / 256) % 3) as f32 } else { 0.0625 * (1 + r % 5) as f32 };
-            *v = rng.ternary() * s;
+            *v = ternary(rng) * s;
         }
     }
     let mut bytes = vec![0u8; ty.tensor_bytes(&[k as u64, rows as u64]).unwrap() as usize];
@@ -90,7 +78,7 @@ fn check(ty: GgmlType, k: usize, rows: usize, n: usize, grouped: bool, packing: 
 
 #[test]
 fn every_format_packing_and_isa_matches_the_reference() {
-    let mut rng = Rng(7);
+    let mut rng = Rng::new(7);
     let cases: [(GgmlType, &[usize]); 5] = [
         (GgmlType::TQ2_0, &[256, 768, 2560]),
         (GgmlType::TQ1_0, &[256, 1280]),
@@ -114,7 +102,7 @@ fn every_format_packing_and_isa_matches_the_reference() {
 /// 64-token block, and ranges (halves) that start off a panel boundary.
 #[test]
 fn prompt_panels_match_the_reference() {
-    let mut rng = Rng(11);
+    let mut rng = Rng::new(11);
     for (ty, k) in [(GgmlType::TQ2_0, 512), (GgmlType::IQ1_BN, 320), (GgmlType::I2_S, 384)] {
         for packing in [Packing::Bits2, Packing::Base3] {
             for (rows, n) in [(16, 12), (64, 13), (81, 70), (150, 77), (224, 140), (48, 6)] {
@@ -126,7 +114,7 @@ fn prompt_panels_match_the_reference() {
 
 #[test]
 fn rows_with_several_block_scales_are_exact_too() {
-    let mut rng = Rng(11);
+    let mut rng = Rng::new(11);
     for ty in [GgmlType::TQ2_0, GgmlType::TQ1_0] {
         for packing in [Packing::Bits2, Packing::Base3] {
             check(ty, 768, 5, 3, true, packing, &mut rng);
@@ -136,7 +124,7 @@ fn rows_with_several_block_scales_are_exact_too() {
 
 #[test]
 fn activation_quantization_agrees_across_isas() {
-    let mut rng = Rng(3);
+    let mut rng = Rng::new(3);
     for k in [1, 15, 64, 100, 2560] {
         let x: Vec<f32> = (0..k * 2).map(|_| rng.f32() * 10.0).collect();
         let mut reference = PackedActs::new(k, k.next_multiple_of(320), 2);
@@ -157,7 +145,7 @@ fn activation_quantization_agrees_across_isas() {
 #[test]
 #[ignore]
 fn bench_ternary_kernels() {
-    let mut rng = Rng(5);
+    let mut rng = Rng::new(5);
     let isa = Isa::detected();
     for (k, rows) in [(2560, 6912), (6912, 2560)] {
         let w = weights(GgmlType::TQ2_0, k, rows, false, &mut rng);

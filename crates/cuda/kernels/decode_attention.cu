@@ -46,9 +46,8 @@ __device__ __forceinline__ void angles_for(const AttArgs& a, int p, Angles* an) 
 // finish merges its heads (counters: one per KV head, zero between uses).
 // A unit goes in passes of ATH_KEYS keys; a chunk's next pass's K and V
 // rows load while the current one is multiplied, after the whole chunk was
-// asked into L2 at the unit's start (a block per head walked a 3,584-key
-// cache in 56 passes of a DRAM round trip each: 312 t/s on the 2B-4T shape,
-// 604 now). One-chunk units load each pass at its start, as before.
+// asked into L2 at the unit's start: a long cache then costs one DRAM round
+// trip, not one a pass. One-chunk units load each pass at its start.
 // A pass: 8 keys a warp, a quad of lanes a key (lane quarter ql holds dims
 // [ql·D/4, (ql+1)·D/4) of the K row, in registers: q's matching dims too),
 // and lane l sums V dims [l·D/32, (l+1)·D/32). The token's own k and v are
@@ -318,7 +317,7 @@ __device__ __forceinline__ void att_head_units(const Phase& ph, int blk, int nbl
 // DEC_LONG_CACHES 0 (one chunk a head), 1 (att_head_units' chunks, from
 // LONG_CACHE_KEYS keys) or 2 (att_kv's, a block per KV head and chunk,
 // from GROUP_CACHE_KEYS keys with grouped q heads): a path's code alone, even
-// unused, costs the others' kernels registers and 1–5% of tg.
+// unused, costs the other paths' kernels registers, and registers speed.
 #ifndef DEC_LONG_CACHES
 #define DEC_LONG_CACHES 0
 #endif

@@ -6,9 +6,9 @@
 #define PH_GEMV 1
 #define PH_ATT 2
 
-// One block an SM of 256 threads, with up to 255 registers a thread (an
-// earlier 512-thread version, at 128 registers, spilled and ran 25–30%
-// slower on an H100). A GEMV's rows go to the warps in tiles of 16.
+// One block an SM of 256 threads, with up to 255 registers a thread (512
+// threads leave 128 registers a thread, where the kernel spills). A GEMV's
+// rows go to the warps in tiles of 16.
 #define DEC_THREADS 256
 #define DEC_WARPS_MAX 8
 // Phase descriptors kept in shared memory: the current phase, the `look`

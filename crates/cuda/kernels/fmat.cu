@@ -130,9 +130,9 @@ Q8_KERNEL(q8_gemv1, 1, 4)
 // contiguous bytes (4 cache lines a load; lanes 64 bytes apart would touch
 // 16). A 2560-wide row (10 blocks) is fetched in one round, before
 // `pdl_wait` (the weights never depend on the previous kernel); at 80
-// registers three blocks of threads share an SM, which measured faster than
-// four blocks fetching half a row at a time, or than a warp fetching its next
-// row while it multiplies (BENCHMARKS.md).
+// registers three blocks of threads share an SM. Four blocks fetching half a
+// row at a time, and a warp fetching its next row while it multiplies, were
+// both slower (git history has the comparison).
 #define Q6_UNROLL 10
 struct Q6Lane {
     const u32* ql;
@@ -241,18 +241,18 @@ __device__ __forceinline__ u32 q8k_pack4(float4 v, float id) {
 // each of its warps walks its own range of rows (lower/fmat.rs: three
 // blocks an SM), a round of up to Q6_UNROLL blocks of a row at a time. The
 // float kernel's activation loads, 2 × 4 cache lines a warp per Q6_K block,
-// bounded it at 1.7 TB/s; here they are two 128-byte shared-memory reads.
+// are what bounds it; here they are two 128-byte shared-memory reads.
 //
 // The weights go through shared memory: a warp loads its next round as
 // 16-byte words into registers (130 words for a 10-block round: `ql` 80,
 // `qh` 40, scales 10; six loads a lane) while it multiplies the current one,
 // which it first stores to its slot (2080 bytes, the planes in turn). Each
 // lane then reads the `ql` word L and the `qh` word 8h + j of a block as
-// q6k_gemv1 does. On an H100 at 2560 × 128256, four-byte words loaded
-// straight into the lanes that use them streamed 2.5 TB/s, these 2.75; two
-// rounds in flight a warp (two blocks an SM) or bulk copies into a ring of
-// stages 2.65–2.7. A round's d: lane i loads block i's, and d_w · d_x goes to
-// the other lanes by shuffle.
+// q6k_gemv1 does. Sixteen-byte loads stream the head faster than four-byte
+// words loaded straight into the lanes that use them; two rounds in flight
+// a warp (two blocks an SM) and bulk copies into a ring of stages stream no
+// faster than one round. A round's d: lane i loads block i's, and d_w · d_x
+// goes to the other lanes by shuffle.
 #define Q6_SLOT (Q6_UNROLL * 208)
 
 struct Q6Round {

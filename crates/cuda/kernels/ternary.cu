@@ -193,8 +193,8 @@ GEMV_KERNEL(ternary_gemv1, 1, 4)
 // weights fetched before pdl_wait. The 2B-4T's 6912 pairs then take 432
 // blocks, one wave at four blocks per SM; a pair per warp took 864 (1.6
 // waves, the second wave's loads all after the wait). The four rows share
-// each chunk's activation loads (12.1 → 9.1 µs a launch on an H100, ncu;
-// each row reading its own took four times the L1 traffic).
+// each chunk's activation loads: each row reading its own would take four
+// times the L1 traffic.
 #define PAIR_UNROLL 2
 
 // R rows of one warp against one token, the activation words of each chunk
@@ -459,9 +459,9 @@ __device__ __forceinline__ void gemm_body(const TernaryBatch& b, int k_pad, cons
 }
 
 // 256 rows × 32 tokens, one scale a row: the prompt GEMM of every ternary
-// format as repacked (118 registers, 2 blocks an SM). On an H200, at the
-// 2B-4T shapes against the 128 × 32 tiles below: −16% at 2,048 tokens, −11% at
-// 512; 256 × 64 (one block an SM), 128 × 64 and 512 × 32 tiles were slower.
+// format as repacked (118 registers, 2 blocks an SM). Twice the rows of the
+// 128 × 32 tiles below, so each activation fragment loaded serves twice the
+// rows; 256 × 64 (one block an SM), 128 × 64 and 512 × 32 tiles were slower.
 extern "C" __global__ void __launch_bounds__(256) ternary_gemm(TernaryBatch b, int k_pad, const i8* q, const float* d,
                                                               const int* lsum, int n_tok) {
     gemm_body<8, false>(b, k_pad, q, d, lsum, n_tok);

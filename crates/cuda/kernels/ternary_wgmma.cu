@@ -218,12 +218,10 @@ __device__ __forceinline__ void wg_gemm(const TernaryBatch& b, int mi, const Tma
 #endif
 
 // Two shapes, 128 tokens a block (tern_cuda::lower::WgShape): three
-// consumer warpgroups (192 rows, 4 stages), and for grids too small to
-// fill the SMs with those, two (128 rows, 5 stages). On an H200 at the
-// 2B-4T shapes, three against two: gate/up at 2,048 tokens 175.5 against
-// 228.7 µs, ffn_down 75.5 against 94.2; o at 512 tokens (56 blocks of
-// three) 19.3 against 17.1. 256 tokens a warpgroup (more registers than
-// one block an SM has for two) lost.
+// consumer warpgroups (192 rows, 4 stages), which share each stage's levels
+// among more rows, and for grids too small to fill the SMs with those, two
+// (128 rows, 5 stages), which leave fewer SMs idle. 256 tokens a warpgroup
+// needs more registers than one block an SM has for two warpgroups.
 // tq: the levels [n_tok][k_pad] as 128-byte × 128-token boxes; tw0..2: the
 // batch's codes [rows][k_pad / 4] as 64-byte × 64·CW-row boxes.
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)

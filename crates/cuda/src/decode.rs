@@ -15,9 +15,12 @@
 //! runs one 256-thread block per SM through the table's phases behind grid
 //! barriers: a counter each block adds to once (`red.release`) and polls
 //! (`ld.acquire`); a launch count in the table's header gives each launch its
-//! targets. Every spin wait traps after two seconds, so a bug fails the launch
-//! instead of hanging the GPU. Phases with a scale per chunk, rows over 8192 or
-//! more than 256 rows a block stay launches.
+//! targets. One counter, because counters spread over several lines cost the
+//! same and a flag a block that one warp polls costs more; the release fence
+//! is much of the barrier's cost, but it is what publishes the rows written
+//! before it. Every spin wait traps after two seconds, so a bug fails the
+//! launch instead of hanging the GPU. Phases with a scale per chunk, rows over
+//! 8192 or more than 256 rows a block stay launches.
 //!
 //! - *Weights never depend on activations.* The table holds a `Copy` record per
 //!   GEMV phase; thread 32 of each block refills a ring of shared memory with
@@ -202,21 +205,19 @@ pub struct Config {
 
 /// Keys past which `att_head` cuts a cache into chunks of at least
 /// `ATH_CHUNK_MIN` (256, decode_attention.cu), and steps run
-/// `DecodeRunLong`. Below, one block a q head walking the whole cache won
-/// on the 2B-4T shape on an H200: +7% tg at 257–288 keys, +2% at 385–416,
-/// −5% at 513–544 (BENCHMARKS.md).
+/// `DecodeRunLong`. Below, one block a q head walks the whole cache: a
+/// cache that short costs less read in one pass than cut and merged.
 pub const LONG_CACHE_KEYS: usize = 448;
 /// Keys from which a block takes a KV head's whole group of q heads
 /// (decode_attention_kv.cu), and steps run `DecodeRunGrouped`. Below, a
-/// block per q head and chunk won on the 2B-4T shape on an H200: the
-/// grouped merge of more chunks costs more than reading each row once saves
-/// (tg 1–3% lower at 512–1,536 keys, 5–10% higher from 2,560; BENCHMARKS.md).
+/// block per q head and chunk: there the grouped merge of more chunks costs
+/// more than reading each row once saves.
 pub const GROUP_CACHE_KEYS: usize = 2048;
 
 /// How far back a decoding step's attention reads, in the three ranges
 /// whose attention code `decode_run` is built three times for: each
 /// module holds only its own, as the code of another, even unused, costs
-/// registers and 1–5% of tg.
+/// registers, and registers cost speed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum CacheSpan {
     /// Up to LONG_CACHE_KEYS keys (or no one-token attention): a block a
@@ -649,11 +650,12 @@ fn fused_launch(phases: &[Phase], cfg: &Config) -> Option<Launch> {
         pos: shared_pos(phases),
         ring_cap: ring as u32,
         n_copies: copies(phases).len() as i32,
-        // The barrier's poll backoff in ns (none: a backoff lost, BENCHMARKS.md).
+        // The barrier's poll backoff in ns (none: a backoff only delays each
+        // block's wake-up).
         spin_ns: 0,
         att_floats: att_floats(phases, cfg.span) as i32,
         // Bytes a block's producer may copy at one barrier beyond the next
-        // GEMV phase's own (no limit: a limit gained nothing, BENCHMARKS.md).
+        // GEMV phase's own (no limit: limiting it did not help).
         refill: 0,
     };
     Some(Launch::new(kernel, (cfg.blocks, 1, 1), THREADS, args).smem(fixed + ring))

@@ -37,8 +37,7 @@ const KERNEL_EXPORT_MAX: usize = 64 << 10;
 
 /// Imports at most this large, read only by elementwise ops, are not copied
 /// at all: those ops read them from host memory in place, which saves the
-/// copy node and its hand-over between the copy engine and the kernels
-/// (measured by `scripts/hostlink-micro.cu`).
+/// copy node and its hand-over between the copy engine and the kernels.
 const IN_PLACE_MAX: usize = 64 << 10;
 
 /// Which way a copy goes.

@@ -43,7 +43,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     (DECODE_MODULE, decode_sources!()),
     // The same for caches past LONG_CACHE_KEYS: attention cut into chunks
     // (decode_attention.cu). A module of its own because that path's code,
-    // even unused, costs the short-cache kernel 1–3% of tg128.
+    // even unused, costs the short-cache kernel registers, and speed.
     (DECODE_LONG_MODULE, concat!("#define DEC_LONG_CACHES 1\n", decode_sources!())),
     // And from GROUP_CACHE_KEYS keys with grouped q heads: a block per KV
     // head and chunk (decode_attention_kv.cu).
@@ -228,7 +228,7 @@ pub struct Kernels {
 unsafe impl Send for Kernels {}
 
 /// The persistent decoding kernel's modules (opt-in, and the slowest to
-/// compile: ~5× the others together).
+/// compile: longer than all the others together).
 const DECODE_MODULE: &str = "decode";
 const DECODE_LONG_MODULE: &str = "decode_long";
 const DECODE_GROUPED_MODULE: &str = "decode_grouped";

@@ -126,9 +126,9 @@ const FUSE_PRIVATE_BYTES: usize = 256 << 10;
 
 /// How `decode_run` runs on this device (when `fuse_wanted`), or `None` to
 /// keep launches. On by default on sm_90 (`CudaOptions::fused_decode` off
-/// keeps the launches): it decodes faster than the launches on every
-/// ternary format (measured 2026-11-25; the figures are in BENCHMARKS.md's
-/// history in git). Its blocks wait for each other, so all of
+/// keeps the launches): one launch for a token's many, with the weights
+/// streamed ahead of their phase, decodes faster than the launches on every
+/// ternary format. Its blocks wait for each other, so all of
 /// them must be resident at once: a GPU shared through MPS with an SM limit
 /// can starve one, and the kernel then traps after two seconds (an error,
 /// not a hang); turning it off is the way out. One block per SM, three

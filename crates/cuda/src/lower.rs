@@ -21,7 +21,9 @@
 //! a producer warp's bulk tensor copies (`tma.rs`) fill four shared-memory
 //! stages on mbarriers, and three or two consumer warpgroups, whichever costs
 //! fewer rounds of blocks over the SMs, decode codes into A fragments and
-//! multiply with `wgmma`, with no block barrier. Elsewhere, or with
+//! multiply with `wgmma`, with no block barrier. Feeding the tensor cores is
+//! what bounds it, not the cores: `wgmma` on fixed operands, A from registers
+//! or shared memory, runs several times the GEMM's rate. Elsewhere, or with
 //! `CudaOptions::wgmma` off, the mma.sync GEMM takes 256-row tiles; where a
 //! matrix has a scale per 256-chunk, 128-row tiles on every device.
 
@@ -69,8 +71,8 @@ struct WgShape {
     warpgroups: usize,
     stages: usize,
     /// A block's time, relative: an SM runs one block of either shape at a
-    /// time, and three warpgroups take ~1.25× two's (fitted on an H200 at
-    /// 256–2,048 tokens; the rows' ratio, 1.5, lost 3–4% at 512 and 768).
+    /// time, and three warpgroups, sharing each stage's levels, take less
+    /// than the rows' ratio of two's time (fitted costs, not 3:2).
     block_cost: usize,
 }
 /// Three consumer warpgroups, or two: each GEMM takes the shape whose
@@ -84,8 +86,8 @@ impl WgShape {
     }
     /// `blocks` of this shape on `sms` SMs: rounds of one block an SM, times
     /// a block's cost. A grid a little past the SMs pays a whole round (at
-    /// 1,024 tokens ffn_down's 160 two-warpgroup blocks took two rounds
-    /// where 112 three-warpgroup ones take one: pp1024 +19%).
+    /// 1,024 tokens ffn_down's 160 two-warpgroup blocks take two rounds of
+    /// 132 SMs where 112 three-warpgroup ones take one).
     fn rounds_cost(self, blocks: usize, sms: usize) -> usize {
         blocks.div_ceil(sms) * self.block_cost
     }

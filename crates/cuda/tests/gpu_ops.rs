@@ -3,7 +3,7 @@
 //! plus a timing table of the ternary GEMV/GEMM at the 2B-4T shapes.
 //!
 //! Needs a CUDA device: skipped with the reason when there is none, unless
-//! `TERN_REQUIRE_GPU=1` (scripts/gpu-check.sh sets it), which makes that a
+//! `TERN_REQUIRE_GPU=1` (`scripts/gpu check` sets it), which makes that a
 //! failure. Bounds, as max |gpu − cpu| / max |cpu|:
 //! - ternary matmuls: 0 for one scale per row (the same integer sums and the
 //!   same float operations), 1e-5 for per-block scales (summation order);
@@ -35,7 +35,7 @@ fn fits(ty: GgmlType, k: usize) -> bool {
 #[test]
 fn ternary_matmuls_match_cpu_for_every_format_and_shape() {
     let Some(mut gpu) = gpu() else { return };
-    let mut rng = Rng(11);
+    let mut rng = Rng::new(11);
     // (k, rows, tokens): odd rows, k not a multiple of 256, GEMV (≤ 8 tokens)
     // and GEMM sizes: 129, 200, 300 and 4,000 rows end inside a tile of 256
     // rows (mma.sync) and of 128 or 192 (wgmma, sm_90: 4,000 × 1,100 tokens
@@ -91,7 +91,7 @@ fn ternary_matmuls_match_cpu_for_every_format_and_shape() {
 #[test]
 fn staged_weights_stream_in_and_match_cpu() {
     let Some(mut gpu) = gpu() else { return };
-    let mut rng = Rng(23);
+    let mut rng = Rng::new(23);
     for ty in TERNARY {
         for (k, n) in [(1280usize, 1usize), (1280, 40), (768, 7)] {
             if !fits(ty, k) {
@@ -128,7 +128,7 @@ fn staged_weights_stream_in_and_match_cpu() {
 #[test]
 fn fused_norm_batched_projections_and_residual_match_cpu() {
     let Some(mut gpu) = gpu() else { return };
-    let mut rng = Rng(5);
+    let mut rng = Rng::new(5);
     // 70 tokens take the prompt shape of the fused norm (256 threads a row).
     // `sub`: BitNet's ffn_sub_norm between the gated product and ffn_down
     // (a prompt's product is then formed inside that norm's quantization,
@@ -193,7 +193,7 @@ fn fused_norm_batched_projections_and_residual_match_cpu() {
 #[test]
 fn one_token_norm_quant_at_every_width_matches_cpu() {
     let Some(mut gpu) = gpu() else { return };
-    let mut rng = Rng(17);
+    let mut rng = Rng::new(17);
     for k in [768usize, 6912, 9216] {
         let rows = 72;
         let mut g = Graph::new();
@@ -222,7 +222,7 @@ fn one_token_norm_quant_at_every_width_matches_cpu() {
 #[test]
 fn gated_pairs_of_odd_row_counts_match_cpu() {
     let Some(mut gpu) = gpu() else { return };
-    let mut rng = Rng(29);
+    let mut rng = Rng::new(29);
     for (k, rows) in [(256usize, 40usize), (768, 37), (4096, 24), (4352, 19)] {
         let mut g = Graph::new();
         let x = g.weight(0, "x", GgmlType::F32, [k, 1, 1, 1]);
@@ -244,7 +244,7 @@ fn gated_pairs_of_odd_row_counts_match_cpu() {
 #[test]
 fn float_and_block_matmuls_and_get_rows_match_cpu() {
     let Some(mut gpu) = gpu() else { return };
-    let mut rng = Rng(3);
+    let mut rng = Rng::new(3);
     let types = [
         GgmlType::F32,
         GgmlType::F16,
@@ -267,11 +267,11 @@ fn float_and_block_matmuls_and_get_rows_match_cpu() {
             let mut weight = float_weight(ty, k, rows, &mut rng);
             if ty == GgmlType::Q2_0 {
                 // Every code, +2 included (the quantizer writes only −1, 0, +1).
-                weight.chunks_exact_mut(18).for_each(|b| b[2..].iter_mut().for_each(|q| *q = rng.next() as u8));
+                weight.chunks_exact_mut(18).for_each(|b| b[2..].iter_mut().for_each(|q| *q = rng.next_u64() as u8));
             }
             if ty == GgmlType::Q5_0 {
                 // Random nibbles and fifth bits: every level in every position.
-                weight.chunks_exact_mut(22).for_each(|b| b[2..].iter_mut().for_each(|q| *q = rng.next() as u8));
+                weight.chunks_exact_mut(22).for_each(|b| b[2..].iter_mut().for_each(|q| *q = rng.next_u64() as u8));
             }
             let data = HashMap::from([
                 (w, weight),
@@ -296,7 +296,7 @@ fn float_and_block_matmuls_and_get_rows_match_cpu() {
 #[test]
 fn paired_q6k_one_token_matches_cpu() {
     let Some(mut gpu) = gpu() else { return };
-    let mut rng = Rng(41);
+    let mut rng = Rng::new(41);
     let shapes = [(256usize, 33usize), (2560, 1000), (768, 5000), (3072, 301), (5120, 4099)];
     for &(k, rows) in &shapes {
         let mut g = Graph::new();
@@ -319,7 +319,7 @@ fn paired_q6k_one_token_matches_cpu() {
 #[test]
 fn final_norm_folded_into_the_q6k_head_matches_cpu() {
     let Some(mut gpu) = gpu() else { return };
-    let mut rng = Rng(43);
+    let mut rng = Rng::new(43);
     for &(k, rows) in &[(256usize, 33usize), (2560, 5000)] {
         let mut g = Graph::new();
         let w = g.weight(0, "w", GgmlType::Q6_K, [k, rows, 1, 1]);
@@ -348,7 +348,7 @@ fn final_norm_folded_into_the_q6k_head_matches_cpu() {
 #[test]
 fn pointwise_norm_and_rope_match_cpu() {
     let Some(mut gpu) = gpu() else { return };
-    let mut rng = Rng(9);
+    let mut rng = Rng::new(9);
     let (hd, heads, n) = (64usize, 6usize, 7usize);
     for (mode, n_rot, factors) in [(RopeMode::Neox, 64, false), (RopeMode::Norm, 64, true), (RopeMode::Neox, 32, false)]
     {
@@ -391,7 +391,7 @@ fn f16_bytes(v: &[f32]) -> Vec<u8> {
 #[test]
 fn attention_matches_cpu_across_splits_and_cache_types() {
     let Some(mut gpu) = gpu() else { return };
-    let mut rng = Rng(21);
+    let mut rng = Rng::new(21);
     // (head_dim, n_head, n_head_kv, n_ctx, kv_pos, n_tok, llama-style rope)
     // Prompts of more than 8 tokens with f16 caches take the tensor-core kernel;
     // one token ropes q and k inside the attention. The llama-style cases rotate
@@ -561,7 +561,7 @@ fn fused_decoding_layers_match_cpu() {
     ];
     for (hd, nh, nkv, kv_pos, n_ctx) in cases {
         let row = hd * nkv;
-        let mut b = Built { g: Graph::new(), data: HashMap::new(), rng: Rng(31 + (kv_pos + hd) as u64), ids: 0 };
+        let mut b = Built { g: Graph::new(), data: HashMap::new(), rng: Rng::new(31 + (kv_pos + hd) as u64), ids: 0 };
         let x0 = b.rng.vec(k);
         let mut x = b.weight(GgmlType::F32, [k, 1, 1, 1], bytes_f32(&x0));
         let pos = b.g.input(InputKind::Positions, 1);
@@ -633,7 +633,7 @@ fn fused_decoding_layers_match_cpu() {
 #[test]
 fn timing_table_for_2b4t_shapes() {
     let Some(mut gpu) = gpu() else { return };
-    let mut rng = Rng(1);
+    let mut rng = Rng::new(1);
     let mut lines = vec![
         format!("{} ({} SMs)", gpu.info().name, gpu.info().sm_count),
         "| kernel | shape k×rows | tokens | µs | GB/s |".into(),
@@ -697,7 +697,7 @@ fn timing_table_for_2b4t_shapes() {
 /// for a timing run): random levels with a small finite f16 scale per block.
 fn timing_bytes(ty: GgmlType, k: usize, rows: usize, rng: &mut Rng) -> Vec<u8> {
     let n = ty.tensor_bytes(&[k as u64, rows as u64]).unwrap() as usize;
-    let mut out: Vec<u8> = (0..n / 8).flat_map(|_| rng.next().to_le_bytes()).collect();
+    let mut out: Vec<u8> = (0..n / 8).flat_map(|_| rng.next_u64().to_le_bytes()).collect();
     out.resize(n, 0);
     let small = half::f16::from_f32(1e-3).to_le_bytes();
     match ty {

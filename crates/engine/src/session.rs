@@ -165,7 +165,7 @@ impl Session {
         };
         let gpus: Vec<BackendId> = gpu_info.iter().map(|d| BackendId::cuda(d.index as u8)).collect();
         let (ids, mut placement) = planning::place(&model, opts, &gpus)?;
-        // `auto` offloading weighs rates measured here (about 30 ms).
+        // `auto` offloading weighs rates measured here, by short passes at load.
         let measure = OffloadOp::ALL.iter().any(|op| placement.offload.mode(*op) == Mode::Auto);
         let mut list: Vec<Box<dyn Backend>> = Vec::new();
         let used = placement.backends();

@@ -13,7 +13,7 @@ use tern_gguf::{File, GgmlType, Value, Writer, WriterTensor};
 const PROMPT: [u32; 11] = [510, 296, 387, 388, 44, 322, 361, 380, 295, 301, 440];
 
 fn compact() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/compact")
+    tern_testutil::compact_dir()
 }
 
 /// Rewrites `src` with architecture `arch` (every `old.` key renamed) and an
@@ -47,7 +47,7 @@ fn max_diff_vs_ref64(model: &Path, golden: &str) -> f64 {
     let ours = s.eval(&PROMPT, Logits::All).unwrap();
     // ref64 rows are teacher-forced on the peer's ids, whose prompt is PROMPT.
     let (_, ref64) = npy::read_f32(&compact().join(format!("ref64/{golden}.npy"))).unwrap();
-    ours.iter().zip(&ref64).map(|(a, b)| (*a as f64 - *b as f64).abs()).fold(0.0, f64::max)
+    tern_testutil::logits::max_abs_diff(&ours, &ref64[..ours.len()])
 }
 
 fn check(src: &str, arch: &str, activation: Option<&str>, golden: &str) -> f64 {

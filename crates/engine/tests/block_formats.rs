@@ -9,17 +9,12 @@
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 
-mod common;
-
-use common::distance;
 use tern_cpu::isa::Isa;
 use tern_engine::{LoadOptions, Logits, Session};
 use tern_gguf::{File, GgmlType, Value, Writer, WriterTensor};
 use tern_quant::TensorScale;
-
-fn model(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/compact/models").join(name)
-}
+use tern_testutil::compact_model as model;
+use tern_testutil::logits::distance;
 
 /// The prompt and the F16 golden's greedy ids (`manifest.tsv`).
 const IDS: [u32; 27] = [

@@ -2,15 +2,9 @@
 //! scripture (Hebrews..Revelation, never seen in training) must stay near the
 //! measured value. A broken kernel, tokenizer or graph sends it far above.
 
-use std::path::PathBuf;
-
 use tern_engine::perplexity::{chunk_log_probs, score_chunk, Chunking, NllStats};
 use tern_engine::{LoadOptions, Session};
 use tern_gguf::GgmlType;
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
 
 /// Measured 2026-11-22 with the shipped I2_S model: 4 chunks of 128 tokens from
 /// the start of the held-out text give PPL 72.11 (`tern perplexity -c 128
@@ -21,8 +15,8 @@ const BOUND: f64 = MEASURED * 1.10;
 
 #[test]
 fn demo_model_perplexity_on_held_out_text() {
-    let model = repo().join("models/tern-demo-kjv.gguf");
-    let text = std::fs::read_to_string(repo().join("testdata/kjv/heldout-hebrews-revelation.txt")).unwrap();
+    let model = tern_testutil::demo_model();
+    let text = std::fs::read_to_string(tern_testutil::testdata("kjv/heldout-hebrews-revelation.txt")).unwrap();
     let opts = LoadOptions {
         n_ctx: 128,
         n_threads: 2,

@@ -14,14 +14,12 @@
 
 use std::path::{Path, PathBuf};
 
-mod common;
-
-use common::distance;
 use tern_engine::{npy, LoadOptions, Logits, Session};
 use tern_gguf::GgmlType;
+use tern_testutil::logits::{distance, max_abs_diff};
 
 fn compact() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/compact")
+    tern_testutil::compact_dir()
 }
 
 struct Row {
@@ -116,22 +114,6 @@ fn compact_fixtures_match_goldens() {
     assert!(failures.is_empty(), "out of bounds:\n{}", failures.join("\n"));
 }
 
-/// One graph split across two CPU backend instances (layer 1 pinned to CPU1,
-/// so every layer boundary copies activations) gives identical logits.
-#[test]
-fn split_across_two_cpu_backends_is_exact() {
-    let model = compact().join("models/b158-e512-tq2_0.gguf");
-    let ids = [510, 296, 387, 388, 44, 322, 361, 380];
-    let one = eval(&model, &ids, &opts());
-    let split_opts = LoadOptions { overrides: vec!["blk\\.1\\.=CPU1".into()], cpu_instances: 2, ..opts() };
-    let mut s = Session::load(&model, &split_opts).unwrap();
-    let (built, schedule) = s.plan(ids.len(), ids.len());
-    assert!(schedule.splits.len() >= 3, "expected CPU → CPU1 → CPU splits, got {}", schedule.splits.len());
-    assert!(schedule.copy_bytes(&built.graph) > 0);
-    let two = s.eval(&ids, Logits::All).unwrap();
-    assert_eq!(one, two, "split execution changed the logits");
-}
-
 /// The f16 and q8_0 KV caches stay close to the f32 one (bounds measured on
 /// this fixture, with margin: f16 max |Δ| 0.0038, q8_0 0.099, on logits of std ~2).
 #[test]
@@ -143,7 +125,7 @@ fn kv_cache_types_agree_with_f32() {
     for (ty, bound) in [(GgmlType::F16, 0.02), (GgmlType::Q8_0, 0.2)] {
         let o = LoadOptions { k_type: ty, v_type: ty, ..opts() };
         let got = eval(&model, &row.ids, &o);
-        let d = base.iter().zip(&got).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        let d = max_abs_diff(&base, &got);
         eprintln!("KV {ty}: max |Δ| {d:.5} against the f32 cache");
         assert!(d <= bound, "KV {ty}: max |Δ| {d} > {bound}");
     }
@@ -185,7 +167,7 @@ fn batched_attention_matches_token_by_token() {
         for &id in &ids {
             single.extend(s.eval(&[id], Logits::All).unwrap());
         }
-        let d = batched.iter().zip(&single).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        let d = max_abs_diff(&batched, &single);
         eprintln!("{name}: batched vs token-by-token: max |Δ| {d:.2e}");
         assert!(d <= 1e-3, "{name}: max |Δ| {d}");
     }
@@ -205,8 +187,7 @@ fn chunked_prompts_return_the_rows_of_one_batch() {
     let last = s.eval(&ids, Logits::Last).unwrap();
     let n_vocab = s.n_vocab();
     assert_eq!((all.len(), last.len()), (whole.len(), n_vocab));
-    let max_d = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
-    assert!(max_d(&all, &whole) <= 1e-4, "All over chunks: max |Δ| {}", max_d(&all, &whole));
+    assert!(max_abs_diff(&all, &whole) <= 1e-4, "All over chunks: max |Δ| {}", max_abs_diff(&all, &whole));
     let tail = &whole[whole.len() - n_vocab..];
-    assert!(max_d(&last, tail) <= 1e-4, "Last over chunks: max |Δ| {}", max_d(&last, tail));
+    assert!(max_abs_diff(&last, tail) <= 1e-4, "Last over chunks: max |Δ| {}", max_abs_diff(&last, tail));
 }

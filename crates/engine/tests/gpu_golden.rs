@@ -2,10 +2,11 @@
 //! backend: teacher-forced logits on the manifest ids, then 16 one-token
 //! decoding steps (their logits, fed the CPU's tokens) and greedy tokens.
 //! Also the demo model, partly offloaded, and against the float64 reference
-//! for the float fixtures.
+//! for the float fixtures. Graph splits between the CPU and each other
+//! backend, the GPU included, are in `split.rs`.
 //!
 //! Needs a CUDA device: skipped with the reason when there is none, unless
-//! `TERN_REQUIRE_GPU=1` (scripts/gpu-check.sh sets it). Bounds:
+//! `TERN_REQUIRE_GPU=1` (`scripts/gpu check` sets it). Bounds:
 //! - class f: max |Δlogit| ≤ 1e-3 vs CPU and vs float64 (f32 caches);
 //! - class q: mean KL(cpu ‖ gpu) ≤ 1e-3 nat and top-1 agreement ≥ 95% (an int8
 //!   activation can round the other way at a tie when a norm sums in another
@@ -15,46 +16,15 @@
 //!   GPU must instead be within 1e-3 of the float64 reference, which computes
 //!   the exact function of the dequantized weights.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 mod common;
 
-use common::argmax;
-use tern_engine::{npy, CudaOptions, LoadOptions, Logits, Session};
+use common::cuda_options;
+use tern_engine::{npy, LoadOptions, Logits, Session};
 use tern_gguf::GgmlType;
-
-fn compact() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/compact")
-}
-
-/// The model the repo ships (trained here), for the split-execution tests.
-fn demo_model() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/tern-demo-kjv.gguf")
-}
-
-fn have_gpu() -> bool {
-    match tern_cuda::devices() {
-        Ok(_) => true,
-        Err(why) => {
-            if std::env::var("TERN_REQUIRE_GPU").is_ok_and(|v| v == "1") {
-                panic!("TERN_REQUIRE_GPU=1 but no GPU: {why}");
-            }
-            eprintln!("skipped: {why}");
-            false
-        }
-    }
-}
-
-/// The kernel cache `tern` uses, and separate launches under
-/// `TERN_CUDA_FUSE=0` (scripts/gpu-check.sh runs these tests both ways).
-fn cuda_options() -> CudaOptions {
-    let var = |k| std::env::var_os(k);
-    CudaOptions {
-        kernel_cache: tern_cuda::kernel_cache_dir(var("TERN_KERNEL_CACHE"), var("XDG_CACHE_HOME"), var("HOME")),
-        fused_decode: !std::env::var("TERN_CUDA_FUSE").is_ok_and(|v| v == "0"),
-        ..CudaOptions::default()
-    }
-}
+use tern_testutil::logits::argmax;
+use tern_testutil::{compact_dir, demo_model, Device};
 
 fn opts(ngl: usize) -> LoadOptions {
     LoadOptions {
@@ -70,7 +40,7 @@ fn opts(ngl: usize) -> LoadOptions {
 
 /// (mean KL, max |Δ|, top-1 agreement).
 fn distance(a: &[f32], b: &[f32], n_vocab: usize) -> (f64, f64, f64) {
-    let d = common::distance(a, b, n_vocab);
+    let d = tern_testutil::logits::distance(a, b, n_vocab);
     (d.mean_kl, d.max_abs, d.top1)
 }
 
@@ -106,10 +76,10 @@ fn greedy(model: &Path, prompt: &[u32], n: usize, ngl: usize, forced: Option<&[u
 
 #[test]
 fn golden_models_on_the_gpu_match_the_cpu() {
-    if !have_gpu() {
+    if Device::cuda().is_none() {
         return;
     }
-    let dir = compact();
+    let dir = compact_dir();
     let text = std::fs::read_to_string(dir.join("manifest.tsv")).unwrap();
     let mut failures = Vec::new();
     for line in text.lines().filter(|l| !l.starts_with('#') && !l.trim().is_empty()) {
@@ -155,7 +125,7 @@ fn golden_models_on_the_gpu_match_the_cpu() {
 /// across CPU and GPU with copies both ways, against the CPU alone.
 #[test]
 fn partial_offload_matches_the_cpu() {
-    if !have_gpu() {
+    if Device::cuda().is_none() {
         return;
     }
     let model = demo_model();
@@ -165,63 +135,4 @@ fn partial_offload_matches_the_cpu() {
     o.n_gpu_layers = 0;
     let want = Session::load(&model, &o).unwrap().eval(&ids, Logits::All).unwrap();
     assert_close_to_cpu("-ngl 2", &want, &got);
-}
-
-/// Offloaded matmuls: the FFN weights stay on the host (`-ot ffn_.*=CPU`),
-/// and a 40-token prompt streams their staged copies to the GPU (`-op`
-/// default), against the same split with offloading off and the CPU alone.
-#[test]
-fn offloaded_prompt_matmuls_match_the_cpu() {
-    if !have_gpu() {
-        return;
-    }
-    let model = demo_model();
-    let ids: Vec<u32> = (0..40).map(|i| (i * 37 + 11) % 4000).collect();
-    let mut o = f16_opts(99);
-    o.overrides = vec!["ffn_.*=CPU".into()];
-    let mut on = Session::load(&model, &o).unwrap();
-    let (built, schedule) = on.plan(ids.len(), ids.len());
-    let offloaded = built
-        .graph
-        .nodes
-        .iter()
-        .zip(&schedule.assigned)
-        .filter(|(n, a)| matches!(n.op, tern_graph::Op::MulMat { .. }) && a.backend == tern_backend::BackendId::cuda(0))
-        .filter(|(_, a)| matches!(a.reason, tern_sched::NodeReason::Offload(_)))
-        .count();
-    assert!(offloaded > 0, "the FFN matmuls are offloaded");
-    let streamed = on.eval(&ids, Logits::All).unwrap();
-    o.offload = tern_sched::OffloadPolicy::parse(&["mul_mat,0".to_string()]).unwrap();
-    let kept = Session::load(&model, &o).unwrap().eval(&ids, Logits::All).unwrap();
-    o.overrides.clear();
-    o.n_gpu_layers = 0;
-    let cpu = Session::load(&model, &o).unwrap().eval(&ids, Logits::All).unwrap();
-    for (name, got) in [("offloaded", &streamed), ("kept on the host", &kept)] {
-        assert_close_to_cpu(&format!("-ot ffn=CPU, matmuls {name}"), &cpu, got);
-    }
-}
-
-/// Decoding token by token across splits both ways (`-ot ffn_.*=CPU`, 60
-/// copies a token, the host arena page-locked so uploads are asynchronous):
-/// every step's logits against the CPU alone stepping the same tokens. An
-/// upload racing the host's next write into its arena would garble them.
-#[test]
-fn hybrid_decoding_steps_match_the_cpu() {
-    if !have_gpu() {
-        return;
-    }
-    let model = demo_model();
-    let ids: Vec<u32> = (0..24).map(|i| (i * 53 + 7) % 4000).collect();
-    let mut o = opts(99);
-    o.overrides = vec!["ffn_.*=CPU".into()];
-    let mut hybrid = Session::load(&model, &o).unwrap();
-    o.overrides.clear();
-    o.n_gpu_layers = 0;
-    let mut cpu = Session::load(&model, &o).unwrap();
-    let (mut got, mut want) = (Vec::new(), Vec::new());
-    for &t in &ids {
-        got.extend(hybrid.eval(&[t], Logits::Last).unwrap());
-        want.extend(cpu.eval(&[t], Logits::Last).unwrap());
-    }
-    assert_close_to_cpu(&format!("-ot ffn=CPU, {} decoding steps", ids.len()), &want, &got);
 }

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 fn compact_models() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/compact/models")
+    tern_testutil::compact_dir().join("models")
 }
 
 #[test]

@@ -8,6 +8,7 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 use tern_gguf::{Array, Error, File, GgmlType, Metadata, Value, Writer, WriterTensor};
+use tern_testutil::Rng;
 
 // ---------------------------------------------------------------- helpers
 
@@ -114,7 +115,7 @@ fn says(e: &Error, needles: &[&str]) {
 }
 
 fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/compact/models").join(name)
+    tern_testutil::compact_model(name)
 }
 
 // ---------------------------------------------------------------- classes
@@ -540,20 +541,6 @@ fn lenient_layouts_are_flagged_not_strict() {
 // ---------------------------------------------------------------- robustness
 
 /// xorshift64*: a tiny seeded PRNG so the mutations are reproducible.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
-
 /// Random corruption never panics. Most mutations hit the header (where the
 /// parsing is); some write "interesting" integers over a field, some truncate.
 /// `TERN_GGUF_FUZZ=<n>` runs n mutations instead of 2000 (for longer hunts).
@@ -563,7 +550,7 @@ fn random_mutations_never_panic() {
     let base = small();
     let header_len = File::from_bytes(base.clone()).unwrap().data_start as usize;
     let interesting = [0u64, 1, 2, 5, 9, 31, 32, 36, 255, 1 << 31, 1 << 40, 1 << 62, i64::MAX as u64, u64::MAX];
-    let mut rng = Rng(0x7465_726e_6767_7566);
+    let mut rng = Rng::new(0x7465_726e_6767_7566);
     let (mut ok, mut bad) = (0, 0);
     for i in 0..iters {
         let mut b = base.clone();
@@ -571,7 +558,7 @@ fn random_mutations_never_panic() {
             let at = if rng.below(4) == 0 { rng.below(b.len()) } else { rng.below(header_len) };
             match rng.below(3) {
                 0 => b[at] ^= 1 << rng.below(8),
-                1 => b[at] = rng.next() as u8,
+                1 => b[at] = rng.next_u64() as u8,
                 _ => {
                     let at = at.min(b.len() - 8);
                     put_u64(&mut b, at, interesting[rng.below(interesting.len())]);

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use tern_gguf::{Array, Error, File, GgmlType, Metadata, Value, Writer, WriterTensor};
 
 fn compact_models() -> Vec<PathBuf> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/compact/models");
+    let dir = tern_testutil::compact_dir().join("models");
     let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
         .expect("testdata/compact/models is missing")
         .map(|e| e.unwrap().path())

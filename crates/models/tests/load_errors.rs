@@ -3,14 +3,12 @@
 //! removed or changed.
 
 use std::borrow::Cow;
-use std::path::PathBuf;
 
 use tern_gguf::{File, Value, Writer, WriterTensor};
 use tern_models::{Error, Model};
 
 fn fixture(name: &str) -> File {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/compact/models").join(name);
-    File::open(p).unwrap()
+    File::open(tern_testutil::compact_model(name)).unwrap()
 }
 
 /// The BitNet fixture with metadata edited by `md` and tensors filtered/renamed by `tensor`.

@@ -3,11 +3,11 @@
 
 mod common;
 
-use common::Rng;
 use tern_quant::{
     act_row_bytes, act_type, dequantize_row, quantize_acts, quantize_row, row_bytes, vec_dot, vec_dot_f32, GgmlType,
     TensorScale,
 };
+use tern_testutil::Rng;
 
 #[test]
 fn arbitrary_bytes_decode_and_dot_without_panicking() {

@@ -3,8 +3,9 @@
 
 mod common;
 
-use common::{rel_rmse, round_trip, Rng};
+use common::{rel_rmse, round_trip};
 use tern_quant::{dequantize_row, quantize_i2s_tensor, row_bytes, GgmlType, TensorScale};
+use tern_testutil::Rng;
 
 /// Bounds, set with ~1.3x margin over the measured worst case of the sizes
 /// below. For the ternary formats Gaussian data is far from their design

@@ -4,8 +4,9 @@
 
 mod common;
 
-use common::{decode_tensor_bytes, Rng};
+use common::decode_tensor_bytes;
 use tern_quant::{dequantize_row, quantize_row, quantize_tensor, row_bytes, GgmlType, TensorScale};
+use tern_testutil::Rng;
 
 const TERNARY: [GgmlType; 5] = [GgmlType::TQ1_0, GgmlType::TQ2_0, GgmlType::IQ1_BN, GgmlType::IQ2_BN, GgmlType::I2_S];
 

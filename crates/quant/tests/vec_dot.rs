@@ -3,11 +3,12 @@
 
 mod common;
 
-use common::{dot64, Rng};
+use common::dot64;
 use tern_quant::{
     act_row_bytes, act_type, dequantize_acts, dequantize_row, quantize_acts, quantize_row, quantize_tensor, row_bytes,
     vec_dot, vec_dot_f32, ActType, GgmlType, TensorScale,
 };
+use tern_testutil::Rng;
 
 /// One quantized weight row of `ty` from `w` plus its tensor scale (I2_S
 /// goes through the whole-tensor quantizer: a one-row tensor).

@@ -331,6 +331,16 @@ fn write_json(v: &Value, indent: Option<usize>, depth: usize, out: &mut String) 
     Ok(())
 }
 
+/// `s` as a JSON string literal, escaped as Python's `json.dumps` does with
+/// `ensure_ascii=False`: quotes, backslashes and control characters; any
+/// other character as itself. The one JSON string writer of the workspace
+/// (`tern info --json` and the bench outputs use it too).
+pub fn json_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    write_json_str(s, &mut out);
+    out
+}
+
 fn write_json_str(s: &str, out: &mut String) {
     out.push('"');
     for c in s.chars() {
@@ -385,6 +395,13 @@ mod tests {
         let out = render("{% for k, v in d.items() %}{{ k }}={{ v }};{% endfor %}{{ d.get('a') }}{{ d.get('z', 0) }}{{ d.get('z') is none }}", ctx)
             .unwrap();
         assert_eq!(out, "a=1;b=x;10True");
+    }
+
+    #[test]
+    fn json_strings_like_json_dumps() {
+        assert_eq!(json_string("a\"b\\\n\u{1}"), "\"a\\\"b\\\\\\n\\u0001\"");
+        assert_eq!(json_string("\u{8}\u{c}\r\t\u{1f}"), r#""\b\f\r\t\u001f""#);
+        assert_eq!(json_string("é<'>"), "\"é<'>\"");
     }
 
     #[test]

@@ -32,6 +32,7 @@ mod vocab;
 pub use chat::{ChatTemplate, Message, TemplateError};
 pub use decode::StreamDecoder;
 pub use error::Error;
+pub use jinja::json_string;
 pub use pretokenize::{
     PreTokenizer, DEEPSEEK_LLM_PATTERNS, DEEPSEEK_V3_PATTERNS, GPT2_PATTERN, LLAMA3_PATTERN, QWEN2_PATTERN,
 };

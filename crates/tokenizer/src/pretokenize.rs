@@ -507,6 +507,7 @@ impl Span<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tern_testutil::Rng;
 
     fn split(pre: PreTokenizer, text: &str) -> Vec<&str> {
         let mut out = Vec::new();
@@ -578,20 +579,6 @@ mod tests {
         assert_eq!(split(DeepseekV3, ""), Vec::<&str>::new());
     }
 
-    /// A tiny deterministic generator so the test needs no extra crates.
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-        fn below(&mut self, n: usize) -> usize {
-            (self.next() % n as u64) as usize
-        }
-    }
-
     /// Characters chosen to hit every class boundary the patterns care about:
     /// ASCII of each class, apostrophes and contraction letters in both cases,
     /// `ſ` and the Kelvin sign (case folding), every kind of newline and
@@ -628,7 +615,7 @@ mod tests {
             PreTokenizer::DeepseekLlm | PreTokenizer::DeepseekV3 => POOL.iter().chain(DEEPSEEK_POOL).copied().collect(),
             _ => POOL.to_vec(),
         };
-        let mut rng = Rng(seed);
+        let mut rng = Rng::new(seed);
         for _ in 0..30_000 {
             let text = random_text(&mut rng, &pool);
             let ours = split(pre, &text);

@@ -12,38 +12,27 @@ use tern_cpu::isa::Isa;
 use tern_cpu::{CpuBackend, CpuOptions};
 use tern_graph::{DType, GgmlType, Graph, InputKind, Node, NodeId, Op};
 
-/// splitmix64.
-pub struct Rng(pub u64);
+pub use tern_testutil::Rng;
 
-impl Rng {
-    pub fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [-1, 1).
-    pub fn uniform(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-
+/// The test data these ops see, drawn from the shared generator.
+pub trait Data {
     /// Roughly normal (sum of four uniforms), occasionally a 10× outlier.
-    pub fn normalish(&mut self) -> f32 {
-        let v = (0..4).map(|_| self.uniform()).sum::<f32>() * 0.87;
-        if self.next().is_multiple_of(97) {
+    fn normalish(&mut self) -> f32;
+    /// `n` values of [`Data::normalish`] times `scale`.
+    fn scaled(&mut self, n: usize, scale: f32) -> Vec<f32>;
+}
+
+impl Data for Rng {
+    fn normalish(&mut self) -> f32 {
+        let v = (0..4).map(|_| self.f32()).sum::<f32>() * 0.87;
+        if self.next_u64().is_multiple_of(97) {
             v * 10.0
         } else {
             v
         }
     }
 
-    pub fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-
-    pub fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+    fn scaled(&mut self, n: usize, scale: f32) -> Vec<f32> {
         (0..n).map(|_| self.normalish() * scale).collect()
     }
 }
@@ -190,7 +179,7 @@ pub fn weight_rows(rng: &mut Rng, ty: GgmlType, k: usize, n: usize) -> Vec<u8> {
     let mut out = vec![0u8; rb * n];
     for row in out.chunks_exact_mut(rb) {
         let scale = 0.02 * (1 + rng.below(50)) as f32;
-        tern_quant::quantize_row(ty, &rng.vec(k, scale), row);
+        tern_quant::quantize_row(ty, &rng.scaled(k, scale), row);
     }
     out
 }

@@ -158,8 +158,7 @@ impl Lower<'_> {
         // dependent phases (load, two block reductions, stores) held in
         // registers: 256 threads up to k_pad 4096 and 512 beyond.
         // The smaller the block, the sooner it finds room on an SM beside
-        // the GEMV before it and starts under programmatic launch (both
-        // steps down measured faster; BENCHMARKS.md's history has them).
+        // the GEMV before it and starts under programmatic launch.
         let threads = if rows >= 64 && k_pad <= 4 * 4 * 256 {
             (k_pad / 16).next_multiple_of(32).max(64) as u32
         } else if rows >= 64 || k_pad <= 4 * 4 * 256 {

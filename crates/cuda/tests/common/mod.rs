@@ -10,9 +10,10 @@ use tern_cpu::CpuBackend;
 use tern_cuda::{CudaBackend, CudaOptions};
 use tern_graph::{DType, Graph, NodeId, Op};
 use tern_quant::GgmlType;
+pub use tern_testutil::Rng;
 
 /// The options tests open a backend with: the kernel cache `tern` uses, and
-/// the mma.sync prompt GEMM under `TERN_CUDA_WGMMA=0` (scripts/gpu-check.sh
+/// the mma.sync prompt GEMM under `TERN_CUDA_WGMMA=0` (`scripts/gpu check`
 /// runs the tests both ways).
 pub fn options() -> CudaOptions {
     let var = |k| std::env::var_os(k);
@@ -38,21 +39,6 @@ pub fn gpu_with_options(opts: &CudaOptions) -> Option<CudaBackend> {
             eprintln!("skipped: {why}");
             None
         }
-    }
-}
-
-pub struct Rng(pub u64);
-
-impl Rng {
-    pub fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        self.0 >> 33
-    }
-    pub fn f32(&mut self) -> f32 {
-        (self.next() as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
-    }
-    pub fn vec(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.f32()).collect()
     }
 }
 
@@ -170,7 +156,7 @@ pub fn compare(
 pub fn ternary_weight(ty: GgmlType, k: usize, rows: usize, blocky: bool, rng: &mut Rng) -> Vec<u8> {
     let x: Vec<f32> = (0..k * rows)
         .map(|i| {
-            let t = (rng.next() % 3) as f32 - 1.0;
+            let t = (rng.next_u64() % 3) as f32 - 1.0;
             let s = if blocky { 0.5 + ((i / 256) % 5) as f32 * 0.25 } else { 0.75 };
             t * s
         })

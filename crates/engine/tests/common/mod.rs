@@ -1,36 +1,26 @@
-//! Logit comparisons shared by the golden tests.
+//! What the engine's GPU and split tests share.
+#![allow(dead_code)] // each test binary uses a different subset
 
-pub fn log_softmax(row: &[f32]) -> Vec<f64> {
-    let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
-    let lse = row.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln() + max;
-    row.iter().map(|&v| v as f64 - lse).collect()
-}
+use tern_engine::{CudaOptions, LoadOptions};
+use tern_testutil::Device;
 
-pub fn argmax(row: &[f32]) -> usize {
-    (0..row.len()).fold(0, |b, i| if row[i] > row[b] { i } else { b })
-}
-
-/// How far `ours` is from `reference`, over rows of `n_vocab` logits.
-#[derive(Debug)]
-pub struct Distance {
-    /// Mean KL(reference ‖ ours), nats.
-    pub mean_kl: f64,
-    pub max_abs: f64,
-    /// Share of rows with the same arg-max.
-    pub top1: f64,
-}
-
-pub fn distance(reference: &[f32], ours: &[f32], n_vocab: usize) -> Distance {
-    assert_eq!(reference.len(), ours.len());
-    let rows = reference.len() / n_vocab;
-    let (mut kl, mut max_abs, mut same) = (0.0, 0.0f64, 0);
-    for (p, q) in reference.chunks_exact(n_vocab).zip(ours.chunks_exact(n_vocab)) {
-        let (lp, lq) = (log_softmax(p), log_softmax(q));
-        kl += lp.iter().zip(&lq).map(|(a, b)| a.exp() * (a - b)).sum::<f64>();
-        for (a, b) in p.iter().zip(q) {
-            max_abs = max_abs.max((*a as f64 - *b as f64).abs());
-        }
-        same += (argmax(p) == argmax(q)) as usize;
+/// The kernel cache `tern` uses, and separate launches under
+/// `TERN_CUDA_FUSE=0` (`scripts/gpu check` runs the GPU tests both ways).
+pub fn cuda_options() -> CudaOptions {
+    let var = |k| std::env::var_os(k);
+    CudaOptions {
+        kernel_cache: tern_cuda::kernel_cache_dir(var("TERN_KERNEL_CACHE"), var("XDG_CACHE_HOME"), var("HOME")),
+        fused_decode: !std::env::var("TERN_CUDA_FUSE").is_ok_and(|v| v == "0"),
+        ..CudaOptions::default()
     }
-    Distance { mean_kl: kl / rows as f64, max_abs, top1: same as f64 / rows as f64 }
+}
+
+/// `base` with `dev` there to be placed on: a second CPU instance, or the
+/// GPU's options.
+pub fn with_device(dev: Device, base: LoadOptions) -> LoadOptions {
+    match dev {
+        Device::Cpu => base,
+        Device::Cpu1 => LoadOptions { cpu_instances: 2, ..base },
+        Device::Cuda0 => LoadOptions { cuda: cuda_options(), ..base },
+    }
 }

@@ -1,52 +1,8 @@
-//! Shared test helpers: a seeded PRNG (no rand crate), error metrics, fixture access.
+//! Shared test helpers: error metrics, fixture access (the seeded generator
+//! is `tern_testutil::Rng`).
 #![allow(dead_code)] // each test binary uses a different subset
 
-use std::path::PathBuf;
-
 use tern_quant::{dequantize_row, row_bytes, GgmlType, TensorScale};
-
-/// SplitMix64: tiny, deterministic, good enough for test data.
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [0, 1).
-    pub fn uniform(&mut self) -> f32 {
-        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
-    }
-
-    /// Approximately standard normal (Irwin–Hall sum of 12 uniforms).
-    pub fn normal(&mut self) -> f32 {
-        (0..12).map(|_| self.uniform()).sum::<f32>() - 6.0
-    }
-
-    pub fn normals(&mut self, n: usize, std: f32) -> Vec<f32> {
-        (0..n).map(|_| self.normal() * std).collect()
-    }
-
-    /// −1, 0 or +1 with P(0) = `p_zero`.
-    pub fn trit(&mut self, p_zero: f32) -> f32 {
-        let u = self.uniform();
-        if u < p_zero {
-            0.0
-        } else if u < p_zero + (1.0 - p_zero) / 2.0 {
-            -1.0
-        } else {
-            1.0
-        }
-    }
-}
 
 /// RMS of `x − y` divided by the RMS of `x`.
 pub fn rel_rmse(x: &[f32], y: &[f32]) -> f64 {
@@ -69,9 +25,7 @@ pub fn round_trip(ty: GgmlType, x: &[f32]) -> (Vec<u8>, Vec<f32>) {
     (q, y)
 }
 
-pub fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/compact/models").join(name)
-}
+pub use tern_testutil::compact_model as fixture;
 
 pub fn open(name: &str) -> tern_gguf::File {
     let path = fixture(name);

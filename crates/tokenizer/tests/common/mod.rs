@@ -1,13 +1,10 @@
 //! Shared helpers for the integration tests (included with `mod common`).
 #![allow(dead_code)]
 
-use std::path::PathBuf;
 use std::sync::OnceLock;
 use tern_tokenizer::Tokenizer;
 
-pub fn testdata(rel: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata").join(rel)
-}
+pub use tern_testutil::testdata;
 
 pub const LLAMA3_VOCAB: &str = "tokenizer/ggml-vocab-llama-bpe-from-tiktoken.gguf";
 pub const SMALL_VOCAB: &str = "compact/models/small-bpe-512-vocab.gguf";
