@@ -50,6 +50,24 @@ pub fn shape_of(t: &tern_gguf::TensorInfo) -> String {
     shape(t.dims())
 }
 
+/// `general.file_type` with llama.cpp's name for it (the llama-quantize
+/// preset that writes it, e.g. `Q4_K_M (15)`), if the key is there.
+fn file_type(file: &File) -> Option<String> {
+    let ft = file.metadata.get("general.file_type")?.as_i64()?;
+    // Microsoft's fork gave I2_S files the id mainline later gave Q1_0.
+    let i2s = ft == 40 && file.tensors.iter().any(|t| t.ty == GgmlType::I2_S);
+    let name =
+        if i2s { Some("I2_S") } else { u64::try_from(ft).ok().and_then(crate::quantize_presets::file_type_name) };
+    Some(match name {
+        Some(n) => format!("{n} ({ft})"),
+        None => format!("{ft}"),
+    })
+}
+
+fn bpw(bytes: u64, elements: u64) -> f64 {
+    bytes as f64 * 8.0 / elements.max(1) as f64
+}
+
 pub fn main(a: Args) -> Result<(), CliError> {
     let path: &PathBuf = &a.model.path()?;
     let file = File::open(path).map_err(|e| CliError(format!("{}: {e}", path.display())))?;
@@ -84,6 +102,18 @@ pub fn main(a: Args) -> Result<(), CliError> {
                 ])
             })
             .collect();
+        let types: Vec<String> = by_type
+            .iter()
+            .map(|(ty, t)| {
+                json::object(&[
+                    ("type", json::string(ty.name())),
+                    ("tensors", t.tensors.to_string()),
+                    ("params", t.elements.to_string()),
+                    ("bytes", t.bytes.to_string()),
+                    ("bpw", format!("{:.4}", bpw(t.bytes, t.elements))),
+                ])
+            })
+            .collect();
         let mut fields = vec![
             ("path", json::string(&path.display().to_string())),
             ("version", file.version.to_string()),
@@ -91,6 +121,8 @@ pub fn main(a: Args) -> Result<(), CliError> {
             ("n_tensors", file.tensors.len().to_string()),
             ("n_params", n_params.to_string()),
             ("tensor_bytes", n_bytes.to_string()),
+            ("file_type", file_type(&file).map_or("null".to_string(), |f| json::string(&f))),
+            ("types", json::array(&types)),
             ("metadata", json::array(&md)),
             ("tensors", json::array(&tensors)),
         ];
@@ -117,7 +149,10 @@ pub fn main(a: Args) -> Result<(), CliError> {
     for t in &file.tensors {
         println!("  {:<36} {:<7} {:>18} {:>12}", t.name, t.ty.name(), shape(t.dims()), t.nbytes);
     }
-    println!("\ntotals:");
+    match file_type(&file) {
+        Some(ft) => println!("\ntotals (file type {ft}):"),
+        None => println!("\ntotals:"),
+    }
     for (ty, t) in &by_type {
         println!(
             "  {:<7} {:>4} tensors {:>14} params {:>14} bytes  {:.3} bpw",
@@ -125,7 +160,7 @@ pub fn main(a: Args) -> Result<(), CliError> {
             t.tensors,
             t.elements,
             t.bytes,
-            t.bytes as f64 * 8.0 / t.elements as f64
+            bpw(t.bytes, t.elements)
         );
     }
     println!(
@@ -133,7 +168,7 @@ pub fn main(a: Args) -> Result<(), CliError> {
         file.tensors.len(),
         n_params,
         n_bytes,
-        n_bytes as f64 * 8.0 / n_params.max(1) as f64
+        bpw(n_bytes, n_params)
     );
     if let Some(p) = plan {
         p.print();

@@ -13,6 +13,7 @@ mod perplexity;
 mod profile;
 
 mod quantize;
+mod quantize_presets;
 mod run;
 
 use std::process::ExitCode;

@@ -1,7 +1,11 @@
 //! `tern quantize IN OUT TYPE`: rewrite a model with its matrices in another
-//! type. Norms and other vectors stay F32; the token embedding and the output
-//! head get their own types (Q6_K by default below 8 bits), as llama-quantize
-//! does. Ternary targets are exact on ternary-valued weights.
+//! type. TYPE is either one of llama-quantize's presets (`Q4_K_M`, `Q3_K_M`,
+//! `IQ4_XS`, `Q6_K`, `Q8_0`, ...: the mix of types per tensor that mainline's
+//! llama-quantize picks, `quantize_presets`), or a plain type (`TQ2_0`,
+//! `Q4_0`, `Q4_K`, ...) for every matrix, where norms and other vectors stay
+//! F32 and the token embedding and the output head get their own types (Q6_K
+//! by default below 8 bits). Ternary targets are exact on ternary-valued
+//! weights.
 
 use std::borrow::Cow;
 use std::path::PathBuf;
@@ -9,6 +13,7 @@ use std::path::PathBuf;
 use tern_gguf::{File, GgmlType, TensorInfo, Value, Writer, WriterTensor};
 use tern_quant::TensorScale;
 
+use crate::quantize_presets::{self as presets, ModelFacts, Overrides, Pick, Preset, Ty};
 use crate::CliError;
 
 #[derive(clap::Args, Debug)]
@@ -17,8 +22,9 @@ pub struct Args {
     pub input: PathBuf,
     /// Output GGUF (written atomically).
     pub output: PathBuf,
-    /// Target type for the matrices (e.g. TQ2_0, TQ1_0, I2_S, IQ2_BN, IQ1_BN, Q8_0, Q5_1, Q5_0, Q4_1, Q4_K,
-    /// Q6_K, F16).
+    /// A llama-quantize preset (Q2_K, Q3_K_S, Q3_K_M, Q3_K_L, Q4_K_S, Q4_K_M, Q5_K_S, Q5_K_M, Q6_K, IQ4_XS,
+    /// Q8_0), or a type for every matrix (e.g. TQ2_0, TQ1_0, I2_S, IQ2_BN, IQ1_BN, Q5_1, Q5_0, Q4_1, Q4_0,
+    /// Q4_K, IQ4_NL, F16). Case-insensitive.
     pub ty: String,
     /// Type of token_embd.weight.
     #[arg(long = "token-embedding-type")]
@@ -26,7 +32,7 @@ pub struct Args {
     /// Type of output.weight.
     #[arg(long = "output-tensor-type")]
     pub output_tensor_type: Option<String>,
-    /// Quantize every matrix, embedding and head included, to TYPE.
+    /// Quantize every matrix, embedding and head included, to TYPE (with a preset: its base type, no mix).
     #[arg(long)]
     pub pure: bool,
     /// Threads (default: all cores).
@@ -34,10 +40,33 @@ pub struct Args {
     pub threads: Option<usize>,
 }
 
+fn unknown_type(s: &str) -> CliError {
+    let names: Vec<&str> = GgmlType::ALL.iter().map(|t| t.name()).collect();
+    CliError(format!("unknown type {s:?}; valid types: {}", names.join(", ")))
+}
+
 fn parse_type(s: &str) -> Result<GgmlType, CliError> {
-    GgmlType::from_name(s).ok_or_else(|| {
+    GgmlType::from_name(s).ok_or_else(|| unknown_type(s))
+}
+
+/// What TYPE names: a preset first (Q6_K and Q8_0 are both), else a type.
+enum Target {
+    Preset(Preset),
+    Type(GgmlType),
+}
+
+fn parse_target(s: &str) -> Result<Target, CliError> {
+    if let Some(p) = Preset::from_name(s) {
+        return Ok(Target::Preset(p));
+    }
+    GgmlType::from_name(s).map(Target::Type).ok_or_else(|| {
+        let presets: Vec<&str> = Preset::ALL.iter().map(|p| p.name()).collect();
         let names: Vec<&str> = GgmlType::ALL.iter().map(|t| t.name()).collect();
-        CliError(format!("unknown type {s:?}; valid types: {}", names.join(", ")))
+        CliError(format!(
+            "unknown type {s:?}; valid presets: {}; valid types: {}",
+            presets.join(", "),
+            names.join(", ")
+        ))
     })
 }
 
@@ -76,29 +105,21 @@ impl Choice {
 }
 
 pub fn main(a: Args) -> Result<(), CliError> {
-    let target = parse_type(&a.ty)?;
-    let high = matches!(target, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 | GgmlType::Q8_0);
-    let default_side = if high { target } else { GgmlType::Q6_K };
-    let output = a.output_tensor_type.as_deref().map(parse_type).transpose()?.unwrap_or(default_side);
+    let target = parse_target(&a.ty)?;
     let file = File::open(&a.input).map_err(|e| CliError(format!("{}: {e}", a.input.display())))?;
-    let tied = file.tensor("output.weight").is_none();
-    // A tied embedding is also the head, so it takes the head's type.
-    let embd = match a.token_embedding_type.as_deref() {
-        Some(s) => parse_type(s)?,
-        None if tied => output,
-        None => default_side,
+    let (types, file_type) = match target {
+        Target::Preset(p) => (preset_types(p, &file, &a)?, Some(p.file_type())),
+        Target::Type(t) => (plain_types(t, &file, &a)?, t.file_type()),
     };
-    let choice = Choice { embd, output, target, pure: a.pure };
     let threads = a.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())).max(1);
 
     let mut md = file.metadata.clone();
-    match target.file_type() {
+    match file_type {
         Some(ft) => md.set("general.file_type", Value::U32(ft)),
         None => drop(md.remove("general.file_type")),
     }
     md.set("general.quantization_version", Value::U32(2));
     let mut writer = Writer::new(md);
-    let types: Vec<GgmlType> = file.tensors.iter().map(|t| choice.for_tensor(t)).collect();
     for (t, &ty) in file.tensors.iter().zip(&types) {
         writer.tensors.push(WriterTensor { name: t.name.clone(), ty, dims: t.dims().to_vec() });
     }
@@ -116,6 +137,62 @@ pub fn main(a: Args) -> Result<(), CliError> {
         .map_err(|e| CliError(format!("{}: {e}", a.output.display())))?;
     eprintln!("wrote {} in {:.1} s", a.output.display(), started.elapsed().as_secs_f64());
     Ok(())
+}
+
+/// Every tensor's type under tern's own rule for a plain type.
+fn plain_types(target: GgmlType, file: &File, a: &Args) -> Result<Vec<GgmlType>, CliError> {
+    let high = matches!(target, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 | GgmlType::Q8_0);
+    let default_side = if high { target } else { GgmlType::Q6_K };
+    let output = a.output_tensor_type.as_deref().map(parse_type).transpose()?.unwrap_or(default_side);
+    let tied = file.tensor("output.weight").is_none();
+    // A tied embedding is also the head, so it takes the head's type.
+    let embd = match a.token_embedding_type.as_deref() {
+        Some(s) => parse_type(s)?,
+        None if tied => output,
+        None => default_side,
+    };
+    let choice = Choice { embd, output, target, pure: a.pure };
+    Ok(file.tensors.iter().map(|t| choice.for_tensor(t)).collect())
+}
+
+/// Every tensor's type under llama-quantize's preset `p`; an error names a
+/// type the preset needs that this build cannot write.
+fn preset_types(p: Preset, file: &File, a: &Args) -> Result<Vec<GgmlType>, CliError> {
+    let side = |s: Option<&str>| -> Result<Option<Ty>, CliError> {
+        s.map(|s| Ty::from_name(s).ok_or_else(|| unknown_type(s))).transpose()
+    };
+    let over = Overrides {
+        token_embd: side(a.token_embedding_type.as_deref())?,
+        output: side(a.output_tensor_type.as_deref())?,
+        pure: a.pure,
+    };
+    let facts = ModelFacts::of(&file.metadata).map_err(|e| CliError(format!("{}: {e}", a.input.display())))?;
+    let tensors: Vec<presets::Tensor> =
+        file.tensors.iter().map(|t| presets::Tensor { name: &t.name, dims: t.dims() }).collect();
+    let picks = presets::choose(p, &facts, &tensors, over)
+        .map_err(|e| CliError(format!("{}: preset {}: {e}", a.input.display(), p.name())))?;
+    let mut missing: Vec<(Ty, usize, &str)> = Vec::new();
+    let types = file
+        .tensors
+        .iter()
+        .zip(&picks)
+        .map(|(t, pick)| match *pick {
+            Pick::Keep => t.ty,
+            Pick::To(ty) => ty.ggml().unwrap_or_else(|| {
+                match missing.iter_mut().find(|m| m.0 == ty) {
+                    Some(m) => m.1 += 1,
+                    None => missing.push((ty, 1, &t.name)),
+                }
+                t.ty
+            }),
+        })
+        .collect();
+    if missing.is_empty() {
+        return Ok(types);
+    }
+    let what: Vec<String> =
+        missing.iter().map(|(ty, n, first)| format!("{ty} for {n} tensor(s), e.g. {first}")).collect();
+    Err(CliError(format!("preset {} chooses types this build of tern cannot write yet: {}", p.name(), what.join("; "))))
 }
 
 /// Dequantizes `t` row by row and requantizes it as `to`.

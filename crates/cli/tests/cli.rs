@@ -178,6 +178,57 @@ fn q4_1_q5_0_q5_1_models_quantize_and_run() {
     }
 }
 
+/// llama-quantize's presets on the MoE fixtures: `q4_k_m` (any case) writes
+/// the preset's mix (rows of 128 cannot take 256-blocks, so the k-quants fall
+/// back to Q5_0, Q5_1 and Q8_0, and the 8-expert model's V and K projections
+/// take Q8_0), records file type 15, `tern info` shows the mix with the
+/// preset's name, and the models run. Each tensor's choice is checked against
+/// llama-quantize's in `quantize_presets`.
+#[test]
+fn moe_presets_quantize_show_their_mix_and_run() {
+    let dir = Scratch::new("moe_presets_quantize_show_their_mix_and_run");
+    for src in ["q3moe-e128-f16", "ds3-e128-f16"] {
+        let out = dir.file(&format!("{src}-q4_k_m.gguf"));
+        let out = out.to_str().unwrap();
+        ok(&tern(&["quantize", &model(&format!("{src}.gguf")), out, "q4_k_m"]));
+        let f = File::open(out).unwrap();
+        assert_eq!(f.metadata.get("general.file_type").and_then(|v| v.as_i64()), Some(15));
+        let ty = |name: &str| f.tensor(name).unwrap_or_else(|| panic!("{name}")).ty.name();
+        assert_eq!(ty("output.weight"), "Q8_0");
+        assert_eq!(ty("token_embd.weight"), "Q5_0");
+        assert_eq!(ty("blk.1.ffn_down_exps.weight"), "Q5_0");
+        assert_eq!(ty("blk.1.ffn_gate_inp.weight"), "F32");
+        let info = ok(&tern(&["info", "-m", out]));
+        assert!(info.contains("totals (file type Q4_K_M (15)):"), "{info}");
+        for t in ["Q5_0", "Q8_0", "F32"] {
+            assert!(info.lines().any(|l| l.starts_with(&format!("  {t} ")) && l.contains("bpw")), "{t}: {info}");
+        }
+        let npy = dir.file(&format!("{src}.npy"));
+        let args = ["eval", "-m", out, "--tokens", "510,296,387", "--gen", "4", "-c", "64", "--logits-out"];
+        let stdout = ok(&tern(&[&args[..], &[npy.to_str().unwrap()]].concat()));
+        assert_eq!(stdout.trim().split(',').count(), 4, "{stdout}");
+    }
+    let f = File::open(dir.file("q3moe-e128-f16-q4_k_m.gguf")).unwrap();
+    // 8 experts: V and K at Q8_0; attn_output Q5_K, falling back to Q5_1 on rows of 192.
+    assert_eq!(f.tensor("blk.0.attn_v.weight").unwrap().ty.name(), "Q8_0");
+    assert_eq!(f.tensor("blk.0.attn_k.weight").unwrap().ty.name(), "Q8_0");
+    assert_eq!(f.tensor("blk.0.attn_output.weight").unwrap().ty.name(), "Q5_1");
+}
+
+/// A preset whose types this build cannot write (Q3_K on rows of 256) is
+/// refused by name, before anything is written.
+#[test]
+fn a_preset_needing_a_missing_type_names_it() {
+    if tern_gguf::GgmlType::from_name("Q3_K").is_some() {
+        return; // the type exists: the preset quantizes
+    }
+    let dir = Scratch::new("a_preset_needing_a_missing_type_names_it");
+    let out = dir.file("never.gguf");
+    let err = fails_cleanly(&tern(&["quantize", &model("llama-e256-f16.gguf"), out.to_str().unwrap(), "Q3_K_M"]));
+    assert!(err.contains("Q3_K ") && err.contains("cannot write"), "{err}");
+    assert!(!out.exists());
+}
+
 /// With no checkout around (another working directory) and no `-m`, `tern
 /// run` writes the demo model it carries into its cache and generates from it.
 #[test]
@@ -248,7 +299,7 @@ fn bad_inputs_give_one_error_line() {
     assert!(err.contains("valid backends: CPU"), "{err}");
     let out = dir.file("never.gguf");
     let err = fails_cleanly(&tern(&["quantize", &m, out.to_str().unwrap(), "Q3_XYZ"]));
-    assert!(err.contains("valid types"), "{err}");
+    assert!(err.contains("valid presets") && err.contains("Q4_K_M") && err.contains("valid types"), "{err}");
     assert!(!out.exists());
     // A truncated model: no panic, no output left behind.
     let cut = dir.file("cut.gguf");
