@@ -46,6 +46,7 @@ impl Held {
             // a scale per 16 cannot hold, and `dq` does not read them: their
             // weights are planned on the CPU.
             GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::IQ4_NL | GgmlType::Q4_1 | GgmlType::Q5_1 => None,
+            GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::IQ4_XS => None,
         }
     }
 
