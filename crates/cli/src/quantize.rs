@@ -18,7 +18,7 @@ pub struct Args {
     /// Output GGUF (written atomically).
     pub output: PathBuf,
     /// Target type for the matrices (e.g. TQ2_0, TQ1_0, I2_S, IQ2_BN, IQ1_BN, Q8_0, Q5_1, Q5_0, Q4_1, Q4_K,
-    /// Q6_K, F16).
+    /// IQ4_XS, Q3_K, Q2_K, Q6_K, F16).
     pub ty: String,
     /// Type of token_embd.weight.
     #[arg(long = "token-embedding-type")]
