@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use tern_gguf::{File, GgmlType, TensorInfo, Value, Writer, WriterTensor};
 use tern_quant::TensorScale;
 
-use crate::quantize_presets::{self as presets, ModelFacts, Overrides, Pick, Preset, Ty};
+use crate::quantize_presets::{self as presets, ModelFacts, Overrides, Pick, Preset};
 use crate::CliError;
 
 #[derive(clap::Args, Debug)]
@@ -24,7 +24,7 @@ pub struct Args {
     pub output: PathBuf,
     /// A llama-quantize preset (Q2_K, Q3_K_S, Q3_K_M, Q3_K_L, Q4_K_S, Q4_K_M, Q5_K_S, Q5_K_M, Q6_K, IQ4_XS,
     /// Q8_0), or a type for every matrix (e.g. TQ2_0, TQ1_0, I2_S, IQ2_BN, IQ1_BN, Q5_1, Q5_0, Q4_1, Q4_0,
-    /// Q4_K, IQ4_NL, F16). Case-insensitive.
+    /// Q4_K, Q3_K, IQ4_NL, F16). Case-insensitive.
     pub ty: String,
     /// Type of token_embd.weight.
     #[arg(long = "token-embedding-type")]
@@ -155,11 +155,10 @@ fn plain_types(target: GgmlType, file: &File, a: &Args) -> Result<Vec<GgmlType>,
     Ok(file.tensors.iter().map(|t| choice.for_tensor(t)).collect())
 }
 
-/// Every tensor's type under llama-quantize's preset `p`; an error names a
-/// type the preset needs that this build cannot write.
+/// Every tensor's type under llama-quantize's preset `p`.
 fn preset_types(p: Preset, file: &File, a: &Args) -> Result<Vec<GgmlType>, CliError> {
-    let side = |s: Option<&str>| -> Result<Option<Ty>, CliError> {
-        s.map(|s| Ty::from_name(s).ok_or_else(|| unknown_type(s))).transpose()
+    let side = |s: Option<&str>| -> Result<Option<GgmlType>, CliError> {
+        s.map(|s| GgmlType::from_name(s).ok_or_else(|| unknown_type(s))).transpose()
     };
     let over = Overrides {
         token_embd: side(a.token_embedding_type.as_deref())?,
@@ -171,28 +170,15 @@ fn preset_types(p: Preset, file: &File, a: &Args) -> Result<Vec<GgmlType>, CliEr
         file.tensors.iter().map(|t| presets::Tensor { name: &t.name, dims: t.dims() }).collect();
     let picks = presets::choose(p, &facts, &tensors, over)
         .map_err(|e| CliError(format!("{}: preset {}: {e}", a.input.display(), p.name())))?;
-    let mut missing: Vec<(Ty, usize, &str)> = Vec::new();
-    let types = file
+    Ok(file
         .tensors
         .iter()
         .zip(&picks)
         .map(|(t, pick)| match *pick {
             Pick::Keep => t.ty,
-            Pick::To(ty) => ty.ggml().unwrap_or_else(|| {
-                match missing.iter_mut().find(|m| m.0 == ty) {
-                    Some(m) => m.1 += 1,
-                    None => missing.push((ty, 1, &t.name)),
-                }
-                t.ty
-            }),
+            Pick::To(ty) => ty,
         })
-        .collect();
-    if missing.is_empty() {
-        return Ok(types);
-    }
-    let what: Vec<String> =
-        missing.iter().map(|(ty, n, first)| format!("{ty} for {n} tensor(s), e.g. {first}")).collect();
-    Err(CliError(format!("preset {} chooses types this build of tern cannot write yet: {}", p.name(), what.join("; "))))
+        .collect())
 }
 
 /// Dequantizes `t` row by row and requantizes it as `to`.

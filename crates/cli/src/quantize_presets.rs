@@ -51,70 +51,21 @@ use std::fmt;
 
 use tern_gguf::{GgmlType, Metadata};
 
-/// A type a preset can choose: one `GgmlType` has, or one of the three
-/// k-quant / i-quant types that llama's presets use and this build may not
-/// have yet (ggml ids 10, 11, 23).
-#[allow(non_camel_case_types)] // ggml's names
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Ty {
-    Have(GgmlType),
-    Q2_K,
-    Q3_K,
-    IQ4_XS,
-}
+/// A type a preset chooses.
+type Ty = GgmlType;
 
-const F16: Ty = Ty::Have(GgmlType::F16);
-const Q4_0: Ty = Ty::Have(GgmlType::Q4_0);
-const Q5_0: Ty = Ty::Have(GgmlType::Q5_0);
-const Q5_1: Ty = Ty::Have(GgmlType::Q5_1);
-const Q8_0: Ty = Ty::Have(GgmlType::Q8_0);
-const Q4_K: Ty = Ty::Have(GgmlType::Q4_K);
-const Q5_K: Ty = Ty::Have(GgmlType::Q5_K);
-const Q6_K: Ty = Ty::Have(GgmlType::Q6_K);
-const IQ4_NL: Ty = Ty::Have(GgmlType::IQ4_NL);
-const Q2_K: Ty = Ty::Q2_K;
-const Q3_K: Ty = Ty::Q3_K;
-const IQ4_XS: Ty = Ty::IQ4_XS;
-
-impl Ty {
-    pub fn name(self) -> &'static str {
-        match self {
-            Ty::Have(t) => t.name(),
-            Ty::Q2_K => "Q2_K",
-            Ty::Q3_K => "Q3_K",
-            Ty::IQ4_XS => "IQ4_XS",
-        }
-    }
-
-    /// Elements per block along a row.
-    fn block(self) -> u64 {
-        match self {
-            Ty::Have(t) => t.block_elems() as u64,
-            Ty::Q2_K | Ty::Q3_K | Ty::IQ4_XS => 256,
-        }
-    }
-
-    /// Case-insensitive, as users type them.
-    pub fn from_name(s: &str) -> Option<Ty> {
-        GgmlType::from_name(s)
-            .map(Ty::Have)
-            .or_else(|| [Ty::Q2_K, Ty::Q3_K, Ty::IQ4_XS].into_iter().find(|t| t.name().eq_ignore_ascii_case(s)))
-    }
-
-    /// The type tern writes for this choice, if this build has it.
-    pub fn ggml(self) -> Option<GgmlType> {
-        match self {
-            Ty::Have(t) => Some(t),
-            other => GgmlType::from_name(other.name()),
-        }
-    }
-}
-
-impl fmt::Display for Ty {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
+const F16: Ty = GgmlType::F16;
+const Q4_0: Ty = GgmlType::Q4_0;
+const Q5_0: Ty = GgmlType::Q5_0;
+const Q5_1: Ty = GgmlType::Q5_1;
+const Q8_0: Ty = GgmlType::Q8_0;
+const Q4_K: Ty = GgmlType::Q4_K;
+const Q5_K: Ty = GgmlType::Q5_K;
+const Q6_K: Ty = GgmlType::Q6_K;
+const IQ4_NL: Ty = GgmlType::IQ4_NL;
+const Q2_K: Ty = GgmlType::Q2_K;
+const Q3_K: Ty = GgmlType::Q3_K;
+const IQ4_XS: Ty = GgmlType::IQ4_XS;
 
 /// llama-quantize's presets that tern takes (the k-quant family, IQ4_XS and
 /// Q8_0); each is a `llama_ftype`.
@@ -353,7 +304,7 @@ impl fmt::Display for ChoiceError {
             ChoiceError::NoFallback { tensor, ty, row } => write!(
                 f,
                 "{tensor}: rows of {row} are not whole {ty} blocks of {}, and {ty} has no fallback type",
-                ty.block()
+                ty.block_elems() as u64
             ),
             ChoiceError::NoLayer { tensor, n_layer } => {
                 write!(f, "{tensor}: no layer below {n_layer} in the name (blk.N.)")
@@ -514,7 +465,7 @@ impl Walk<'_> {
         if role == Role::Output || (self.tied && role == Role::TokenEmbd) {
             return Ok(match self.over.output {
                 Some(o) => o,
-                None if f.falcon() || !t.dims[0].is_multiple_of(ty.block()) => Q8_0,
+                None if f.falcon() || !t.dims[0].is_multiple_of(ty.block_elems() as u64) => Q8_0,
                 None if ty == Q8_0 => Q8_0,
                 None => Q6_K,
             });
@@ -616,19 +567,19 @@ impl Walk<'_> {
 /// A type whose blocks fit the rows: `ty` itself, its smaller-block stand-in, or F16.
 fn fallback(t: &Tensor, ty: Ty) -> Result<Ty, ChoiceError> {
     let row = t.dims[0];
-    if row.is_multiple_of(ty.block()) {
+    if row.is_multiple_of(ty.block_elems() as u64) {
         return Ok(ty);
     }
     let instead = match ty {
-        Ty::Q2_K | Ty::Q3_K => Q4_0,
-        Ty::Have(GgmlType::TQ1_0 | GgmlType::TQ2_0 | GgmlType::Q2_0) => Q4_0,
-        Ty::Have(GgmlType::Q4_K) => Q5_0,
-        Ty::Have(GgmlType::Q5_K) => Q5_1,
-        Ty::Have(GgmlType::Q6_K) => Q8_0,
-        Ty::IQ4_XS => IQ4_NL,
+        Q2_K | Q3_K => Q4_0,
+        GgmlType::TQ1_0 | GgmlType::TQ2_0 | GgmlType::Q2_0 => Q4_0,
+        GgmlType::Q4_K => Q5_0,
+        GgmlType::Q5_K => Q5_1,
+        GgmlType::Q6_K => Q8_0,
+        IQ4_XS => IQ4_NL,
         _ => return Err(ChoiceError::NoFallback { tensor: t.name.to_string(), ty, row }),
     };
-    Ok(if row.is_multiple_of(instead.block()) { instead } else { F16 })
+    Ok(if row.is_multiple_of(instead.block_elems() as u64) { instead } else { F16 })
 }
 
 /// Every tensor's outcome under `preset`, in the order given.

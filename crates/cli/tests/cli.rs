@@ -215,18 +215,26 @@ fn moe_presets_quantize_show_their_mix_and_run() {
     assert_eq!(f.tensor("blk.0.attn_output.weight").unwrap().ty.name(), "Q5_1");
 }
 
-/// A preset whose types this build cannot write (Q3_K on rows of 256) is
-/// refused by name, before anything is written.
+/// `tern quantize` writes Q2_K, Q3_K and IQ4_XS (ggml's reference
+/// quantizers) for every 256-wide matrix with `--pure`, and the result runs.
+/// Their accuracy is checked in the engine's `block_formats.rs`.
 #[test]
-fn a_preset_needing_a_missing_type_names_it() {
-    if tern_gguf::GgmlType::from_name("Q3_K").is_some() {
-        return; // the type exists: the preset quantizes
+fn q2_k_q3_k_iq4_xs_models_quantize_and_run() {
+    let dir = Scratch::new("q2_k_q3_k_iq4_xs_models_quantize_and_run");
+    for ty in ["q2_k", "q3_k", "iq4_xs"] {
+        let out = dir.file(&format!("llama-{ty}.gguf"));
+        let out = out.to_str().unwrap();
+        ok(&tern(&["quantize", &model("llama-e256-f16.gguf"), out, ty, "--pure"]));
+        let f = File::open(out).unwrap();
+        let matrices: Vec<_> = f.tensors.iter().filter(|t| t.n_dims >= 2).collect();
+        assert_eq!(matrices.len(), 15);
+        assert!(matrices.iter().all(|t| t.ty.name().eq_ignore_ascii_case(ty)), "{ty}");
+        let npy = dir.file(&format!("{ty}.npy"));
+        let args = ["eval", "-m", out, "--tokens", "510,296,387", "--gen", "4", "-c", "64", "--logits-out"];
+        let stdout = ok(&tern(&[&args[..], &[npy.to_str().unwrap()]].concat()));
+        assert_eq!(stdout.trim().split(',').count(), 4, "{stdout}");
+        assert_eq!(tern_engine::npy::read_f32(&npy).unwrap().0, [7, 512]);
     }
-    let dir = Scratch::new("a_preset_needing_a_missing_type_names_it");
-    let out = dir.file("never.gguf");
-    let err = fails_cleanly(&tern(&["quantize", &model("llama-e256-f16.gguf"), out.to_str().unwrap(), "Q3_K_M"]));
-    assert!(err.contains("Q3_K ") && err.contains("cannot write"), "{err}");
-    assert!(!out.exists());
 }
 
 /// With no checkout around (another working directory) and no `-m`, `tern

@@ -4,8 +4,8 @@
 //! Bounds, with `S = Σ|w_i·a_i|` over the dequantized weights and activations:
 //! * integer formats: `|Δ| ≤ 1e-5·S` (the block integer sums are exact; only
 //!   the f32 summation of block results may be reordered), and the k-quants,
-//!   Q4_1 and Q5_1 (which keep the reference's block order) must match it
-//!   bit for bit;
+//!   IQ4_XS, Q4_1 and Q5_1 (which keep the reference's block order) must
+//!   match it bit for bit;
 //! * F32/F16/BF16: `|Δ| ≤ 1e-6·S` (f32 lanes against the reference's f64).
 //!
 //! `cargo test --release -p tern-cpu --test block_kernels -- --ignored --nocapture`
@@ -32,7 +32,7 @@ fn normalish(rng: &mut Rng) -> f32 {
     }
 }
 
-const INT_TYPES: [GgmlType; 10] = [
+const INT_TYPES: [GgmlType; 13] = [
     GgmlType::Q6_K,
     GgmlType::Q8_0,
     GgmlType::Q4_0,
@@ -43,13 +43,26 @@ const INT_TYPES: [GgmlType; 10] = [
     GgmlType::Q5_0,
     GgmlType::Q4_1,
     GgmlType::Q5_1,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::IQ4_XS,
 ];
 const FLOAT_TYPES: [GgmlType; 3] = [GgmlType::F32, GgmlType::F16, GgmlType::BF16];
 
 /// The formats whose kernels sum blocks in the reference's order, and so
 /// return its bits.
 fn is_bit_exact(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::Q4_1 | GgmlType::Q5_1)
+    matches!(
+        ty,
+        GgmlType::Q2_K
+            | GgmlType::Q3_K
+            | GgmlType::Q4_K
+            | GgmlType::Q5_K
+            | GgmlType::Q6_K
+            | GgmlType::IQ4_XS
+            | GgmlType::Q4_1
+            | GgmlType::Q5_1
+    )
 }
 
 /// Row lengths: several multiples of the block, odd block counts included, and
@@ -70,9 +83,17 @@ fn lengths(ty: GgmlType) -> &'static [usize] {
 /// written there when weights are random bytes).
 fn f16_fields(ty: GgmlType) -> &'static [usize] {
     match ty {
-        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::IQ4_NL | GgmlType::Q2_0 | GgmlType::Q1_0 | GgmlType::Q5_0 => &[0],
+        GgmlType::Q8_0
+        | GgmlType::Q4_0
+        | GgmlType::IQ4_NL
+        | GgmlType::Q2_0
+        | GgmlType::Q1_0
+        | GgmlType::Q5_0
+        | GgmlType::IQ4_XS => &[0],
         GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q4_1 | GgmlType::Q5_1 => &[0, 2],
         GgmlType::Q6_K => &[208],
+        GgmlType::Q2_K => &[80, 82],
+        GgmlType::Q3_K => &[108],
         _ => &[],
     }
 }
@@ -290,6 +311,55 @@ fn five_bit_formats_every_code() {
     }
 }
 
+/// Q2_K, Q3_K and IQ4_XS rows whose code bytes are all one pattern (every
+/// code and scale field at 0, at its top, alternating, mixed) around random
+/// f16 scales, against activations at ±127 (the largest `maddubs` pair sums)
+/// and random ones; Q2_K and Q3_K also with a −128 activation quant, which
+/// their unsigned codes take: the scalar twin's bits on every ISA level.
+#[test]
+fn low_k_quants_every_pattern() {
+    let mut rng = Rng::new(0x2323);
+    for ty in [GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::IQ4_XS] {
+        let bb = ty.layout().block_bytes;
+        for &n in lengths(ty) {
+            for fill in [0x00u8, 0xFF, 0x55, 0xAA, 0x0F, 0xF0, 0x1B] {
+                for acts in 0..3 {
+                    let mut w = weight_row(ty, n, &mut rng, true);
+                    for b in w.chunks_exact_mut(bb) {
+                        for (i, byte) in b.iter_mut().enumerate() {
+                            if !f16_fields(ty).iter().any(|&f| i == f || i == f + 1) {
+                                *byte = fill;
+                            }
+                        }
+                    }
+                    let mut a = act_row(ty, n, &mut rng);
+                    if acts < 2 {
+                        // Every quant at +127 or alternating ±127 (bsums follow).
+                        let x: Vec<f32> = (0..n).map(|i| if acts == 0 || i % 2 == 0 { 1.0 } else { -1.0 }).collect();
+                        quantize_acts(act_type(ty), &x, &mut a);
+                    }
+                    if ty != GgmlType::IQ4_XS {
+                        // Quant 5 of the first block to −128, its group sum (bsums[0]) to match.
+                        let bsum = i16::from_le_bytes([a[260], a[261]]) - a[4 + 5] as i8 as i16 - 128;
+                        a[4 + 5] = 0x80;
+                        a[260..262].copy_from_slice(&bsum.to_le_bytes());
+                    }
+                    let want = vec_dot(ty, n, &w, TensorScale::ONE, &a);
+                    let s = abs_dot(ty, n, &w, &a);
+                    for isa in isas() {
+                        let f = dot_fn(ty, isa).unwrap();
+                        // SAFETY: `isa` is available on this machine.
+                        let got = unsafe { f(n, &w, &a) };
+                        let ctx =
+                            format!("{ty} {isa:?} n={n} fill {fill:#04x} acts {acts}: got {got}, want {want}, S={s}");
+                        assert_eq!(got.to_bits(), want.to_bits(), "{ctx}");
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Zero rows give exactly zero; one non-zero element gives the reference
 /// exactly (not for Q1_0, which has no zero: its row is ±d throughout).
 #[test]
@@ -422,6 +492,9 @@ fn bench_block_kernels() {
         (GgmlType::Q1_0, &[256, 32768][..]),
         (GgmlType::Q4_K, &[256, 32768][..]),
         (GgmlType::Q5_K, &[256, 32768][..]),
+        (GgmlType::Q2_K, &[256, 32768][..]),
+        (GgmlType::Q3_K, &[256, 32768][..]),
+        (GgmlType::IQ4_XS, &[256, 32768][..]),
         (GgmlType::BF16, &[256, 16384][..]),
         (GgmlType::F32, &[128, 8192][..]),
     ] {

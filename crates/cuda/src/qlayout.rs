@@ -1,15 +1,20 @@
 //! The GPU layouts of block-quantized weights (heads, embeddings,
 //! non-ternary models), both exact: every value is the file's.
 //!
-//! - [`QLayout::Levels`] (Q8_0, Q4_0, Q2_0, Q1_0, Q5_0): `k` int8 levels a
-//!   row plus an f32 scale per 16, read with 16-byte loads.
+//! - [`QLayout::Levels`] (Q8_0, Q4_0, Q2_0, Q1_0, Q5_0, Q3_K, IQ4_XS): `k`
+//!   int8 levels a row plus an f32 scale per 16, read with 16-byte loads.
 //! - [`QLayout::Q6K`]: Q6_K's 6.56 bits a weight kept, in planes a warp reads
 //!   with coalesced vector loads (the head streams 269 MB a token instead of
 //!   the 410 MB its int8 levels and f32 scales would take).
 //!
-//! Q2_0, Q1_0 and Q5_0 matrices become levels −1..=2, ±1 and −16..=15.
-//! Q4_1 and Q5_1 (a code times a scale plus a minimum per block) have no
-//! exact form in these layouts, so they stay on the CPU (`weights.rs`).
+//! Q2_0, Q1_0 and Q5_0 matrices become levels −1..=2, ±1 and −16..=15;
+//! Q3_K levels −4..=3 with the group's `d·(code − 32)` as its scale, and
+//! IQ4_NL's table entries (−127..=113) for IQ4_XS with the sub-block's
+//! `d·(code − 32)` on both its groups of 16: the same f32 products the
+//! CPU's dequantization forms (an f16 times a 6-bit integer is exact in
+//! f32). Q4_1, Q5_1 and Q2_K (a code times a scale plus a minimum per
+//! block or group) have no exact form in these layouts, so they stay on
+//! the CPU (`weights.rs`).
 //! Both GEMVs read a word of levels a lane, consecutive lanes on
 //! consecutive elements, so a warp's float4 activation loads cover four
 //! cache lines. Levels become floats
@@ -22,7 +27,11 @@
 //! as 16-byte words while it multiplies the current one.
 
 use half::f16;
-use tern_quant::{cast_blocks, BlockQ1_0, BlockQ2_0, BlockQ4_0, BlockQ5_0, BlockQ6K, BlockQ8_0, GgmlType};
+use tern_quant::kquants::q3k::q3k_scale_codes;
+use tern_quant::q4_0::KVALUES_IQ4NL;
+use tern_quant::{
+    cast_blocks, BlockIQ4XS, BlockQ1_0, BlockQ2_0, BlockQ3K, BlockQ4_0, BlockQ5_0, BlockQ6K, BlockQ8_0, GgmlType,
+};
 
 /// Elements per scale.
 pub const GROUP: usize = 16;
@@ -86,7 +95,8 @@ pub fn pack_q6k(bytes: &[u8], k: usize, rows: usize) -> Vec<u8> {
     out
 }
 
-/// Converts a `[k, rows]` Q8_0, Q4_0, Q2_0, Q1_0 or Q5_0 tensor to [`QLayout::Levels`].
+/// Converts a `[k, rows]` Q8_0, Q4_0, Q2_0, Q1_0, Q5_0, Q3_K or IQ4_XS tensor
+/// to [`QLayout::Levels`].
 pub fn pack(ty: GgmlType, bytes: &[u8], k: usize, rows: usize) -> GpuQ8 {
     let mut values = vec![0i8; k * rows];
     let mut scales = vec![0f32; k * rows / GROUP];
@@ -133,6 +143,30 @@ pub fn pack(ty: GgmlType, bytes: &[u8], k: usize, rows: usize) -> GpuQ8 {
                 scales[2 * i..2 * i + 2].fill(f16_at(b.d));
             }
         }
+        GgmlType::Q3_K => {
+            // Levels −4..=3; group g's scale is d·(code_g − 32).
+            for (i, b) in cast_blocks::<BlockQ3K>(bytes).iter().enumerate() {
+                for (e, v) in values[256 * i..256 * i + 256].iter_mut().enumerate() {
+                    *v = b.level(e) as i8;
+                }
+                let d = f16_at(b.d);
+                for (s, &c) in scales[16 * i..16 * i + 16].iter_mut().zip(&q3k_scale_codes(&b.scales)) {
+                    *s = d * (c as i32 - 32) as f32;
+                }
+            }
+        }
+        GgmlType::IQ4_XS => {
+            // The table entries; sub-block sb's d·(code − 32) on its two groups of 16.
+            for (i, b) in cast_blocks::<BlockIQ4XS>(bytes).iter().enumerate() {
+                for (e, v) in values[256 * i..256 * i + 256].iter_mut().enumerate() {
+                    *v = KVALUES_IQ4NL[b.index(e) as usize];
+                }
+                let d = f16_at(b.d);
+                for (g, s) in scales[16 * i..16 * i + 16].iter_mut().enumerate() {
+                    *s = d * (b.scale_code(g / 2) as i32 - 32) as f32;
+                }
+            }
+        }
         _ => panic!("{ty} has no int8 GPU layout"),
     }
     GpuQ8 { values, scales }
@@ -169,16 +203,22 @@ mod tests {
             (GgmlType::Q1_0, true),
             (GgmlType::Q5_0, false),
             (GgmlType::Q5_0, true),
+            (GgmlType::Q3_K, false),
+            (GgmlType::Q3_K, true),
+            (GgmlType::IQ4_XS, false),
+            (GgmlType::IQ4_XS, true),
         ] {
             let mut bytes = vec![0u8; ty.tensor_bytes(&[k as u64, rows as u64]).unwrap() as usize];
             tern_quant::quantize_tensor(ty, &x, k, &mut bytes);
             if raw {
                 // Every code (Q2_0's quantizer never writes +2), finite scales of both signs.
                 let bb = ty.layout().block_bytes;
+                // Where the f16 scale is (Q3_K keeps it at the end).
+                let d_at = if ty == GgmlType::Q3_K { 108 } else { 0 };
                 for (i, b) in bytes.iter_mut().enumerate() {
                     *b = match i % bb {
-                        0 => (i / bb * 29) as u8,
-                        1 => 0x2e | ((i / bb) as u8 & 1) << 7,
+                        o if o == d_at => (i / bb * 29) as u8,
+                        o if o == d_at + 1 => 0x2e | ((i / bb) as u8 & 1) << 7,
                         _ => (i * 97 % 256) as u8,
                     };
                 }

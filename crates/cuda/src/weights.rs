@@ -40,12 +40,17 @@ impl Held {
             GgmlType::Q8_0 | GgmlType::Q4_0 => quant(QLayout::Levels),
             GgmlType::Q6_K => quant(QLayout::Q6K),
             // Levels −1..=2 (Q2_0), ±1 (Q1_0) or −16..=15 (Q5_0) times the block
-            // scale: exact as int8 levels.
-            GgmlType::Q2_0 | GgmlType::Q1_0 | GgmlType::Q5_0 => matrix.then_some(Held::Quant(QLayout::Levels)),
-            // Q4_1 and Q5_1 add a minimum per block, which the int8 levels with
-            // a scale per 16 cannot hold, and `dq` does not read them: their
-            // weights are planned on the CPU.
-            GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::IQ4_NL | GgmlType::Q4_1 | GgmlType::Q5_1 => None,
+            // scale, −4..=3 (Q3_K) or IQ4_NL's table (IQ4_XS) times the group's
+            // d·(code − 32): exact as int8 levels with a scale per 16.
+            GgmlType::Q2_0 | GgmlType::Q1_0 | GgmlType::Q5_0 | GgmlType::Q3_K | GgmlType::IQ4_XS => {
+                matrix.then_some(Held::Quant(QLayout::Levels))
+            }
+            // Q4_1, Q5_1 and Q2_K add a minimum per block or group, which the
+            // int8 levels with a scale per 16 cannot hold, and `dq` does not
+            // read them: their weights are planned on the CPU.
+            GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::IQ4_NL | GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q2_K => {
+                None
+            }
         }
     }
 
@@ -141,7 +146,7 @@ pub fn streams(desc: WeightDesc) -> bool {
 
 /// Bytes a weight takes on the GPU once loaded (`load_weight`): ternary
 /// matrices repacked to 2 bits plus scales, Q8_0/Q4_0/Q6_K (and Q2_0, Q1_0,
-/// Q5_0) matrices in their `qlayout` layouts, others as stored.
+/// Q5_0, Q3_K, IQ4_XS) matrices in their `qlayout` layouts, others as stored.
 pub fn weight_bytes(desc: WeightDesc, file_bytes: usize) -> usize {
     let (k, rows) = (desc.ne[0], desc.ne[1]);
     match Held::of(desc.ty, desc.ne) {
@@ -166,12 +171,14 @@ mod tests {
     /// holding but the ternary codes, a matmul every holding of a matrix.
     #[test]
     fn supports_follows_how_weights_are_held() {
-        // Q2_0, Q1_0 and Q5_0 matrices are converted to int8 levels; dq does not read their bytes.
+        // Q2_0, Q1_0, Q5_0, Q3_K and IQ4_XS matrices are converted to int8
+        // levels; dq does not read their bytes.
         let rows_read = |ty: GgmlType, matrix: bool| {
             matches!(
                 ty,
                 GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 | GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q6_K
-            ) || (matrix && matches!(ty, GgmlType::Q2_0 | GgmlType::Q1_0 | GgmlType::Q5_0))
+            ) || (matrix
+                && matches!(ty, GgmlType::Q2_0 | GgmlType::Q1_0 | GgmlType::Q5_0 | GgmlType::Q3_K | GgmlType::IQ4_XS))
         };
         for ty in GgmlType::ALL {
             for ne in [[256, 4, 1, 1], [256, 4, 2, 1]] {
@@ -199,8 +206,16 @@ mod tests {
     fn weight_bytes_cover_the_repacked_layouts() {
         let (k, rows) = (768, 130);
         let x: Vec<f32> = (0..k * rows).map(|i| ((i * 37) % 3) as f32 - 1.0).collect();
-        let quantized =
-            [GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q2_0, GgmlType::Q1_0, GgmlType::Q5_0];
+        let quantized = [
+            GgmlType::Q6_K,
+            GgmlType::Q8_0,
+            GgmlType::Q4_0,
+            GgmlType::Q2_0,
+            GgmlType::Q1_0,
+            GgmlType::Q5_0,
+            GgmlType::Q3_K,
+            GgmlType::IQ4_XS,
+        ];
         let types = [GgmlType::TQ2_0, GgmlType::IQ2_BN].into_iter().chain(quantized);
         for ty in types.chain([GgmlType::F16]) {
             let mut bytes = vec![0u8; ty.tensor_bytes(&[k as u64, rows as u64]).unwrap() as usize];

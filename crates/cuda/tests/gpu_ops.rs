@@ -255,6 +255,8 @@ fn float_and_block_matmuls_and_get_rows_match_cpu() {
         GgmlType::Q2_0,
         GgmlType::Q1_0,
         GgmlType::Q5_0,
+        GgmlType::Q3_K,
+        GgmlType::IQ4_XS,
     ];
     for ty in types {
         for &(k, rows, n) in &[(256usize, 33usize, 1usize), (512, 100, 5), (768, 17, 13)] {
@@ -272,6 +274,14 @@ fn float_and_block_matmuls_and_get_rows_match_cpu() {
             if ty == GgmlType::Q5_0 {
                 // Random nibbles and fifth bits: every level in every position.
                 weight.chunks_exact_mut(22).for_each(|b| b[2..].iter_mut().for_each(|q| *q = rng.next_u64() as u8));
+            }
+            if ty == GgmlType::Q3_K {
+                // Random third bits, low bits and scale codes (d, at the end, kept).
+                weight.chunks_exact_mut(110).for_each(|b| b[..108].iter_mut().for_each(|q| *q = rng.next_u64() as u8));
+            }
+            if ty == GgmlType::IQ4_XS {
+                // Random scale codes and table indices (d, at the start, kept).
+                weight.chunks_exact_mut(136).for_each(|b| b[2..].iter_mut().for_each(|q| *q = rng.next_u64() as u8));
             }
             let data = HashMap::from([
                 (w, weight),

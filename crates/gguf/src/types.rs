@@ -24,10 +24,16 @@ pub enum GgmlType {
     /// 5-bit codes 0..31 with an f16 scale and an f16 min per 32.
     Q5_1,
     Q8_0,
+    /// 2-bit codes with a 4-bit scale and a 4-bit min per 16 (f16 super-scales), 256 per block.
+    Q2_K,
+    /// 3-bit levels −4..3 with a 6-bit signed scale per 16 (f16 super-scale), 256 per block.
+    Q3_K,
     Q4_K,
     Q5_K,
     Q6_K,
     IQ4_NL,
+    /// IQ4_NL's table with a 6-bit signed scale per 32 (f16 super-scale), 256 per block.
+    IQ4_XS,
     BF16,
     TQ1_0,
     TQ2_0,
@@ -53,7 +59,7 @@ pub struct Layout {
 }
 
 impl GgmlType {
-    pub const ALL: [GgmlType; 19] = [
+    pub const ALL: [GgmlType; 22] = [
         GgmlType::F32,
         GgmlType::F16,
         GgmlType::Q1_0,
@@ -63,10 +69,13 @@ impl GgmlType {
         GgmlType::Q5_0,
         GgmlType::Q5_1,
         GgmlType::Q8_0,
+        GgmlType::Q2_K,
+        GgmlType::Q3_K,
         GgmlType::Q4_K,
         GgmlType::Q5_K,
         GgmlType::Q6_K,
         GgmlType::IQ4_NL,
+        GgmlType::IQ4_XS,
         GgmlType::BF16,
         GgmlType::TQ1_0,
         GgmlType::TQ2_0,
@@ -85,10 +94,13 @@ impl GgmlType {
             GgmlType::Q5_0 => 6,
             GgmlType::Q5_1 => 7,
             GgmlType::Q8_0 => 8,
+            GgmlType::Q2_K => 10,
+            GgmlType::Q3_K => 11,
             GgmlType::Q4_K => 12,
             GgmlType::Q5_K => 13,
             GgmlType::Q6_K => 14,
             GgmlType::IQ4_NL => 20,
+            GgmlType::IQ4_XS => 23,
             GgmlType::BF16 => 30,
             GgmlType::TQ1_0 => 34,
             GgmlType::TQ2_0 => 35,
@@ -115,10 +127,13 @@ impl GgmlType {
             GgmlType::Q5_0 => "Q5_0",
             GgmlType::Q5_1 => "Q5_1",
             GgmlType::Q8_0 => "Q8_0",
+            GgmlType::Q2_K => "Q2_K",
+            GgmlType::Q3_K => "Q3_K",
             GgmlType::Q4_K => "Q4_K",
             GgmlType::Q5_K => "Q5_K",
             GgmlType::Q6_K => "Q6_K",
             GgmlType::IQ4_NL => "IQ4_NL",
+            GgmlType::IQ4_XS => "IQ4_XS",
             GgmlType::BF16 => "BF16",
             GgmlType::TQ1_0 => "TQ1_0",
             GgmlType::TQ2_0 => "TQ2_0",
@@ -144,9 +159,12 @@ impl GgmlType {
             GgmlType::Q5_0 => (32, 22, 0, 0),
             GgmlType::Q5_1 => (32, 24, 0, 0),
             GgmlType::Q8_0 => (32, 34, 0, 0),
+            GgmlType::Q2_K => (256, 84, 0, 0),
+            GgmlType::Q3_K => (256, 110, 0, 0),
             GgmlType::Q4_K => (256, 144, 0, 0),
             GgmlType::Q5_K => (256, 176, 0, 0),
             GgmlType::Q6_K => (256, 210, 0, 0),
+            GgmlType::IQ4_XS => (256, 136, 0, 0),
             GgmlType::TQ1_0 => (256, 54, 0, 0),
             GgmlType::TQ2_0 => (256, 66, 0, 0),
             // I2_S packs 128 elements in 32 bytes over the flattened tensor.
@@ -170,10 +188,14 @@ impl GgmlType {
             GgmlType::Q8_0 => 7,
             GgmlType::Q5_0 => 8,
             GgmlType::Q5_1 => 9,
+            GgmlType::Q2_K => 10,
+            // Q3_K_M, as Q4_K and Q5_K give their _M mixes.
+            GgmlType::Q3_K => 12,
             GgmlType::Q4_K => 15,
             GgmlType::Q5_K => 17,
             GgmlType::Q6_K => 18,
             GgmlType::IQ4_NL => 25,
+            GgmlType::IQ4_XS => 30,
             GgmlType::BF16 => 32,
             GgmlType::TQ1_0 => 36,
             GgmlType::TQ2_0 => 37,
@@ -246,6 +268,11 @@ mod tests {
         assert_eq!(GgmlType::Q5_0.tensor_bytes(&[2048, 768]), Some(64 * 22 * 768));
         assert_eq!(GgmlType::Q5_1.tensor_bytes(&[2048, 768]), Some(64 * 24 * 768));
         assert_eq!(GgmlType::Q5_0.tensor_bytes(&[48]), None);
+        // Qwen3-30B-A3B's experts: 2048 x 768, 8 super-blocks a row.
+        assert_eq!(GgmlType::Q2_K.tensor_bytes(&[2048, 768]), Some(8 * 84 * 768));
+        assert_eq!(GgmlType::Q3_K.tensor_bytes(&[2048, 768]), Some(8 * 110 * 768));
+        assert_eq!(GgmlType::IQ4_XS.tensor_bytes(&[2048, 768]), Some(8 * 136 * 768));
+        assert_eq!(GgmlType::IQ4_XS.tensor_bytes(&[128]), None);
         assert_eq!(GgmlType::F32.tensor_bytes(&[u64::MAX, 2]), None);
     }
 
@@ -258,5 +285,9 @@ mod tests {
         assert_eq!(GgmlType::from_id(4), None);
         assert_eq!(GgmlType::from_id(6), Some(GgmlType::Q5_0));
         assert_eq!(GgmlType::from_name("q5_1"), Some(GgmlType::Q5_1));
+        assert_eq!(GgmlType::from_id(10), Some(GgmlType::Q2_K));
+        assert_eq!(GgmlType::from_id(11), Some(GgmlType::Q3_K));
+        assert_eq!(GgmlType::from_id(23), Some(GgmlType::IQ4_XS));
+        assert_eq!(GgmlType::from_name("iq4_xs"), Some(GgmlType::IQ4_XS));
     }
 }

@@ -10,7 +10,8 @@
 
 use crate::blocks::{cast_blocks, Block};
 use crate::float::{BF16, F16, F32};
-use crate::kquants::{q4k::Q4K, q5k::Q5K, q6k::Q6K};
+use crate::iq4_xs::IQ4XS;
+use crate::kquants::{q2k::Q2K, q3k::Q3K, q4k::Q4K, q5k::Q5K, q6k::Q6K};
 use crate::q1_0::Q1_0;
 use crate::q2_0::Q2_0;
 use crate::q4_0::{IQ4NL, Q4_0};
@@ -138,6 +139,9 @@ pub(crate) const fn ops(ty: GgmlType) -> &'static FormatOps {
         Q5_0 => Q5_0,
         Q5_1 => Q5_1,
         IQ4_NL => IQ4NL,
+        IQ4_XS => IQ4XS,
+        Q2_K => Q2K,
+        Q3_K => Q3K,
         Q4_K => Q4K,
         Q5_K => Q5K,
         Q6_K => Q6K,

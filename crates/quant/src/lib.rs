@@ -21,7 +21,7 @@
 //!
 //! Modules: `float` (private) F32/F16/BF16, [`q8_0`], [`q4_0`] (Q4_0 + IQ4_NL),
 //! [`q5_0`], [`q4_1`] (Q4_1 + Q5_1), [`q2_0`], [`q1_0`],
-//! [`kquants`] (Q4_K/Q5_K/Q6_K), [`ternary`] (TQ1_0/TQ2_0, IQ1_BN/IQ2_BN,
+//! [`kquants`] (Q2_K/Q3_K/Q4_K/Q5_K/Q6_K), [`iq4_xs`], [`ternary`] (TQ1_0/TQ2_0, IQ1_BN/IQ2_BN,
 //! I2_S), [`act`] (activation formats), [`blocks`] (casts and scalar helpers),
 //! `format` (the trait and the registry).
 
@@ -29,6 +29,7 @@ pub mod act;
 pub mod blocks;
 mod float;
 mod format;
+pub mod iq4_xs;
 pub mod kquants;
 pub mod q1_0;
 pub mod q2_0;
@@ -41,7 +42,8 @@ pub mod ternary;
 pub use act::{act_row_bytes, act_type, dequantize_acts, quantize_acts, ActType, BlockQ8K};
 pub use blocks::{cast_blocks, cast_blocks_mut, Block};
 pub use format::Format;
-pub use kquants::{q4k::BlockQ4K, q5k::BlockQ5K, q6k::BlockQ6K};
+pub use iq4_xs::BlockIQ4XS;
+pub use kquants::{q2k::BlockQ2K, q3k::BlockQ3K, q4k::BlockQ4K, q5k::BlockQ5K, q6k::BlockQ6K};
 pub use q1_0::BlockQ1_0;
 pub use q2_0::BlockQ2_0;
 pub use q4_0::{BlockIQ4NL, BlockQ4_0};

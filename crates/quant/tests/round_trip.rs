@@ -26,12 +26,15 @@ use tern_testutil::Rng;
 /// | Q5_0 | 0.062 | 0.0477 | 32 levels per 32, extreme pinned to −16 |
 /// | Q4_1 | 0.105 | 0.0817 | 16 levels + min per 32, spanning min..max |
 /// | Q5_1 | 0.049 | 0.0377 | 32 levels + min per 32, spanning min..max |
+/// | IQ4_XS | 0.1 | 0.0773 | IQ4_NL's 16 levels per 32, 6-bit sub-scales (ggml's fit) |
+/// | Q3_K | 0.19 | 0.149 | 8 levels per 16, 6-bit signed sub-scales (ggml's fit) |
+/// | Q2_K | 0.4 | 0.306 | 4 levels + min per 16, 4-bit sub-scales and mins (ggml's fit) |
 /// | Q2_0 | 0.94 | 0.726 | 3 levels (of its 4) per 64, block max scale |
 /// | Q1_0 | 0.78 | 0.602 | signs per 128, mean-magnitude scale: √(1 − 2/π) on Gaussian data |
 /// | TQ2_0 / TQ1_0 | 0.95 | 0.78 / 0.80 | 3 levels, block max scale |
 /// | IQ2_BN / IQ1_BN | 0.95 | 0.88 / 0.91 | 3 levels, row max scale |
 /// | I2_S | 0.98 | 0.952 | 3 levels, tensor max scale |
-const BOUNDS: [(GgmlType, f64); 18] = [
+const BOUNDS: [(GgmlType, f64); 21] = [
     (GgmlType::F32, 0.0),
     (GgmlType::F16, 3e-4),
     (GgmlType::BF16, 2.5e-3),
@@ -44,6 +47,9 @@ const BOUNDS: [(GgmlType, f64); 18] = [
     (GgmlType::Q5_0, 0.062),
     (GgmlType::Q4_1, 0.105),
     (GgmlType::Q5_1, 0.049),
+    (GgmlType::IQ4_XS, 0.1),
+    (GgmlType::Q3_K, 0.19),
+    (GgmlType::Q2_K, 0.4),
     (GgmlType::Q2_0, 0.94),
     (GgmlType::Q1_0, 0.78),
     (GgmlType::TQ2_0, 0.95),

@@ -1,13 +1,18 @@
-//! The k-quants Q4_K, Q5_K and Q6_K: 256-element super-blocks whose sub-blocks
-//! carry small integer scales relative to f16 super-scales. All three pair with
-//! `ActType::Q8_K` activations. This module holds what they share: the 6-bit
-//! scale/min packing of Q4_K/Q5_K and the reference scale fitting. The
-//! quantizers are our own least-squares searches, not bit-identical to
-//! `llama-quantize` (the spec only requires the decoders to match).
+//! The k-quants Q2_K, Q3_K, Q4_K, Q5_K and Q6_K: 256-element super-blocks
+//! whose sub-blocks carry small integer scales relative to f16 super-scales.
+//! All pair with `ActType::Q8_K` activations. This module holds what they
+//! share: the 6-bit scale/min packing of Q4_K/Q5_K and the scale fitting.
+//! The Q4_K/Q5_K/Q6_K quantizers are our own least-squares searches, not
+//! bit-identical to `llama-quantize` (the spec only requires the decoders to
+//! match); Q2_K's and Q3_K's (and IQ4_XS's) are ggml's reference quantizers,
+//! bit for bit ([`reference`]).
 
+pub mod q2k;
+pub mod q3k;
 pub mod q4k;
 pub mod q5k;
 pub mod q6k;
+pub(crate) mod reference;
 
 use crate::blocks::{f32_to_f16, round_f16};
 

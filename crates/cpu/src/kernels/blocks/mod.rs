@@ -10,23 +10,25 @@
 //! |---|---|---|---|
 //! | Q8_0, Q4_0, IQ4_NL, Q5_0 | Q8_0 | `maddubs` (sign trick), 8 blocks per step | `dpbusd` on unsigned codes + offset term, 16 blocks per step |
 //! | Q4_1, Q5_1 | Q8_0 | `maddubs` of codes and of ones (the min's `Σa`), 8 blocks per step | `dpbusd` of codes and of ones, 16 blocks per step |
-//! | Q4_K, Q5_K, Q6_K | Q8_K | `maddubs` + `madd` by sub-scale | `maddubs` + `dpwssd` by sub-scale |
+//! | Q2_K, Q3_K, Q4_K, Q5_K, Q6_K | Q8_K | `maddubs` + `madd` by sub-scale | `maddubs` + `dpwssd` by sub-scale |
+//! | IQ4_XS | Q8_K | table shuffle, `maddubs` (sign trick) + `madd` by sub-scale | levels × sub-scale in i16, `dpwssd` |
 //! | F32, F16, BF16 | f32 | 4 × 8-lane FMA accumulators | 4 × 16-lane FMA accumulators, masked tail |
 //! | Q1_0 | Q8_0 | `maddubs` of unsigned codes − `maddubs` of ones, 8 activation blocks per step | `dpbusd` + offset term, 64 codes per vector, 16 activation blocks per step |
 //!
 //! Numerics: the integer sum of every block (sub-scales and the Q4_K/Q5_K mins
 //! included) is exactly the integer the reference forms; it is converted to
-//! f32 and scaled as the reference does. K-quant, Q4_1 and Q5_1 blocks are
-//! summed in the reference's order, so those kernels return the reference's
-//! bits; the other 32-element formats sum blocks in 8 or 16 f32 lanes (order
+//! f32 and scaled as the reference does. K-quant, IQ4_XS, Q4_1 and Q5_1
+//! blocks are summed in the reference's order, so those kernels return the
+//! reference's bits; the other 32-element formats sum blocks in 8 or 16 f32 lanes (order
 //! differs, ≈1 ulp per block). Float weights accumulate in f32 lanes where the reference uses
 //! f64: the error is bounded by about `(n/32 + 16) · 2⁻²⁴ · Σ|w·x|` (see
 //! `float.rs`) and in practice far below it.
 //!
-//! Preconditions beyond `vec_dot`'s: Q8_0 activation quants lie in −127..=127
-//! (what `quantize_acts` produces); the AVX2 sign trick would mis-handle −128
-//! against a negative weight (the AVX-512 kernels, and the AVX2 ones of Q4_1
-//! and Q5_1, take any byte). Weight bytes may hold any value.
+//! Preconditions beyond `vec_dot`'s: Q8_0 activation quants, and the Q8_K
+//! quants IQ4_XS meets, lie in −127..=127 (what `quantize_acts` produces);
+//! the AVX2 sign trick would mis-handle −128 against a negative weight (the
+//! AVX-512 kernels, the AVX2 ones of Q4_1 and Q5_1, and those of the
+//! k-quants take any byte). Weight bytes may hold any value.
 //!
 //! Lengths are checked as `vec_dot` checks them (panics on mismatch); all loads
 //! are unaligned, so rows may sit anywhere in an mmap.
@@ -65,7 +67,11 @@ macro_rules! kernels {
 #[cfg(target_arch = "x86_64")]
 mod float;
 #[cfg(target_arch = "x86_64")]
+mod iq4xs;
+#[cfg(target_arch = "x86_64")]
 mod lowbit;
+#[cfg(target_arch = "x86_64")]
+mod q23k;
 #[cfg(target_arch = "x86_64")]
 mod q32;
 #[cfg(target_arch = "x86_64")]
@@ -96,8 +102,16 @@ pub struct Entry {
 
 /// Every kernel file's entries: the one place a new file is added.
 #[cfg(target_arch = "x86_64")]
-const REGISTRY: &[&[Entry]] =
-    &[q32::KERNELS, q32min::KERNELS, q45k::KERNELS, q6k::KERNELS, float::KERNELS, lowbit::KERNELS];
+const REGISTRY: &[&[Entry]] = &[
+    q32::KERNELS,
+    q32min::KERNELS,
+    q23k::KERNELS,
+    q45k::KERNELS,
+    q6k::KERNELS,
+    iq4xs::KERNELS,
+    float::KERNELS,
+    lowbit::KERNELS,
+];
 
 /// Every registered kernel (none off x86-64).
 pub fn registry() -> impl Iterator<Item = &'static Entry> {
