@@ -55,19 +55,7 @@ def main():
         ("llama.cpp", "TQ1_0", [a.ml, "-m", m("ml-tq1_0.gguf")] + common),
     ] + [("tern", t.upper(), [a.tern, "bench", "-m", m(f"{t}.gguf")] + common)
          for t in ["tq2_0", "iq2_bn", "i2_s", "tq1_0", "iq1_bn"]]
-    samples = {(e, f): {"pp512": [], "tg128": []} for e, f, _ in configs}
-    with open(a.log, "w") as log:
-        for r in range(a.rounds):
-            for engine, fmt, cmd in configs:
-                res = subprocess.run(cmd, capture_output=True, text=True)
-                log.write(f"# round {r} {engine} {fmt}: {' '.join(cmd)}\n{res.stdout}\n{res.stderr[-2000:]}\n")
-                log.flush()
-                got = parse(res.stdout)
-                for test in ("pp512", "tg128"):
-                    if test in got:
-                        samples[(engine, fmt)][test].append(got[test])
-                print(f"round {r} {engine:13} {fmt:14} {got}", file=sys.stderr, flush=True)
-    med = {k: {t: statistics.median(v) if v else float("nan") for t, v in d.items()} for k, d in samples.items()}
+    med = run_rounds(a, configs, ["pp512", "tg128"])
     ik2, ik1 = med[("ik_llama.cpp", "IQ2_BN -rtr 1")], med[("ik_llama.cpp", "IQ1_BN")]
     print(f"| engine | format | pp512 t/s | tg128 t/s | pp512 / ik IQ2_BN | tg128 / ik IQ2_BN | pp512 / ik IQ1_BN | tg128 / ik IQ1_BN |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
