@@ -15,7 +15,7 @@
 use std::time::{Duration, Instant};
 
 use tern_cpu::isa::Isa;
-use tern_cpu::kernels::blocks::{dot_fn, registry, DotFn};
+use tern_cpu::kernels::blocks::{dot_fn, registry, tile_registry, DotFn};
 use tern_quant::{
     act_row_bytes, act_type, dequantize_acts, dequantize_row, quantize_acts, quantize_row, row_bytes, vec_dot,
     GgmlType, TensorScale,
@@ -188,6 +188,34 @@ fn check_type(ty: GgmlType, tol: f64, seed: u64) -> Vec<(Isa, f64)> {
 fn report(ty: GgmlType, tol: f64, worst: &[(Isa, f64)]) {
     for (isa, e) in worst {
         println!("{ty:>7} {:>7}: max |Δ|/Σ|w·a| = {e:.3e} (bound {tol:e})", isa.name());
+    }
+}
+
+/// Every four-row kernel returns, for each of its rows, the bits of its
+/// type's one-row kernel at the same ISA level (random and raw weight bytes,
+/// every length the format's tests use).
+#[test]
+fn four_row_kernels_are_four_one_row_kernels() {
+    let mut rng = Rng::new(0x4444);
+    let mut checked = 0;
+    for e in tile_registry().filter(|e| e.isa.available()) {
+        let one = dot_fn(e.ty, e.isa).expect("a one-row kernel beside the tile");
+        for &n in lengths(e.ty) {
+            for raw in [false, true] {
+                let w = weight_row(e.ty, n, &mut rng, raw);
+                let acts: Vec<Vec<u8>> = (0..4).map(|_| act_row(e.ty, n, &mut rng)).collect();
+                // SAFETY: both kernels are for an available ISA level.
+                let got = unsafe { (e.dot4)(n, &w, [&acts[0], &acts[1], &acts[2], &acts[3]]) };
+                for (t, a) in acts.iter().enumerate() {
+                    let want = unsafe { one(n, &w, a) };
+                    assert_eq!(got[t].to_bits(), want.to_bits(), "{} {:?} n={n} row {t}", e.ty, e.isa);
+                }
+                checked += 1;
+            }
+        }
+    }
+    if Isa::Avx2.available() {
+        assert!(checked > 0, "no four-row kernel ran");
     }
 }
 

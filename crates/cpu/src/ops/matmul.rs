@@ -142,8 +142,16 @@ fn mul_mat_rows(w: &Tensor, x: &[f32], precision: Precision, y: &mut [f32], cx: 
                 kernels::prefetch(bytes[(j + ahead) * row_bytes..].as_ptr(), row_bytes);
             }
             let wr = dot.row(j);
-            for c in 0..m {
-                // SAFETY: row j of every column belongs to this thread only.
+            let quads = m / 4 * 4;
+            for c0 in (0..quads).step_by(4) {
+                let v = dot.dot4(wr, &acts, [c0, c0 + 1, c0 + 2, c0 + 3]);
+                for (i, v) in v.into_iter().enumerate() {
+                    // SAFETY: row j of every column belongs to this thread only.
+                    unsafe { *y_ptr.0.add((c0 + i) * n + j) = v };
+                }
+            }
+            for c in quads..m {
+                // SAFETY: as above.
                 unsafe { *y_ptr.0.add(c * n + j) = dot.dot(wr, &acts, c) };
             }
         }
@@ -194,6 +202,7 @@ pub(super) struct RowDot<'w> {
     pub act: ActType,
     pub row_bytes: usize,
     fast: Option<blocks::DotFn>,
+    fast4: Option<blocks::Dot4Fn>,
 }
 
 impl<'w> RowDot<'w> {
@@ -213,6 +222,7 @@ impl<'w> RowDot<'w> {
         // A SIMD kernel exists for float weights with f32 activations, or
         // quantized weights with their paired int8 activations.
         let fast = if act != ActType::F32 || ty.is_float() { blocks::dot_fn(ty, cx.isa) } else { None };
+        let fast4 = if act != ActType::F32 { blocks::dot4_fn(ty, cx.isa) } else { None };
         RowDot {
             ty,
             bytes,
@@ -221,6 +231,7 @@ impl<'w> RowDot<'w> {
             act,
             row_bytes: ty.row_bytes(k as u64).expect("validated at load") as usize,
             fast,
+            fast4,
         }
     }
 
@@ -238,6 +249,17 @@ impl<'w> RowDot<'w> {
                 tern_quant::vec_dot_f32(self.ty, wr, self.scale, &acts.x[c * self.k..(c + 1) * self.k])
             }
             None => tern_quant::vec_dot(self.ty, self.k, wr, self.scale, act_row),
+        }
+    }
+
+    /// Weight row `wr` against activation rows `cols`: one pass over the row
+    /// where the format has a four-row kernel, each result the bits of
+    /// [`RowDot::dot`].
+    pub fn dot4(&self, wr: &[u8], acts: &Acts, cols: [usize; 4]) -> [f32; 4] {
+        match self.fast4 {
+            // SAFETY: dot4_fn only returns kernels the processor supports.
+            Some(f) => unsafe { f(self.k, wr, cols.map(|c| acts.row_bytes_of(c))) },
+            None => cols.map(|c| self.dot(wr, acts, c)),
         }
     }
 

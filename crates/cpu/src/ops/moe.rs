@@ -154,10 +154,18 @@ pub fn mul_mat_id(w: &Tensor, x: &Tensor, ids: &Tensor, precision: Precision, y:
     let out = &Out(y.as_mut_ptr());
     per_expert_rows(cx, &by, m, |e, r, uses| {
         let wr = dot.row(e * m + r);
-        for &(j, t) in uses {
-            let col = if s == 1 { t } else { t * s + j };
-            // SAFETY: row r of slot j of token t belongs to this call only.
-            unsafe { *out.0.add((t * k + j) * m + r) = dot.dot(wr, &acts, col) };
+        let col = |&(j, t): &(usize, usize)| if s == 1 { t } else { t * s + j };
+        let mut quads = uses.chunks_exact(4);
+        for q in &mut quads {
+            let v = dot.dot4(wr, &acts, [col(&q[0]), col(&q[1]), col(&q[2]), col(&q[3])]);
+            for (&(j, t), v) in q.iter().zip(v) {
+                // SAFETY: row r of slot j of token t belongs to this call only.
+                unsafe { *out.0.add((t * k + j) * m + r) = v };
+            }
+        }
+        for u @ &(j, t) in quads.remainder() {
+            // SAFETY: as above.
+            unsafe { *out.0.add((t * k + j) * m + r) = dot.dot(wr, &acts, col(u)) };
         }
     });
 }
@@ -187,12 +195,26 @@ pub fn moe_up_gate(
     let (out, out_up) = (&Out(gates.as_mut_ptr()), &Out(ups.as_mut_ptr()));
     per_expert_rows(cx, &by, m, |e, r, uses| {
         let (gr, ur) = (gate.row(e * m + r), up.row(e * m + r));
-        for &(j, t) in uses {
-            let i = (t * k + j) * m + r;
-            // SAFETY: output i belongs to this call only.
+        let ua = up_acts.as_ref().unwrap_or(&acts);
+        let mut quads = uses.chunks_exact(4);
+        for q in &mut quads {
+            let cols = [q[0].1, q[1].1, q[2].1, q[3].1];
+            let (g, u) = (gate.dot4(gr, &acts, cols), up.dot4(ur, ua, cols));
+            for (i, &(j, t)) in q.iter().enumerate() {
+                let at = (t * k + j) * m + r;
+                // SAFETY: output `at` belongs to this call only.
+                unsafe {
+                    *out.0.add(at) = g[i];
+                    *out_up.0.add(at) = u[i];
+                }
+            }
+        }
+        for &(j, t) in quads.remainder() {
+            let at = (t * k + j) * m + r;
+            // SAFETY: as above.
             unsafe {
-                *out.0.add(i) = gate.dot(gr, &acts, t);
-                *out_up.0.add(i) = up.dot(ur, up_acts.as_ref().unwrap_or(&acts), t);
+                *out.0.add(at) = gate.dot(gr, &acts, t);
+                *out_up.0.add(at) = up.dot(ur, ua, t);
             }
         }
     });

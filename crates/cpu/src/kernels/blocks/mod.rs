@@ -100,6 +100,41 @@ pub struct Entry {
     pub dot: DotFn,
 }
 
+/// Four activation rows against one weight row, each result bit-identical to
+/// the format's [`DotFn`] on that row: the weight block is decoded once for
+/// the four (a prompt's tokens, or the tokens an expert serves).
+///
+/// # Safety
+/// As [`DotFn`].
+pub type Dot4Fn = unsafe fn(n: usize, w_row: &[u8], acts: [&[u8]; 4]) -> [f32; 4];
+
+/// A registered four-row kernel.
+#[derive(Clone, Copy)]
+pub struct TileEntry {
+    pub ty: GgmlType,
+    pub isa: Isa,
+    pub dot4: Dot4Fn,
+}
+
+#[cfg(target_arch = "x86_64")]
+const TILE_REGISTRY: &[&[TileEntry]] = &[q45k::TILES];
+
+/// Every registered four-row kernel (none off x86-64).
+pub fn tile_registry() -> impl Iterator<Item = &'static TileEntry> {
+    #[cfg(target_arch = "x86_64")]
+    let files: &[&[TileEntry]] = TILE_REGISTRY;
+    #[cfg(not(target_arch = "x86_64"))]
+    let files: &[&[TileEntry]] = &[];
+    files.iter().flat_map(|f| f.iter())
+}
+
+/// The four-row kernel for `ty` at ISA level `isa` (capped at
+/// `Isa::detected()`), if there is one.
+pub fn dot4_fn(ty: GgmlType, isa: Isa) -> Option<Dot4Fn> {
+    let isa = isa.min(Isa::detected());
+    tile_registry().filter(|e| e.ty == ty && e.isa <= isa).max_by_key(|e| e.isa).map(|e| e.dot4)
+}
+
 /// Every kernel file's entries: the one place a new file is added.
 #[cfg(target_arch = "x86_64")]
 const REGISTRY: &[&[Entry]] = &[

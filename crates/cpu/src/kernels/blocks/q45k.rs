@@ -130,6 +130,79 @@ unsafe fn dot_avx2<const FIVE: bool>(n: usize, w: &[u8], act: &[u8]) -> f32 {
     sum
 }
 
+/// Four activation rows against one weight row: each block's scales and
+/// codes are decoded once for the four, and each row's sums are formed with
+/// [`dot_avx2`]'s operations in its order, so each result is its bits.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn dot4_avx2<const FIVE: bool>(n: usize, w: &[u8], acts: [&[u8]; 4]) -> [f32; 4] {
+    let wbytes = w_bytes(FIVE);
+    let nb = blocks_of(n, w, acts[0], QK, wbytes, ACT_BYTES);
+    for a in &acts[1..] {
+        blocks_of(n, w, a, QK, wbytes, ACT_BYTES);
+    }
+    let wp = w.as_ptr();
+    let aps = acts.map(|a| a.as_ptr());
+    let m4 = _mm256_set1_epi8(0x0F);
+    let m10 = _mm256_set1_epi8(0x10);
+    let mut sums = [0.0f32; 4];
+    for b in 0..nb {
+        let wb = wp.add(b * wbytes);
+        let (sc, m) = scales_mins(wb.add(SCALES));
+        let scv = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)));
+        let mut hb = if FIVE { load256(wb.add(QH)) } else { _mm256_setzero_si256() };
+        let mut codes = [[_mm256_setzero_si256(); 2]; 4];
+        let mut scales = [[_mm256_setzero_si256(); 2]; 4];
+        for c in 0..4 {
+            let qs = load256(wb.add(qs_at(FIVE) + 32 * c));
+            let mut lo = _mm256_and_si256(qs, m4);
+            let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(qs), m4);
+            if FIVE {
+                lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16::<4>(hb), m10));
+                hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16::<3>(hb), m10));
+                hb = _mm256_srli_epi16::<2>(hb);
+            }
+            codes[c] = [lo, hi];
+            scales[c] = [
+                _mm256_shuffle_epi8(scv, load256(SCALE_PICK[2 * c].as_ptr())),
+                _mm256_shuffle_epi8(scv, load256(SCALE_PICK[2 * c + 1].as_ptr())),
+            ];
+        }
+        let (d, dmin) = (f16_at(wb), f16_at(wb.add(2)));
+        for (t, sum) in sums.iter_mut().enumerate() {
+            let ab = aps[t].add(b * ACT_BYTES);
+            let mins = mins_dot(m, ab);
+            let mut acc = _mm256_setzero_si256();
+            for c in 0..4 {
+                let a0 = load256(ab.add(ACT_QS + 64 * c));
+                let a1 = load256(ab.add(ACT_QS + 64 * c + 32));
+                let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(codes[c][0], a0), scales[c][0]);
+                let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(codes[c][1], a1), scales[c][1]);
+                acc = _mm256_add_epi32(acc, _mm256_add_epi32(p0, p1));
+            }
+            let (sumi, summ) = hsum2_i32x8(acc, mins);
+            *sum += f32_at(ab) * (d * sumi as f32 - dmin * summ as f32);
+        }
+    }
+    sums
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4k_dot4_avx2(n: usize, w: &[u8], acts: [&[u8]; 4]) -> [f32; 4] {
+    dot4_avx2::<false>(n, w, acts)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q5k_dot4_avx2(n: usize, w: &[u8], acts: [&[u8]; 4]) -> [f32; 4] {
+    dot4_avx2::<true>(n, w, acts)
+}
+
+/// This file's four-row kernels.
+pub(super) const TILES: &[super::TileEntry] = &[
+    super::TileEntry { ty: tern_quant::GgmlType::Q4_K, isa: crate::isa::Isa::Avx2, dot4: q4k_dot4_avx2 },
+    super::TileEntry { ty: tern_quant::GgmlType::Q5_K, isa: crate::isa::Isa::Avx2, dot4: q5k_dot4_avx2 },
+];
+
 /// `permutexvar_epi16` indices for chunk `c`: i16 lanes 0..16 of the
 /// `maddubs` result are sub-block `2c`, lanes 16..32 sub-block `2c+1`.
 const fn chunk_index(c: usize) -> [u16; 32] {
