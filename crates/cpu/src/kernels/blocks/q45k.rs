@@ -88,14 +88,29 @@ static SCALE_PICK: [[u8; 32]; 8] = [
     scale_pick(7),
 ];
 
+/// Chunk `c`'s codes of block `wb`: sub-block `2c` (low nibbles) and `2c+1`
+/// (high), with Q5_K's fifth bits from `hb`, which moves on to the next chunk.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn chunk_codes<const FIVE: bool>(wb: *const u8, c: usize, hb: &mut __m256i) -> (__m256i, __m256i) {
+    let (m4, m10) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x10));
+    let qs = load256(wb.add(qs_at(FIVE) + 32 * c));
+    let mut lo = _mm256_and_si256(qs, m4);
+    let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(qs), m4);
+    if FIVE {
+        lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16::<4>(*hb), m10));
+        hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16::<3>(*hb), m10));
+        *hb = _mm256_srli_epi16::<2>(*hb);
+    }
+    (lo, hi)
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn dot_avx2<const FIVE: bool>(n: usize, w: &[u8], act: &[u8]) -> f32 {
     let wbytes = w_bytes(FIVE);
     let nb = blocks_of(n, w, act, QK, wbytes, ACT_BYTES);
     let (wp, ap) = (w.as_ptr(), act.as_ptr());
-    let m4 = _mm256_set1_epi8(0x0F);
-    let m10 = _mm256_set1_epi8(0x10);
     let mut sum = 0.0f32;
     for b in 0..nb {
         let (wb, ab) = (wp.add(b * wbytes), ap.add(b * ACT_BYTES));
@@ -108,14 +123,7 @@ unsafe fn dot_avx2<const FIVE: bool>(n: usize, w: &[u8], act: &[u8]) -> f32 {
         let mut hb = if FIVE { load256(wb.add(QH)) } else { _mm256_setzero_si256() };
         let mut acc = _mm256_setzero_si256();
         for c in 0..4 {
-            let qs = load256(wb.add(qs_at(FIVE) + 32 * c));
-            let mut lo = _mm256_and_si256(qs, m4);
-            let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(qs), m4);
-            if FIVE {
-                lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16::<4>(hb), m10));
-                hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16::<3>(hb), m10));
-                hb = _mm256_srli_epi16::<2>(hb);
-            }
+            let (lo, hi) = chunk_codes::<FIVE>(wb, c, &mut hb);
             let a0 = load256(ab.add(ACT_QS + 64 * c));
             let a1 = load256(ab.add(ACT_QS + 64 * c + 32));
             let s0 = _mm256_shuffle_epi8(scv, load256(SCALE_PICK[2 * c].as_ptr()));
@@ -143,8 +151,6 @@ unsafe fn dot4_avx2<const FIVE: bool>(n: usize, w: &[u8], acts: [&[u8]; 4]) -> [
     }
     let wp = w.as_ptr();
     let aps = acts.map(|a| a.as_ptr());
-    let m4 = _mm256_set1_epi8(0x0F);
-    let m10 = _mm256_set1_epi8(0x10);
     let mut sums = [0.0f32; 4];
     for b in 0..nb {
         let wb = wp.add(b * wbytes);
@@ -154,14 +160,7 @@ unsafe fn dot4_avx2<const FIVE: bool>(n: usize, w: &[u8], acts: [&[u8]; 4]) -> [
         let mut codes = [[_mm256_setzero_si256(); 2]; 4];
         let mut scales = [[_mm256_setzero_si256(); 2]; 4];
         for c in 0..4 {
-            let qs = load256(wb.add(qs_at(FIVE) + 32 * c));
-            let mut lo = _mm256_and_si256(qs, m4);
-            let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(qs), m4);
-            if FIVE {
-                lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16::<4>(hb), m10));
-                hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16::<3>(hb), m10));
-                hb = _mm256_srli_epi16::<2>(hb);
-            }
+            let (lo, hi) = chunk_codes::<FIVE>(wb, c, &mut hb);
             codes[c] = [lo, hi];
             scales[c] = [
                 _mm256_shuffle_epi8(scv, load256(SCALE_PICK[2 * c].as_ptr())),
