@@ -11,8 +11,8 @@
 //!   dequantized rows, `Precision::Paired` against `tern_quant::vec_dot` on
 //!   the head's slice quantized to the paired type. Bound: `common::dot_tol`
 //!   (the block kernels' bound, derived there: `(k/32 + 17)·u·S` with f32
-//!   activations, K-quants bit for bit, `2(k/32 + 2)·u·S` for the
-//!   32-element formats; `S = Σ|w·a|`, `u = 2⁻²⁴`). Transposed
+//!   activations, `(3N + 10)·u·S` for the K-quants, `2(N + 3)·u·S` for the
+//!   32-element formats, `N` the row's blocks; `S = Σ|w·a|`, `u = 2⁻²⁴`). Transposed
 //!   (`y_h = W_hᵀ·x_h`, the legacy layout's k part at offset 0, and a 3-D
 //!   weight): float64 from the dequantized rows, `|Δ| ≤ (len + 1)·u·S` per
 //!   output (an f32 sum of `len` products in any order), under 1e-5·S for

@@ -32,7 +32,8 @@
 //!   quantized by `quantize_acts(act_type(ty))` (`Precision::Paired`) or
 //!   `vec_dot_f32` (`Precision::Float`). Bound: `common::dot_tol` (the block
 //!   kernels' bound, derived there: `(k/32 + 17)·u·S` with f32 activations,
-//!   K-quants bit for bit, `2(k/32 + 2)·u·S` for the 32-element formats;
+//!   `(3N + 10)·u·S` for the K-quants (their GEMM; the row dots are bit for
+//!   bit), `2(N + 3)·u·S` for the 32-element formats, `N` the row's blocks;
 //!   `S = Σ|w·a|`, `u = 2⁻²⁴`), carried through `act(g)·u` for `MoeUpGate`
 //!   (`|act'| ≤ 1.1` for SiLU, `2|g|` for ReLU², plus `8u·|y|` for the f32
 //!   evaluation of the activation and product).

@@ -15,6 +15,11 @@ use crate::kernels::{self, blocks};
 
 /// Bytes ahead of the current row that a row-by-row GEMV prefetches.
 const PREFETCH_BYTES: usize = 4096;
+/// Activation rows from which a format's GEMM beats its row dots (the
+/// GEMM's register tile is four tokens).
+const GEMM_MIN_TOKENS: usize = 4;
+/// Weight rows a thread claims at a time for a GEMM (whole decoded groups).
+pub(super) const GEMM_ROWS: usize = 2 * blocks::GEMM_GROUP;
 use crate::kernels::ternary::{self, PackedActs, PackedTernary};
 
 pub(super) fn weight_type(w: &Tensor) -> GgmlType {
@@ -65,6 +70,10 @@ pub fn get_rows(table: &Tensor, ids: &[i32], y: &mut [f32], cx: &Ctx) {
 struct Out(*mut f32);
 // SAFETY: each thread writes only the output rows of its own range of weight rows.
 unsafe impl Sync for Out {}
+
+struct Bytes(*mut u8);
+// SAFETY: each thread writes only the quantized rows of its own columns.
+unsafe impl Sync for Bytes {}
 
 /// `y [n, m] = W [k, n] · x [k, m]`.
 pub fn mul_mat(w: &Tensor, x: &Tensor, precision: Precision, y: &mut [f32], cx: &Ctx) {
@@ -126,9 +135,23 @@ fn mul_mat_rows(w: &Tensor, x: &[f32], precision: Precision, y: &mut [f32], cx: 
         return unsafe { kernels::q2_0::mul_mat(bytes, k, n, x, y, cx.pool) };
     }
     let dot = RowDot::new(ty, bytes, k, k * n, precision, cx);
-    let acts = Acts::quantize(dot.act, x, k);
+    let acts = Acts::quantize(dot.act, x, k, cx);
     let row_bytes = dot.row_bytes;
     let y_ptr = Out(y.as_mut_ptr());
+    if dot.has_gemm(m) {
+        let cols: Vec<usize> = (0..m).collect();
+        cx.pool.for_chunks_claimed(n, GEMM_ROWS, |rows| {
+            let y_ptr = &y_ptr;
+            let mut out = vec![0f32; rows.len() * m];
+            dot.gemm(rows.clone(), &acts, &cols, &mut out);
+            for (c, vals) in out.chunks_exact(rows.len()).enumerate() {
+                // SAFETY: rows `rows` of every column belong to this thread only.
+                let dst = unsafe { std::slice::from_raw_parts_mut(y_ptr.0.add(c * n + rows.start), rows.len()) };
+                dst.copy_from_slice(vals);
+            }
+        });
+        return;
+    }
     // About 64k multiply-adds per thread before splitting pays.
     let min_rows = (65536 / (k * m).max(1)).max(1);
     // A decoding step streams each row once: fetch about a page ahead, past
@@ -169,15 +192,23 @@ pub(super) struct Acts<'x> {
 }
 
 impl<'x> Acts<'x> {
-    /// `x`: rows of `k` floats.
-    pub fn quantize(act: ActType, x: &'x [f32], k: usize) -> Acts<'x> {
+    /// `x`: rows of `k` floats, quantized on every thread of `cx`.
+    pub fn quantize(act: ActType, x: &'x [f32], k: usize, cx: &Ctx) -> Acts<'x> {
         let row_bytes = tern_quant::act_row_bytes(act, k);
         let mut quantized = Vec::new();
         if act != ActType::F32 {
-            quantized = vec![0u8; row_bytes * (x.len() / k)];
-            for (col, out) in x.chunks_exact(k).zip(quantized.chunks_exact_mut(row_bytes)) {
-                tern_quant::quantize_acts(act, col, out);
-            }
+            let n = x.len() / k;
+            quantized = vec![0u8; row_bytes * n];
+            let dst = Bytes(quantized.as_mut_ptr());
+            // About 16k elements per thread before splitting pays.
+            cx.pool.for_chunks(n, (16384 / k).max(1), |rows| {
+                let dst = &dst;
+                for c in rows {
+                    // SAFETY: each thread writes the rows of its own columns.
+                    let out = unsafe { std::slice::from_raw_parts_mut(dst.0.add(c * row_bytes), row_bytes) };
+                    tern_quant::quantize_acts(act, &x[c * k..(c + 1) * k], out);
+                }
+            });
         }
         Acts { x, k, act, row_bytes, quantized }
     }
@@ -203,6 +234,7 @@ pub(super) struct RowDot<'w> {
     pub row_bytes: usize,
     fast: Option<blocks::DotFn>,
     fast4: Option<blocks::Dot4Fn>,
+    gemm: Option<blocks::GemmFn>,
 }
 
 impl<'w> RowDot<'w> {
@@ -223,6 +255,7 @@ impl<'w> RowDot<'w> {
         // quantized weights with their paired int8 activations.
         let fast = if act != ActType::F32 || ty.is_float() { blocks::dot_fn(ty, cx.isa) } else { None };
         let fast4 = if act != ActType::F32 { blocks::dot4_fn(ty, cx.isa) } else { None };
+        let gemm = if act != ActType::F32 { blocks::gemm_fn(ty, cx.isa) } else { None };
         RowDot {
             ty,
             bytes,
@@ -232,7 +265,23 @@ impl<'w> RowDot<'w> {
             row_bytes: ty.row_bytes(k as u64).expect("validated at load") as usize,
             fast,
             fast4,
+            gemm,
         }
+    }
+
+    /// Whether [`RowDot::gemm`] serves `tokens` activation rows.
+    pub fn has_gemm(&self, tokens: usize) -> bool {
+        self.gemm.is_some() && tokens >= GEMM_MIN_TOKENS
+    }
+
+    /// Weight rows `rows` against activation rows `cols` through the
+    /// format's GEMM (when [`RowDot::has_gemm`]): `out[t·rows.len() + r]`.
+    pub fn gemm(&self, rows: std::ops::Range<usize>, acts: &Acts, cols: &[usize], out: &mut [f32]) {
+        let f = self.gemm.expect("has_gemm checked");
+        let w: Vec<&[u8]> = rows.map(|j| self.row(j)).collect();
+        let a: Vec<&[u8]> = cols.iter().map(|&c| acts.row_bytes_of(c)).collect();
+        // SAFETY: gemm_fn only returns kernels the processor supports.
+        unsafe { f(&mut blocks::Gemm { k: self.k, rows: &w, acts: &a, out }) };
     }
 
     pub fn row(&self, j: usize) -> &'w [u8] {

@@ -101,7 +101,7 @@ pub fn mul_mat_heads(w: &Tensor, x: &[f32], mm: &HeadMatMul, precision: Precisio
         });
     }
     let dot = RowDot::new(weight_type(w), w.bytes(), kd, kd * w.node.n_rows(), precision, cx);
-    let acts = Acts::quantize(dot.act, x, kd);
+    let acts = Acts::quantize(dot.act, x, kd, cx);
     let out = &out;
     cx.pool.for_chunks(h, 1, |heads| {
         for head in heads {

@@ -9,8 +9,9 @@
 
 use tern_graph::{Activation, Gating, Precision, RouteParams};
 
-use super::matmul::weight_type;
-use super::matmul::{Acts, RowDot};
+use std::ops::Range;
+
+use super::matmul::{weight_type, Acts, RowDot, GEMM_ROWS};
 use super::{elementwise, Ctx, Tensor};
 
 /// Each token's chosen experts, best first (ties go to the lower index).
@@ -124,24 +125,63 @@ struct Out(*mut f32);
 // SAFETY: each (expert row, slot, token) output is written by one thread only.
 unsafe impl Sync for Out {}
 
-/// `y [m, k, n]`: for each chosen (slot j, token t) and each of the expert's
-/// `m` rows, `dot(row, x_col(j, t))` through `f`, which writes the result.
+/// Runs `f(expert, rows, uses)` over the `m` rows of every chosen expert,
+/// each call a range of one expert's rows, spread over the threads.
 fn per_expert_rows(
     cx: &Ctx,
     by: &ByExpert,
     m: usize,
-    f: impl Fn(usize, usize, &[(usize, usize)]) + Sync, // (expert, row, uses)
+    f: impl Fn(usize, Range<usize>, &[(usize, usize)]) + Sync, // (expert, rows, uses)
 ) {
     let total = by.active.len() * m;
     // Rows of one expert go together, and a decoding step's few chosen
     // experts still spread over every thread.
-    let min_rows = (total / (4 * cx.pool.threads())).clamp(1, 64);
+    let min_rows = (total / (4 * cx.pool.threads())).clamp(GEMM_ROWS.min(m), 64);
     cx.pool.for_chunks_claimed(total, min_rows, |range| {
-        for i in range {
+        let mut i = range.start;
+        while i < range.end {
             let a = i / m;
-            f(by.active[a], i % m, &by.uses[a]);
+            let end = (range.end - a * m).min(m);
+            f(by.active[a], i % m..end, &by.uses[a]);
+            i = a * m + end;
         }
     });
+}
+
+/// One expert's rows `rows` against the activation columns of its uses:
+/// `put(use, row, value)` for every pair, by the GEMM for four uses or more,
+/// else by row dots.
+fn expert_products(
+    dot: &RowDot,
+    acts: &Acts,
+    first_row: usize,
+    rows: Range<usize>,
+    cols: &[usize],
+    mut put: impl FnMut(usize, usize, f32),
+) {
+    if dot.has_gemm(cols.len()) {
+        let mut vals = vec![0f32; rows.len() * cols.len()];
+        dot.gemm(first_row + rows.start..first_row + rows.end, acts, cols, &mut vals);
+        for (u, vals) in vals.chunks_exact(rows.len()).enumerate() {
+            for (r, &v) in rows.clone().zip(vals) {
+                put(u, r, v);
+            }
+        }
+        return;
+    }
+    for r in rows {
+        let wr = dot.row(first_row + r);
+        let quads = cols.len() / 4 * 4;
+        for u0 in (0..quads).step_by(4) {
+            let v = dot.dot4(wr, acts, [cols[u0], cols[u0 + 1], cols[u0 + 2], cols[u0 + 3]]);
+            for (i, v) in v.into_iter().enumerate() {
+                put(u0 + i, r, v);
+            }
+        }
+        for (u, &c) in cols.iter().enumerate().skip(quads) {
+            put(u, r, dot.dot(wr, acts, c));
+        }
+    }
 }
 
 /// [`tern_graph::Op::MulMatId`].
@@ -150,23 +190,15 @@ pub fn mul_mat_id(w: &Tensor, x: &Tensor, ids: &Tensor, precision: Precision, y:
     let (k, s) = (ids.node.ne[0], x.node.ne[1]);
     let by = ByExpert::new(ids.i32(), k, n_expert);
     let dot = RowDot::new(weight_type(w), w.bytes(), kd, kd * m * n_expert, precision, cx);
-    let acts = Acts::quantize(dot.act, x.f32(), kd);
+    let acts = Acts::quantize(dot.act, x.f32(), kd, cx);
     let out = &Out(y.as_mut_ptr());
-    per_expert_rows(cx, &by, m, |e, r, uses| {
-        let wr = dot.row(e * m + r);
-        let col = |&(j, t): &(usize, usize)| if s == 1 { t } else { t * s + j };
-        let mut quads = uses.chunks_exact(4);
-        for q in &mut quads {
-            let v = dot.dot4(wr, &acts, [col(&q[0]), col(&q[1]), col(&q[2]), col(&q[3])]);
-            for (&(j, t), v) in q.iter().zip(v) {
-                // SAFETY: row r of slot j of token t belongs to this call only.
-                unsafe { *out.0.add((t * k + j) * m + r) = v };
-            }
-        }
-        for u @ &(j, t) in quads.remainder() {
-            // SAFETY: as above.
-            unsafe { *out.0.add((t * k + j) * m + r) = dot.dot(wr, &acts, col(u)) };
-        }
+    per_expert_rows(cx, &by, m, |e, rows, uses| {
+        let cols: Vec<usize> = uses.iter().map(|&(j, t)| if s == 1 { t } else { t * s + j }).collect();
+        expert_products(&dot, &acts, e * m, rows, &cols, |u, r, v| {
+            let (j, t) = uses[u];
+            // SAFETY: row r of slot j of token t belongs to this call only.
+            unsafe { *out.0.add((t * k + j) * m + r) = v };
+        });
     });
 }
 
@@ -189,34 +221,20 @@ pub fn moe_up_gate(
     let n_el = kd * m * n_expert;
     let gate = RowDot::new(weight_type(wg), wg.bytes(), kd, n_el, precision, cx);
     let up = RowDot::new(weight_type(wu), wu.bytes(), kd, n_el, precision, cx);
-    let acts = Acts::quantize(gate.act, x.f32(), kd);
-    let up_acts = (up.act != gate.act).then(|| Acts::quantize(up.act, x.f32(), kd));
+    let acts = Acts::quantize(gate.act, x.f32(), kd, cx);
+    let up_acts = (up.act != gate.act).then(|| Acts::quantize(up.act, x.f32(), kd, cx));
     let (mut gates, mut ups) = (vec![0f32; y.len()], vec![0f32; y.len()]);
     let (out, out_up) = (&Out(gates.as_mut_ptr()), &Out(ups.as_mut_ptr()));
-    per_expert_rows(cx, &by, m, |e, r, uses| {
-        let (gr, ur) = (gate.row(e * m + r), up.row(e * m + r));
+    per_expert_rows(cx, &by, m, |e, rows, uses| {
+        let cols: Vec<usize> = uses.iter().map(|&(_, t)| t).collect();
+        let at = |u: usize, r: usize| {
+            let (j, t) = uses[u];
+            (t * k + j) * m + r
+        };
+        // SAFETY (both): output `at(u, r)` belongs to this call only.
+        expert_products(&gate, &acts, e * m, rows.clone(), &cols, |u, r, v| unsafe { *out.0.add(at(u, r)) = v });
         let ua = up_acts.as_ref().unwrap_or(&acts);
-        let mut quads = uses.chunks_exact(4);
-        for q in &mut quads {
-            let cols = [q[0].1, q[1].1, q[2].1, q[3].1];
-            let (g, u) = (gate.dot4(gr, &acts, cols), up.dot4(ur, ua, cols));
-            for (i, &(j, t)) in q.iter().enumerate() {
-                let at = (t * k + j) * m + r;
-                // SAFETY: output `at` belongs to this call only.
-                unsafe {
-                    *out.0.add(at) = g[i];
-                    *out_up.0.add(at) = u[i];
-                }
-            }
-        }
-        for &(j, t) in quads.remainder() {
-            let at = (t * k + j) * m + r;
-            // SAFETY: as above.
-            unsafe {
-                *out.0.add(at) = gate.dot(gr, &acts, t);
-                *out_up.0.add(at) = up.dot(ur, ua, t);
-            }
-        }
+        expert_products(&up, ua, e * m, rows, &cols, |u, r, v| unsafe { *out_up.0.add(at(u, r)) = v });
     });
     let (isa, dst) = (cx.isa, super::Rows(y.as_mut_ptr()));
     super::by_rows(cx, gates.len() / m, |rows| {

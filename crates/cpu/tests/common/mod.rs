@@ -187,48 +187,67 @@ pub fn weight_rows(rng: &mut Rng, ty: GgmlType, k: usize, n: usize) -> Vec<u8> {
 /// The scalar twin of one weight row (`ty`, file bytes) against one f32
 /// activation column, as `precision` asks: `vec_dot` on the activation
 /// quantized to the type `ty` pairs with, or `vec_dot_f32`. Also returns
-/// `S = Σ|w_i·a_i|` over the values the product multiplies.
+/// `S = Σ|w_i·a_i|` over the values the product multiplies; for Q4_K and
+/// Q5_K with paired activations, where `w = d·sc·q − dmin·m` and both sides
+/// round the two parts separately, `S` also counts the parts:
+/// `+ 2·Σ|dmin·m·a|` (then `Σ|d·sc·q·a| + Σ|dmin·m·a| ≤ S`).
 pub fn twin_dot(ty: GgmlType, precision: tern_graph::Precision, row: &[u8], x: &[f32]) -> (f32, f64) {
     use tern_quant::{act_row_bytes, act_type, dequantize_acts, quantize_acts, TensorScale};
     let k = x.len();
     let mut w = vec![0f32; k];
     tern_quant::dequantize_row(ty, row, TensorScale::ONE, &mut w);
-    let s = |a: &[f32]| w.iter().zip(a).map(|(&w, &a)| (w as f64 * a as f64).abs()).sum::<f64>();
+    let s = |w: &[f32], a: &[f32]| w.iter().zip(a).map(|(&w, &a)| (w as f64 * a as f64).abs()).sum::<f64>();
     match precision {
-        tern_graph::Precision::Float => (tern_quant::vec_dot_f32(ty, row, TensorScale::ONE, x), s(x)),
+        tern_graph::Precision::Float => (tern_quant::vec_dot_f32(ty, row, TensorScale::ONE, x), s(&w, x)),
         tern_graph::Precision::Paired => {
             let act = act_type(ty);
             let mut q = vec![0u8; act_row_bytes(act, k)];
             quantize_acts(act, x, &mut q);
             let mut a = vec![0f32; k];
             dequantize_acts(act, &q, &mut a);
-            (tern_quant::vec_dot(ty, k, row, TensorScale::ONE, &q), s(&a))
+            let mut sum = s(&w, &a);
+            if matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K) {
+                // Codes (and Q5_K's fifth bits) zeroed: each element is −dmin·m.
+                let mut mins = row.to_vec();
+                mins.chunks_exact_mut(ty.layout().block_bytes).for_each(|b| b[16..].fill(0));
+                tern_quant::dequantize_row(ty, &mins, TensorScale::ONE, &mut w);
+                sum += 2.0 * s(&w, &a);
+            }
+            (tern_quant::vec_dot(ty, k, row, TensorScale::ONE, &q), sum)
         }
     }
 }
 
 /// How far a row product of the CPU backend may be from [`twin_dot`], as a
-/// multiple of `S` (the bound `blocks/mod.rs` states for its kernels, made
-/// explicit):
+/// multiple of `S` (the bounds `blocks/mod.rs` and `blocks/gemm.rs` state
+/// for their kernels, made explicit; `u = 2⁻²⁴`, `N` the row's blocks):
 /// * f32 activations (float weights, or `Precision::Float`): the float
 ///   kernels accumulate in f32 lanes, `|Δ| ≤ (k/32 + 16)·u·S` (`float.rs`),
 ///   and the twin rounds its f64 sum once (`u·S`): `(k/32 + 17)·u·S`;
-/// * K-quants with their Q8_K activations: 0, the kernels return the
-///   reference's bits (the same integers, scaled and summed in its order);
+/// * K-quants with their Q8_K activations: the row dots return the
+///   reference's bits; the GEMM (four tokens or more) forms the same block
+///   integers in 8 lanes, converts them (`u` each), scales them by a rounded
+///   `d·d_a` (`u`) and sums them in f32 lanes by FMA, two terms a block
+///   (`2N` roundings) and across lanes (3): within `(2N + 6)·u·S` of exact;
+///   the reference rounds `d·sumi`, `dmin·summ`, their difference, the
+///   product with `d_a` and its running sum: `(N + 4)·u·S`; together
+///   `(3N + 10)·u·S`;
 /// * the 32-element formats with Q8_0 activations: both sides sum the same
 ///   `N = k/32` block terms `fl(d_w·d_a)·isum` (exact integers, the same
 ///   scale), in different orders and with or without rounding the products
-///   (FMA): each sum is within `(N + 1)·u·Σ|term|` of the exact one, and
-///   `Σ|term| ≤ (1 + u)·S`, so `|Δ| ≤ 2(N + 2)·u·S`.
+///   (FMA), the row dots within `(N + 1)·u·Σ|term|` of exact, the GEMM (per
+///   lane, then across 8 lanes) within `(N + 4)·u·Σ|term|`, and
+///   `Σ|term| ≤ (1 + u)·S`, so `|Δ| ≤ 2(N + 3)·u·S`.
 pub fn dot_tol(ty: GgmlType, k: usize, precision: tern_graph::Precision) -> f64 {
     use tern_quant::ActType;
     let act = match precision {
         tern_graph::Precision::Paired => tern_quant::act_type(ty),
         tern_graph::Precision::Float => ActType::F32,
     };
+    let n = (k / ty.block_elems()) as f64;
     match act {
         ActType::F32 => (k / 32 + 17) as f64 * U,
-        ActType::Q8_K => 0.0,
-        _ => 2.0 * (k / ty.block_elems() + 2) as f64 * U,
+        ActType::Q8_K => (3.0 * n + 10.0) * U,
+        _ => 2.0 * (n + 3.0) * U,
     }
 }

@@ -67,6 +67,8 @@ macro_rules! kernels {
 #[cfg(target_arch = "x86_64")]
 mod float;
 #[cfg(target_arch = "x86_64")]
+mod gemm;
+#[cfg(target_arch = "x86_64")]
 mod iq4xs;
 #[cfg(target_arch = "x86_64")]
 mod lowbit;
@@ -133,6 +135,70 @@ pub fn tile_registry() -> impl Iterator<Item = &'static TileEntry> {
 pub fn dot4_fn(ty: GgmlType, isa: Isa) -> Option<Dot4Fn> {
     let isa = isa.min(Isa::detected());
     tile_registry().filter(|e| e.ty == ty && e.isa <= isa).max_by_key(|e| e.isa).map(|e| e.dot4)
+}
+
+/// A batch product: `out[t·rows + r] = dot(rows[r], acts[t])`.
+pub struct Gemm<'a> {
+    /// Elements per row.
+    pub k: usize,
+    /// Weight rows in the file format, `k` elements each.
+    pub rows: &'a [&'a [u8]],
+    /// Activation rows in the format the weight type pairs with.
+    pub acts: &'a [&'a [u8]],
+    /// `acts.len() · rows.len()` results, token-major.
+    pub out: &'a mut [f32],
+}
+
+impl Gemm<'_> {
+    #[cfg(target_arch = "x86_64")]
+    fn check(&self, qk: usize, w_bytes: usize, a_bytes: usize) -> usize {
+        assert!(self.k.is_multiple_of(qk), "a row of {} elements is not whole {qk}-element blocks", self.k);
+        let nb = self.k / qk;
+        assert!(self.rows.iter().all(|r| r.len() == nb * w_bytes), "weight row byte length");
+        assert!(self.acts.iter().all(|a| a.len() == nb * a_bytes), "activation row byte length");
+        assert_eq!(self.out.len(), self.rows.len() * self.acts.len(), "output length");
+        nb
+    }
+}
+
+/// A prompt GEMM over many weight rows and activation rows ([`Gemm`]),
+/// each result within a stated rounding bound of the format's [`DotFn`].
+///
+/// # Safety
+/// As [`DotFn`].
+pub type GemmFn = unsafe fn(g: &mut Gemm);
+
+/// A registered prompt GEMM.
+#[derive(Clone, Copy)]
+pub struct GemmEntry {
+    pub ty: GgmlType,
+    pub isa: Isa,
+    pub gemm: GemmFn,
+}
+
+/// Weight rows a GEMM decodes at once.
+#[cfg(target_arch = "x86_64")]
+pub const GEMM_GROUP: usize = gemm::GROUP;
+#[cfg(not(target_arch = "x86_64"))]
+pub const GEMM_GROUP: usize = 8;
+
+#[cfg(target_arch = "x86_64")]
+const GEMM_REGISTRY: &[&[GemmEntry]] = &[q45k::GEMMS, q6k::GEMMS, q32::GEMMS];
+
+/// Every registered prompt GEMM (none off x86-64).
+pub fn gemm_registry() -> impl Iterator<Item = &'static GemmEntry> {
+    #[cfg(target_arch = "x86_64")]
+    let files: &[&[GemmEntry]] = GEMM_REGISTRY;
+    #[cfg(not(target_arch = "x86_64"))]
+    let files: &[&[GemmEntry]] = &[];
+    files.iter().flat_map(|f| f.iter())
+}
+
+/// The prompt GEMM for `ty` at ISA level `isa` (capped at
+/// `Isa::detected()`), if there is one.
+pub fn gemm_fn(ty: GgmlType, isa: Isa) -> Option<GemmFn> {
+    let isa = isa.min(Isa::detected());
+    gemm_registry().filter(|e| e.ty == ty && e.isa <= isa).max_by_key(|e| e.isa).map(|e| e.gemm)
 }
 
 /// Every kernel file's entries: the one place a new file is added.

@@ -196,6 +196,49 @@ unsafe fn q5k_dot4_avx2(n: usize, w: &[u8], acts: [&[u8]; 4]) -> [f32; 4] {
     dot4_avx2::<true>(n, w, acts)
 }
 
+/// Q4_K (`FIVE = false`) or Q5_K blocks, decoded for the prompt GEMM.
+pub(super) struct K45<const FIVE: bool>;
+
+impl<const FIVE: bool> super::gemm::KDecode for K45<FIVE> {
+    const BYTES: usize = w_bytes(FIVE);
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn decode(wb: *const u8, out: &mut super::gemm::KBlock) {
+        let (sc, m) = scales_mins(wb.add(SCALES));
+        let mut hb = if FIVE { load256(wb.add(QH)) } else { _mm256_setzero_si256() };
+        for c in 0..4 {
+            let (lo, hi) = chunk_codes::<FIVE>(wb, c, &mut hb);
+            _mm256_storeu_si256(out.codes[2 * c].as_mut_ptr().cast(), lo);
+            _mm256_storeu_si256(out.codes[2 * c + 1].as_mut_ptr().cast(), hi);
+        }
+        for j in 0..8 {
+            let (s, mj) = ((sc >> (8 * j)) as u8 as i16, (m >> (8 * j)) as u8 as i16);
+            _mm256_storeu_si256(out.scales[j].as_mut_ptr().cast(), _mm256_set1_epi16(s));
+            out.mins[2 * j] = mj;
+            out.mins[2 * j + 1] = mj;
+        }
+        out.d = f16_at(wb);
+        out.dmin = f16_at(wb.add(2));
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4k_gemm_avx2(g: &mut super::Gemm) {
+    super::gemm::gemm_k::<K45<false>>(g)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q5k_gemm_avx2(g: &mut super::Gemm) {
+    super::gemm::gemm_k::<K45<true>>(g)
+}
+
+/// This file's prompt GEMMs.
+pub(super) const GEMMS: &[super::GemmEntry] = &[
+    super::GemmEntry { ty: tern_quant::GgmlType::Q4_K, isa: crate::isa::Isa::Avx2, gemm: q4k_gemm_avx2 },
+    super::GemmEntry { ty: tern_quant::GgmlType::Q5_K, isa: crate::isa::Isa::Avx2, gemm: q5k_gemm_avx2 },
+];
+
 /// This file's four-row kernels.
 pub(super) const TILES: &[super::TileEntry] = &[
     super::TileEntry { ty: tern_quant::GgmlType::Q4_K, isa: crate::isa::Isa::Avx2, dot4: q4k_dot4_avx2 },

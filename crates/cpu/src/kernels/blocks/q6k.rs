@@ -50,8 +50,6 @@ static SCALE_PICK: [[u8; 32]; 4] = [scale_pick(0), scale_pick(1), scale_pick(2),
 unsafe fn q6k_avx2(n: usize, w: &[u8], act: &[u8]) -> f32 {
     let nb = blocks_of(n, w, act, QK, W_BYTES, ACT_BYTES);
     let (wp, ap) = (w.as_ptr(), act.as_ptr());
-    let m4 = _mm256_set1_epi8(0x0F);
-    let m30 = _mm256_set1_epi8(0x30);
     let mut sum = 0.0f32;
     for b in 0..nb {
         let (wb, ab) = (wp.add(b * W_BYTES), ap.add(b * ACT_BYTES));
@@ -60,18 +58,7 @@ unsafe fn q6k_avx2(n: usize, w: &[u8], act: &[u8]) -> f32 {
         let offset = _mm256_madd_epi16(load256(ab.add(ACT_BSUMS)), _mm256_slli_epi16::<5>(sc));
         let mut acc = _mm256_setzero_si256();
         for h in 0..2 {
-            let l0 = load256(wb.add(64 * h));
-            let l1 = load256(wb.add(64 * h + 32));
-            let hb = load256(wb.add(QH + 32 * h));
-            let q = [
-                _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16::<4>(hb), m30)),
-                _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16::<2>(hb), m30)),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(l0), m4), _mm256_and_si256(hb, m30)),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(l1), m4),
-                    _mm256_and_si256(_mm256_srli_epi16::<2>(hb), m30),
-                ),
-            ];
+            let q = half_codes(wb, h);
             // Both 128-bit lanes: the eight i16 scales of this half.
             let sch = if h == 0 {
                 _mm256_permute2x128_si256::<0x00>(sc, sc)
@@ -89,6 +76,60 @@ unsafe fn q6k_avx2(n: usize, w: &[u8], act: &[u8]) -> f32 {
     }
     sum
 }
+
+/// The block's codes in element order: sub-block `4h + k` is `q[k]` of half `h`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn half_codes(wb: *const u8, h: usize) -> [__m256i; 4] {
+    let (m4, m30) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
+    let l0 = load256(wb.add(64 * h));
+    let l1 = load256(wb.add(64 * h + 32));
+    let hb = load256(wb.add(QH + 32 * h));
+    [
+        _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16::<4>(hb), m30)),
+        _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16::<2>(hb), m30)),
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(l0), m4), _mm256_and_si256(hb, m30)),
+        _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16::<4>(l1), m4),
+            _mm256_and_si256(_mm256_srli_epi16::<2>(hb), m30),
+        ),
+    ]
+}
+
+/// Q6_K blocks, decoded for the prompt GEMM: codes `q` (0..=63), the group
+/// scales, "mins" `32·sc_g` and `dmin = d`, so `d·sc·q − d·32·sc = d·sc·(q − 32)`.
+struct K6;
+
+impl super::gemm::KDecode for K6 {
+    const BYTES: usize = W_BYTES;
+    const JOINT: bool = true;
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn decode(wb: *const u8, out: &mut super::gemm::KBlock) {
+        for h in 0..2 {
+            for (k, q) in half_codes(wb, h).into_iter().enumerate() {
+                _mm256_storeu_si256(out.codes[4 * h + k].as_mut_ptr().cast(), q);
+            }
+        }
+        for g in 0..16 {
+            let s = *wb.add(SCALES + g) as i8 as i16;
+            out.scales[g / 2][8 * (g % 2)..8 * (g % 2) + 8].fill(s);
+            out.mins[g] = 32 * s;
+        }
+        out.d = f16_at(wb.add(D));
+        out.dmin = out.d;
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q6k_gemm_avx2(g: &mut super::Gemm) {
+    super::gemm::gemm_k::<K6>(g)
+}
+
+/// This file's prompt GEMM.
+pub(super) const GEMMS: &[super::GemmEntry] =
+    &[super::GemmEntry { ty: GgmlType::Q6_K, isa: Isa::Avx2, gemm: q6k_gemm_avx2 }];
 
 /// `permutexvar_epi16` indices: for the 64 elements `128h + 64j ..`, i16 lane
 /// `i` of the `maddubs` result (elements `2i, 2i+1`) belongs to group
