@@ -7,7 +7,8 @@
 //! * `MulMatHeads`, normal (`y_h = W_h·x_h`), with a 3-D weight
 //!   `[k, rows, n_head]` (all its rows, or a block of them) and with the
 //!   legacy `attn_kv_b` layout (a 2-D weight of `n_head·(nope + v)` rows, the
-//!   v part at offset `nope`): `Precision::Float` against float64 from the
+//!   v part at offset `nope`), for 1, 3 and 6 tokens (6: the GEMM path):
+//!   `Precision::Float` against float64 from the
 //!   dequantized rows, `Precision::Paired` against `tern_quant::vec_dot` on
 //!   the head's slice quantized to the paired type. Bound: `common::dot_tol`
 //!   (the block kernels' bound, derived there: `(k/32 + 17)·u·S` with f32
@@ -96,7 +97,7 @@ fn check_heads(
     let h = mm.n_head;
     let (k_in, k_out) = if mm.transposed { (mm.len, kd) } else { (kd, mm.len) };
     let mut worst = 0f64;
-    for n in [1usize, 3] {
+    for n in [1usize, 3, 6] {
         let x = rng.scaled(k_in * h * n, 0.7);
         for &precision in precisions {
             // (want, S, tolerance factor) per output.
@@ -244,10 +245,13 @@ fn encode(ty: GgmlType, row: &[f32]) -> Vec<u8> {
 /// bound its f32 evaluation keeps to (first order, `u = 2⁻²⁴`):
 /// * a score `s_p = scale·(q·k_p)` (an f32 dot in 8 lanes, then the scale)
 ///   is off by at most `δ_p = (width/8 + 10)·u·scale·Σ_j|q_j·k_{p,j}|`;
-/// * `exp(s_p − m)` adds `u·|s_p − m|` (the rounded difference) and 2u
-///   (`exp`), and once more when a later block raises the running max;
-/// * a weight below e⁻⁸⁰ may be lost (f32's subnormals); any other is off
-///   by `δ_p + 2u·|s_p − m| + 4u` relative, the normaliser by the
+/// * `exp(s_p − m)` adds `u·|s_p − m|` (the rounded difference) and 5u
+///   (the `vec` kernels' polynomial exp, under 3e-7 relative; the rescale
+///   by `exp` when a later block raises the running max, 2u more);
+/// * a weight below e⁻⁸⁰ may be lost (f32's subnormals), or come out as
+///   up to e⁻⁸⁷ (the `vec` kernels' exp floors its argument at −87, and the
+///   normaliser is at least 1): absolute `1.01·e⁻⁸⁷·|c_{p,i}|`; any other is off
+///   by `δ_p + 2u·|s_p − m| + 7u` relative, the normaliser by the
 ///   `w`-weighted mean of those plus `(n + 2)·u` (a sum of `n` positive
 ///   terms), the accumulation `Σ w_p·c_p` by `(n + 1)·u·A_i`
 ///   (`A_i = Σ_p w_p·|c_{p,i}|`), the final product by 2u (1% on top for
@@ -268,7 +272,7 @@ fn attend64(q: &[f64], visible: &[Vec<f64>], rank: usize, scale: f64) -> Vec<(f6
     let w: Vec<f64> = e.iter().map(|e| e / sum).collect();
     // Relative error of each weight's numerator, and of the normaliser.
     let eps: Vec<f64> = (0..n)
-        .map(|p| if scores[p] - max < -80.0 { 1.0 } else { deltas[p] + 2.0 * U * (scores[p] - max).abs() + 4.0 * U })
+        .map(|p| if scores[p] - max < -80.0 { 1.0 } else { deltas[p] + 2.0 * U * (scores[p] - max).abs() + 7.0 * U })
         .collect();
     let eps_norm = w.iter().zip(&eps).map(|(w, e)| w * e).sum::<f64>() + (n + 2) as f64 * U;
     (0..rank)
@@ -279,6 +283,9 @@ fn attend64(q: &[f64], visible: &[Vec<f64>], rank: usize, scale: f64) -> Vec<(f6
                 o += w[p] * c;
                 a += w[p] * c.abs();
                 b += w[p] * c.abs() * eps[p];
+                if scores[p] - max < -80.0 {
+                    b += 1.01 * (-87f64).exp() * c.abs();
+                }
             }
             (o, 1.01 * (b + a * (eps_norm + (n + 3) as f64 * U)))
         })

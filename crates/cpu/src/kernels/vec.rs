@@ -42,24 +42,32 @@ pub const HEADS: usize = 4;
 /// order as the single-query loop, so results are identical.
 #[inline(always)]
 fn scores_heads_loop<const P: usize>(qs: [&[f32]; HEADS], kt: &[f32], scale: f32, out: &mut [[f32; P]; HEADS]) {
-    let mut acc = [[0f32; P]; HEADS];
     // One length for every query, so the loop indexes them unchecked.
     let n = qs.iter().map(|q| q.len()).min().unwrap_or(0);
     let qs: [&[f32]; HEADS] = std::array::from_fn(|h| &qs[h][..n]);
-    for (d, row) in kt.chunks_exact(P).take(n).enumerate() {
-        let qd: [f32; HEADS] = std::array::from_fn(|h| qs[h][d]);
-        for h in 0..HEADS {
-            for j in 0..P {
-                acc[h][j] = qd[h].mul_add(row[j], acc[h][j]);
+    // A chunk of positions at a time, so the `HEADS × POS_CHUNK` sums stay
+    // in registers (all `P` would spill).
+    for p0 in (0..P).step_by(POS_CHUNK) {
+        let mut acc = [[0f32; POS_CHUNK]; HEADS];
+        for (d, row) in kt.chunks_exact(P).take(n).enumerate() {
+            let r: &[f32; POS_CHUNK] = row[p0..p0 + POS_CHUNK].try_into().expect("a whole chunk");
+            let qd: [f32; HEADS] = std::array::from_fn(|h| qs[h][d]);
+            for h in 0..HEADS {
+                for j in 0..POS_CHUNK {
+                    acc[h][j] = qd[h].mul_add(r[j], acc[h][j]);
+                }
+            }
+        }
+        for (o, a) in out.iter_mut().zip(acc) {
+            for (o, a) in o[p0..p0 + POS_CHUNK].iter_mut().zip(a) {
+                *o = a * scale;
             }
         }
     }
-    for (o, a) in out.iter_mut().zip(acc) {
-        for (o, a) in o.iter_mut().zip(a) {
-            *o = a * scale;
-        }
-    }
 }
+
+/// Positions per pass of [`scores_heads_loop`] (`P` is a multiple).
+const POS_CHUNK: usize = 16;
 
 /// `Σ a[i]·b[i]` over `LANES` partial sums, combined in a fixed order.
 #[inline(always)]
@@ -102,8 +110,8 @@ fn scores_rows_heads_loop<const P: usize>(qs: [&[f32]; HEADS], rows: &[f32], sca
 }
 
 /// Dimensions per pass of [`weighted_rows_heads_loop`]: `HEADS` accumulators
-/// of this many floats stay in registers.
-const DIM_CHUNK: usize = 64;
+/// of this many floats stay in registers (8 AVX2 vectors; 64 spilled).
+const DIM_CHUNK: usize = 16;
 
 /// [`weighted_rows_loop`] for `HEADS` accumulators over the same rows, a
 /// chunk of `C` dimensions at a time (a constant, so the `HEADS × C`
@@ -151,10 +159,6 @@ fn weighted_rows_heads_loop(accs: [&mut [f32]; HEADS], rescale: [f32; HEADS], w:
     while c0 + DIM_CHUNK <= hd {
         weighted_rows_chunk::<DIM_CHUNK>(&mut accs, c0, rescale, w, rows);
         c0 += DIM_CHUNK;
-    }
-    while c0 + 16 <= hd {
-        weighted_rows_chunk::<16>(&mut accs, c0, rescale, w, rows);
-        c0 += 16;
     }
     while c0 < hd {
         weighted_rows_chunk::<1>(&mut accs, c0, rescale, w, rows);

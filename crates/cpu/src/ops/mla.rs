@@ -8,6 +8,7 @@ use tern_quant::ternary::rows;
 use super::attention::Cache;
 use super::matmul::{weight_type, Acts, RowDot};
 use super::{Ctx, Tensor};
+use crate::kernels::vec;
 
 /// [`tern_graph::Op::Columns`].
 pub fn columns(x: &[f32], width: usize, start: usize, len: usize, y: &mut [f32]) {
@@ -103,6 +104,20 @@ pub fn mul_mat_heads(w: &Tensor, x: &[f32], mm: &HeadMatMul, precision: Precisio
     let dot = RowDot::new(weight_type(w), w.bytes(), kd, kd * w.node.n_rows(), precision, cx);
     let acts = Acts::quantize(dot.act, x, kd, cx);
     let out = &out;
+    if dot.has_gemm(n) {
+        return cx.pool.for_chunks(h, 1, |heads| {
+            let mut vals = vec![0f32; mm.len * n];
+            for head in heads {
+                let cols: Vec<usize> = (0..n).map(|t| t * h + head).collect();
+                dot.gemm(first(head)..first(head) + mm.len, &acts, &cols, &mut vals);
+                for (t, vals) in vals.chunks_exact(mm.len).enumerate() {
+                    // SAFETY: as above.
+                    let dst = unsafe { std::slice::from_raw_parts_mut(out.0.add((t * h + head) * mm.len), mm.len) };
+                    dst.copy_from_slice(vals);
+                }
+            }
+        });
+    }
     cx.pool.for_chunks(h, 1, |heads| {
         for head in heads {
             for i in 0..mm.len {
@@ -116,10 +131,18 @@ pub fn mul_mat_heads(w: &Tensor, x: &[f32], mm: &HeadMatMul, precision: Precisio
     });
 }
 
-/// Cache positions per block: rows widened once per block serve every head of a task.
+/// Cache positions per block: rows widened once per block serve every
+/// (token, head) query of a task (the `vec` kernels' block).
 const POSITIONS: usize = 64;
+/// Tokens of a prompt task: their queries share each widened block.
+const TASK_TOKENS: usize = 8;
 
 /// [`tern_graph::Op::LatentAttention`].
+///
+/// Queries `[q_lat | q_pe]` (`rank + rope` wide) against the cache rows
+/// (`[latent | k_pe]`), values the rows' latent part; an online softmax per
+/// query over blocks of [`POSITIONS`], on the attention kernels of `vec`
+/// (`HEADS` heads share each key and value load).
 ///
 /// # Safety
 /// `srcs[4]` is the layer's cache, not aliased by any other view in use.
@@ -136,85 +159,100 @@ pub unsafe fn latent_attention(srcs: &[Tensor], p: &LatentAttentionParams, y: &m
         cache.store(p.kv_pos + t, &row);
     }
     let out = &Out(y.as_mut_ptr());
-    let isa = cx.isa;
-    // Tasks are (token, run of heads): a decoding step still spreads its
-    // heads over the threads.
-    let per_task = h.div_ceil((2 * cx.pool.threads()).div_ceil(n).max(1)).max(1);
+    let (isa, threads) = (cx.isa, cx.pool.threads());
+    // Tasks are (block of tokens, run of heads): a prompt's tokens go in
+    // blocks with all heads, a decoding step spreads its heads over the threads.
+    let tb = (n / (2 * threads)).clamp(1, TASK_TOKENS);
+    let per_task = if tb > 1 { h } else { h.div_ceil((2 * threads).div_ceil(n).max(1)).max(1) };
     let runs = h.div_ceil(per_task);
-    cx.pool.for_chunks_claimed(n * runs, 1, |tasks| {
+    let blocks = n.div_ceil(tb);
+    cx.pool.for_chunks_claimed(blocks * runs, 1, |tasks| {
         let mut keys = vec![0f32; POSITIONS * width];
+        let mut kt = vec![0f32; width * POSITIONS];
+        let mut vals = vec![0f32; POSITIONS * r];
         for task in tasks {
-            let (t, heads) = (task / runs, (task % runs) * per_task..((task % runs + 1) * per_task).min(h));
-            let queries: Vec<Vec<f32>> = heads
-                .clone()
-                .map(|hd| [&q_lat[(t * h + hd) * r..][..r], &q_pe[(t * h + hd) * dr..][..dr]].concat())
-                .collect();
-            let mut state: Vec<Softmax> = heads.clone().map(|_| Softmax::new(r)).collect();
-            let visible = p.kv_pos + t + 1;
-            for start in (0..visible).step_by(POSITIONS) {
-                let n_pos = POSITIONS.min(visible - start);
-                for j in 0..n_pos {
-                    cache.load(start + j, 0, &mut keys[j * width..(j + 1) * width], isa);
-                }
-                let mut scores = [0f32; POSITIONS];
-                for (q, st) in queries.iter().zip(&mut state) {
-                    for (s, key) in scores[..n_pos].iter_mut().zip(keys.chunks_exact(width)) {
-                        *s = p.scale * dot(q, key);
-                    }
-                    st.add(&scores[..n_pos], &keys, width, r);
+            let tokens = (task / runs) * tb..((task / runs + 1) * tb).min(n);
+            let heads = (task % runs) * per_task..((task % runs + 1) * per_task).min(h);
+            let nh = heads.len();
+            let mut queries = vec![0f32; tokens.len() * nh * width];
+            for (ti, t) in tokens.clone().enumerate() {
+                for (hi, hd) in heads.clone().enumerate() {
+                    let q = &mut queries[(ti * nh + hi) * width..][..width];
+                    q[..r].copy_from_slice(&q_lat[(t * h + hd) * r..][..r]);
+                    q[r..].copy_from_slice(&q_pe[(t * h + hd) * dr..][..dr]);
                 }
             }
-            for (hd, st) in heads.zip(&state) {
-                // SAFETY: token t's heads of this run belong to this task.
-                let dst = std::slice::from_raw_parts_mut(out.0.add((t * h + hd) * r), r);
-                st.write(dst);
+            let nq = tokens.len() * nh;
+            let (mut max, mut sum) = (vec![f32::NEG_INFINITY; nq], vec![0f32; nq]);
+            let mut acc = vec![0f32; nq * r];
+            // One token's groups of HEADS heads read the key rows as they
+            // are; otherwise the transposed copy serves every query.
+            let rows_only = tokens.len() == 1 && nh.is_multiple_of(vec::HEADS);
+            let end = p.kv_pos + tokens.end;
+            for start in (0..end).step_by(POSITIONS) {
+                let n_pos = POSITIONS.min(end - start);
+                for j in 0..n_pos {
+                    let key = &mut keys[j * width..(j + 1) * width];
+                    cache.load(start + j, 0, key, isa);
+                    vals[j * r..(j + 1) * r].copy_from_slice(&key[..r]);
+                }
+                if !rows_only {
+                    // Scores of positions past a short block must read zeros.
+                    if n_pos < POSITIONS {
+                        kt.fill(0.0);
+                    }
+                    for j in 0..n_pos {
+                        for d in 0..width {
+                            kt[d * POSITIONS + j] = keys[j * width + d];
+                        }
+                    }
+                }
+                for (ti, t) in tokens.clone().enumerate() {
+                    // Causal: token t sees positions up to kv_pos + t.
+                    let visible = (p.kv_pos + t + 1).saturating_sub(start).min(n_pos);
+                    if visible == 0 {
+                        continue;
+                    }
+                    let q = |hi: usize| &queries[(ti * nh + hi) * width..][..width];
+                    let grouped = nh / vec::HEADS * vec::HEADS;
+                    for h0 in (0..grouped).step_by(vec::HEADS) {
+                        let qi0 = ti * nh + h0;
+                        let mut scores = [[0f32; POSITIONS]; vec::HEADS];
+                        let qs = std::array::from_fn(|i| q(h0 + i));
+                        if rows_only {
+                            vec::scores_rows_heads(qs, &keys[..n_pos * width], p.scale, &mut scores, isa);
+                        } else {
+                            vec::scores_transposed_heads(qs, &kt, p.scale, &mut scores, isa);
+                        }
+                        let (mx, sm) = (&mut max[qi0..qi0 + vec::HEADS], &mut sum[qi0..qi0 + vec::HEADS]);
+                        let rescale = vec::softmax_heads(&mut scores, visible, mx, sm, isa);
+                        let mut accs = acc[qi0 * r..(qi0 + vec::HEADS) * r].chunks_exact_mut(r);
+                        let accs = std::array::from_fn(|_| accs.next().expect("HEADS accumulators"));
+                        let w = std::array::from_fn(|i| &scores[i][..visible]);
+                        vec::weighted_rows_heads(accs, rescale, w, &vals[..visible * r], isa);
+                    }
+                    for hi in grouped..nh {
+                        let qi = ti * nh + hi;
+                        let mut scores = [0f32; POSITIONS];
+                        vec::scores_transposed(q(hi), &kt, p.scale, &mut scores, isa);
+                        let sc = &mut scores[..visible];
+                        let new_max = max[qi].max(vec::max(sc, isa));
+                        let rescale = (max[qi] - new_max).exp();
+                        max[qi] = new_max;
+                        sum[qi] = sum[qi] * rescale + vec::exp_shifted_sum(sc, new_max, isa);
+                        vec::weighted_rows(&mut acc[qi * r..(qi + 1) * r], rescale, sc, &vals[..visible * r], isa);
+                    }
+                }
+            }
+            for (ti, t) in tokens.clone().enumerate() {
+                for (hi, hd) in heads.clone().enumerate() {
+                    let qi = ti * nh + hi;
+                    let inv = 1.0 / sum[qi];
+                    // SAFETY: token t's heads of this run belong to this task.
+                    let dst = std::slice::from_raw_parts_mut(out.0.add((t * h + hd) * r), r);
+                    dst.iter_mut().zip(&acc[qi * r..(qi + 1) * r]).for_each(|(o, a)| *o = a * inv);
+                }
             }
         }
     });
-}
-
-/// One query's online softmax over positions, accumulating the latents.
-struct Softmax {
-    max: f32,
-    sum: f32,
-    acc: Vec<f32>,
-}
-
-impl Softmax {
-    fn new(r: usize) -> Softmax {
-        Softmax { max: f32::NEG_INFINITY, sum: 0.0, acc: vec![0.0; r] }
-    }
-
-    /// Folds in a block of scores; `keys` holds the block's rows of `width`,
-    /// whose first `r` values are the latents.
-    fn add(&mut self, scores: &[f32], keys: &[f32], width: usize, r: usize) {
-        let m = scores.iter().copied().fold(self.max, f32::max);
-        let rescale = (self.max - m).exp();
-        self.sum *= rescale;
-        self.acc.iter_mut().for_each(|a| *a *= rescale);
-        for (&s, key) in scores.iter().zip(keys.chunks_exact(width)) {
-            let w = (s - m).exp();
-            self.sum += w;
-            self.acc.iter_mut().zip(&key[..r]).for_each(|(a, k)| *a += w * k);
-        }
-        self.max = m;
-    }
-
-    fn write(&self, out: &mut [f32]) {
-        let inv = 1.0 / self.sum;
-        out.iter_mut().zip(&self.acc).for_each(|(o, a)| *o = a * inv);
-    }
-}
-
-/// A dot product in eight f32 lanes.
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
-    for (x, y) in ca.zip(cb) {
-        for i in 0..8 {
-            acc[i] += x[i] * y[i];
-        }
-    }
-    acc.iter().sum::<f32>() + tail
 }
