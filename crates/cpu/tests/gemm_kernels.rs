@@ -6,7 +6,7 @@
 //! row's blocks, `u = 2⁻²⁴`, `S = Σ|w_i·a_i|` over the dequantized values.
 //! Every block's integer sums are exact in both; only the f32 scaling and
 //! the order of the sums differ (per i32 lane, then across lanes, against
-//! the reference's per-block order). In Q4_K/Q5_K the two parts of
+//! the reference's per-block order). In Q2_K/Q4_K/Q5_K the two parts of
 //! `w = d·sc·q − dmin·m` are rounded separately and may cancel, so their
 //! `S` also counts the parts (see [`bound_scale`]).
 //!
@@ -24,14 +24,25 @@ use tern_quant::{
 };
 use tern_testutil::Rng;
 
-const TYPES: [GgmlType; 7] =
-    [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::IQ4_NL, GgmlType::Q5_0];
+const TYPES: [GgmlType; 9] = [
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::IQ4_NL,
+    GgmlType::Q5_0,
+];
 
 /// Offsets of the f16 scales in a block (made finite in random bytes).
 fn f16_fields(ty: GgmlType) -> &'static [usize] {
     match ty {
         GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
         GgmlType::Q6_K => &[208],
+        GgmlType::Q2_K => &[80, 82],
+        GgmlType::Q3_K => &[108],
         _ => &[0],
     }
 }
@@ -61,7 +72,18 @@ fn act_row(ty: GgmlType, k: usize, rng: &mut Rng) -> Vec<u8> {
     out
 }
 
-/// `S` of the bound: `Σ|w·a|`, and for Q4_K/Q5_K twice the min's part
+/// Where a block's codes are, for the formats with a separate min
+/// (`w = d·sc·q − dmin·m`): Q4_K's codes and Q5_K's fifth bits and codes
+/// follow the scales at 16; Q2_K's codes are 16..80, after its scales.
+fn code_bytes(ty: GgmlType) -> Option<std::ops::Range<usize>> {
+    match ty {
+        GgmlType::Q4_K | GgmlType::Q5_K => Some(16..ty.layout().block_bytes),
+        GgmlType::Q2_K => Some(16..80),
+        _ => None,
+    }
+}
+
+/// `S` of the bound: `Σ|w·a|`, and for Q2_K/Q4_K/Q5_K twice the min's part
 /// `Σ|dmin·m·a|` on top (the dequantized row with its codes zeroed is
 /// `−dmin·m` per element; `|d·sc·q| ≤ |w| + |dmin·m|`).
 fn bound_scale(ty: GgmlType, k: usize, w: &[u8], a: &[u8]) -> f64 {
@@ -69,12 +91,11 @@ fn bound_scale(ty: GgmlType, k: usize, w: &[u8], a: &[u8]) -> f64 {
     dequantize_row(ty, w, TensorScale::ONE, &mut wf);
     dequantize_acts(act_type(ty), a, &mut af);
     let mut s: f64 = wf.iter().zip(&af).map(|(&w, &a)| (w as f64 * a as f64).abs()).sum();
-    if matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K) {
+    if let Some(codes) = code_bytes(ty) {
         let mut zeroed = w.to_vec();
         let bb = ty.layout().block_bytes;
         for block in zeroed.chunks_exact_mut(bb) {
-            // Q4_K: codes at 16..144; Q5_K: fifth bits at 16..48, codes at 48..176.
-            block[16..].fill(0);
+            block[codes.clone()].fill(0);
         }
         dequantize_row(ty, &zeroed, TensorScale::ONE, &mut wf);
         s += 2.0 * wf.iter().zip(&af).map(|(&m, &a)| (m as f64 * a as f64).abs()).sum::<f64>();

@@ -187,8 +187,8 @@ pub fn weight_rows(rng: &mut Rng, ty: GgmlType, k: usize, n: usize) -> Vec<u8> {
 /// The scalar twin of one weight row (`ty`, file bytes) against one f32
 /// activation column, as `precision` asks: `vec_dot` on the activation
 /// quantized to the type `ty` pairs with, or `vec_dot_f32`. Also returns
-/// `S = Σ|w_i·a_i|` over the values the product multiplies; for Q4_K and
-/// Q5_K with paired activations, where `w = d·sc·q − dmin·m` and both sides
+/// `S = Σ|w_i·a_i|` over the values the product multiplies; for Q2_K, Q4_K
+/// and Q5_K with paired activations, where `w = d·sc·q − dmin·m` and both sides
 /// round the two parts separately, `S` also counts the parts:
 /// `+ 2·Σ|dmin·m·a|` (then `Σ|d·sc·q·a| + Σ|dmin·m·a| ≤ S`).
 pub fn twin_dot(ty: GgmlType, precision: tern_graph::Precision, row: &[u8], x: &[f32]) -> (f32, f64) {
@@ -206,10 +206,17 @@ pub fn twin_dot(ty: GgmlType, precision: tern_graph::Precision, row: &[u8], x: &
             let mut a = vec![0f32; k];
             dequantize_acts(act, &q, &mut a);
             let mut sum = s(&w, &a);
-            if matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K) {
-                // Codes (and Q5_K's fifth bits) zeroed: each element is −dmin·m.
+            // Where the codes are in formats with a separate min: after the
+            // scales at 16 (Q4_K; Q5_K's fifth bits too), or 16..80 (Q2_K).
+            let codes = match ty {
+                GgmlType::Q4_K | GgmlType::Q5_K => Some(16..ty.layout().block_bytes),
+                GgmlType::Q2_K => Some(16..80),
+                _ => None,
+            };
+            if let Some(codes) = codes {
+                // Codes zeroed: each element is −dmin·m.
                 let mut mins = row.to_vec();
-                mins.chunks_exact_mut(ty.layout().block_bytes).for_each(|b| b[16..].fill(0));
+                mins.chunks_exact_mut(ty.layout().block_bytes).for_each(|b| b[codes.clone()].fill(0));
                 tern_quant::dequantize_row(ty, &mins, TensorScale::ONE, &mut w);
                 sum += 2.0 * s(&w, &a);
             }

@@ -28,7 +28,7 @@ use super::x86::*;
 use super::Gemm;
 
 /// Weight rows decoded at once; every activation row then passes over them.
-pub(super) const GROUP: usize = 16;
+pub(super) const GROUP: usize = 32;
 const TOKENS: usize = 4;
 
 /// One decoded k-quant block of 256 elements.

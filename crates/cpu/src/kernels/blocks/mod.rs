@@ -183,7 +183,7 @@ pub const GEMM_GROUP: usize = gemm::GROUP;
 pub const GEMM_GROUP: usize = 8;
 
 #[cfg(target_arch = "x86_64")]
-const GEMM_REGISTRY: &[&[GemmEntry]] = &[q45k::GEMMS, q6k::GEMMS, q32::GEMMS];
+const GEMM_REGISTRY: &[&[GemmEntry]] = &[q23k::GEMMS, q45k::GEMMS, q6k::GEMMS, q32::GEMMS];
 
 /// Every registered prompt GEMM (none off x86-64).
 pub fn gemm_registry() -> impl Iterator<Item = &'static GemmEntry> {

@@ -229,3 +229,69 @@ kernels! {
     q2k_avx2, q2k_avx512, false => Q2_K;
     q3k_avx2, q3k_avx512, true => Q3_K;
 }
+
+/// Q2_K (`THREE = false`) or Q3_K blocks, decoded for the prompt GEMM:
+/// codes 0..=3 (Q2_K) or `level + 4` in 0..=7 (Q3_K) and the group scales;
+/// Q2_K's mins and `dmin` as they are, Q3_K's "mins" `4·s_g` with
+/// `dmin = d` (so `d·s·code − d·4·s = d·s·level`).
+pub(super) struct K23<const THREE: bool>;
+
+impl<const THREE: bool> super::gemm::KDecode for K23<THREE> {
+    const BYTES: usize = w_bytes(THREE);
+    const JOINT: bool = THREE;
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn decode(wb: *const u8, out: &mut super::gemm::KBlock) {
+        let (m3, four) = (_mm256_set1_epi8(3), _mm256_set1_epi8(4));
+        let hm = if THREE { load256(wb) } else { _mm256_setzero_si256() };
+        for h in 0..2 {
+            let mut q = load256(wb.add(qs_at(THREE) + 32 * h));
+            for j in 0..4 {
+                let mut u = _mm256_and_si256(q, m3);
+                q = _mm256_srli_epi16::<2>(q);
+                if THREE {
+                    let bit = _mm256_set1_epi8((1u8 << (4 * h + j)) as i8);
+                    let set = _mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit);
+                    u = _mm256_or_si256(u, _mm256_and_si256(set, four));
+                }
+                _mm256_storeu_si256(out.codes[4 * h + j].as_mut_ptr().cast(), u);
+            }
+        }
+        let mut sc = [0i16; 16];
+        if THREE {
+            let s = _mm256_cvtepi8_epi16(_mm_sub_epi8(q3k_codes(wb.add(Q3_SCALES)), _mm_set1_epi8(32)));
+            _mm256_storeu_si256(sc.as_mut_ptr().cast(), s);
+            _mm256_storeu_si256(out.mins.as_mut_ptr().cast(), _mm256_slli_epi16::<2>(s));
+            out.d = f16_at(wb.add(Q3_D));
+            out.dmin = out.d;
+        } else {
+            let (raw, m4) = (load128(wb), _mm_set1_epi8(15));
+            _mm256_storeu_si256(sc.as_mut_ptr().cast(), _mm256_cvtepu8_epi16(_mm_and_si128(raw, m4)));
+            let mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(raw), m4));
+            _mm256_storeu_si256(out.mins.as_mut_ptr().cast(), mins);
+            out.d = f16_at(wb.add(Q2_D));
+            out.dmin = f16_at(wb.add(Q2_DMIN));
+        }
+        for (j, s) in out.scales.iter_mut().enumerate() {
+            s[..8].fill(sc[2 * j]);
+            s[8..].fill(sc[2 * j + 1]);
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q2k_gemm_avx2(g: &mut super::Gemm) {
+    super::gemm::gemm_k::<K23<false>>(g)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q3k_gemm_avx2(g: &mut super::Gemm) {
+    super::gemm::gemm_k::<K23<true>>(g)
+}
+
+/// This file's prompt GEMMs.
+pub(super) const GEMMS: &[super::GemmEntry] = &[
+    super::GemmEntry { ty: tern_quant::GgmlType::Q2_K, isa: crate::isa::Isa::Avx2, gemm: q2k_gemm_avx2 },
+    super::GemmEntry { ty: tern_quant::GgmlType::Q3_K, isa: crate::isa::Isa::Avx2, gemm: q3k_gemm_avx2 },
+];
