@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use tern_backend::BackendId;
+use tern_backend::{BackendId, BackendKind};
 use tern_engine::planning::{measure_costs, parse_devices, plan_for, DeviceSpec, MemoryUse, OffloadEstimate};
 use tern_graph::Op;
 
@@ -115,12 +115,20 @@ impl Plan {
                 }
                 // The embedding is read one row per token, a token's experts
                 // k of n_expert, every other weight whole.
+                // Bytes as the backend holds them: a CPU's repacked ternary layout.
+                let e = &entries[i];
+                let held = match a.backend.kind {
+                    BackendKind::Cpu => {
+                        tern_engine::cpu_weight_read_bytes(e.ty, e.ne.map(|v| v as usize), e.nbytes, opts.cpu_isa)
+                    }
+                    BackendKind::Cuda => e.nbytes,
+                };
                 let bytes = if i == model.weights.token_embd.index && i != model.weights.output.index {
-                    entries[i].nbytes / entries[i].ne[1].max(1)
+                    e.nbytes / e.ne[1].max(1)
                 } else if let (true, Some((k, n))) = (by_experts[id], expert_share) {
-                    entries[i].nbytes * k as u64 / n as u64
+                    held * k as u64 / n as u64
                 } else {
-                    entries[i].nbytes
+                    held
                 };
                 *bytes_per_token.entry(a.backend.to_string()).or_insert(0) += bytes;
             }

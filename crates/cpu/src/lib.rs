@@ -64,7 +64,21 @@ impl CpuBackend {
 /// base-3 bytes decode by table lookups (AVX-512 VBMI) fast enough to keep
 /// up with memory, every file goes to 1.6 bits: a token then reads 20% fewer
 /// weight bytes. Elsewhere 1.6-bit files stay 1.6-bit and the rest become 2-bit.
-fn packing(ty: GgmlType, isa: Isa) -> Packing {
+/// Bytes a whole pass over a weight reads on a CPU backend of ISA level
+/// `isa` (`None`: the machine's): the repacked layout of a ternary matrix
+/// (rows of packed codes and an f32 scale per row, the case of a per-row or
+/// per-tensor scale, which BitNet files have; per-block scales add a few
+/// per row), else the file's `file_bytes`, which the kernels read in place.
+pub fn weight_read_bytes(ty: GgmlType, ne: [usize; 4], file_bytes: u64, isa: Option<Isa>) -> u64 {
+    let isa = isa.unwrap_or_else(Isa::detected).min(Isa::detected());
+    if !ty.is_ternary() || ne[2] != 1 || ne[3] != 1 {
+        return file_bytes;
+    }
+    let layout = tern_quant::ternary::rows::Layout::new(packing(ty, isa), ne[0], true);
+    (ne[1] * (layout.row_bytes + 4)) as u64
+}
+
+pub fn packing(ty: GgmlType, isa: Isa) -> Packing {
     let lookups = isa == Isa::Avx512 && Base3Decode::best() == Base3Decode::Lookup;
     match ty {
         GgmlType::TQ1_0 | GgmlType::IQ1_BN => Packing::Base3,

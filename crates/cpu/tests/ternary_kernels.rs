@@ -172,3 +172,30 @@ fn bench_ternary_kernels() {
         }
     }
 }
+
+/// `weight_read_bytes` (what `tern info --plan` counts per token) is the
+/// size of the layout the backend repacks a ternary matrix into, on every
+/// ISA level; other weights are read as the file holds them.
+#[test]
+fn read_bytes_are_the_repacked_layouts() {
+    let mut rng = Rng::new(5);
+    for (ty, k) in [
+        (GgmlType::TQ2_0, 2560),
+        (GgmlType::TQ1_0, 1280),
+        (GgmlType::IQ2_BN, 704),
+        (GgmlType::IQ1_BN, 960),
+        (GgmlType::I2_S, 384),
+    ] {
+        let rows = 7;
+        let bytes = weights(ty, k, rows, false, &mut rng);
+        for isa in isas() {
+            let packed = PackedTernary::new(ty, &bytes, k, rows, tern_cpu::packing(ty, isa));
+            let read = tern_cpu::weight_read_bytes(ty, [k, rows, 1, 1], bytes.len() as u64, Some(isa));
+            assert_eq!(read, packed.bytes() as u64, "{ty} k={k} {isa:?}");
+        }
+    }
+    let q4k = tern_cpu::weight_read_bytes(GgmlType::Q4_K, [2048, 8, 1, 1], 9216, None);
+    assert_eq!(q4k, 9216, "a block format is read in place");
+    let experts = tern_cpu::weight_read_bytes(GgmlType::TQ2_0, [256, 4, 8, 1], 1000, None);
+    assert_eq!(experts, 1000, "a 3-D ternary weight stays in its file layout");
+}

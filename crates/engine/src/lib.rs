@@ -13,5 +13,5 @@ pub use error::{Error, Result};
 pub use generate::{generate, GenStats};
 pub use kv::parse_kv_type;
 pub use session::{LoadOptions, Logits, Profile, Session};
-pub use tern_cpu::{CpuOptions, Isa};
+pub use tern_cpu::{weight_read_bytes as cpu_weight_read_bytes, CpuOptions, Isa};
 pub use tern_cuda::{kernel_cache_dir, CudaOptions};

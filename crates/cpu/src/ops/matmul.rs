@@ -14,7 +14,7 @@ use super::{Ctx, Tensor};
 use crate::kernels::{self, blocks};
 
 /// Bytes ahead of the current row that a row-by-row GEMV prefetches.
-const PREFETCH_BYTES: usize = 4096;
+pub(super) const PREFETCH_BYTES: usize = 4096;
 /// Activation rows from which a format's GEMM beats its row dots (the
 /// GEMM's register tile is four tokens).
 const GEMM_MIN_TOKENS: usize = 4;

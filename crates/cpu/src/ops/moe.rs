@@ -11,8 +11,9 @@ use tern_graph::{Activation, Gating, Precision, RouteParams};
 
 use std::ops::Range;
 
-use super::matmul::{weight_type, Acts, RowDot, GEMM_ROWS};
+use super::matmul::{weight_type, Acts, RowDot, GEMM_ROWS, PREFETCH_BYTES};
 use super::{elementwise, Ctx, Tensor};
+use crate::kernels;
 
 /// Each token's chosen experts, best first (ties go to the lower index).
 ///
@@ -169,7 +170,13 @@ fn expert_products(
         }
         return;
     }
+    // One token streams each row once: fetch about a page ahead.
+    let ahead = if cols.len() == 1 { PREFETCH_BYTES.div_ceil(dot.row_bytes) } else { 0 };
+    let end = rows.end;
     for r in rows {
+        if ahead > 0 && r + ahead < end {
+            kernels::prefetch(dot.row(first_row + r + ahead).as_ptr(), dot.row_bytes);
+        }
         let wr = dot.row(first_row + r);
         let quads = cols.len() / 4 * 4;
         for u0 in (0..quads).step_by(4) {

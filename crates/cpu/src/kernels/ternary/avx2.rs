@@ -1,6 +1,7 @@
 //! AVX2 kernels: `vpmaddubsw` multiplies unsigned codes by signed int8
-//! activations into 16-bit pairs (at most 2·2·128, no overflow), `vpmaddwd`
-//! widens to 32 bits. Tiles are smaller than AVX-512's (16 registers).
+//! activations into 16-bit pairs (at most 2·2·128, no overflow); a 2-bit
+//! chunk's eight of them add up in 16 bits (≤ 4096) before `vpmaddwd`
+//! widens them to 32. Tiles are smaller than AVX-512's (16 registers).
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
@@ -98,6 +99,9 @@ unsafe fn tile_bits2<const RR: usize, const TT: usize>(
     let (mask, ones) = (_mm256_set1_epi8(3), _mm256_set1_epi16(1));
     let mut acc = [[_mm256_setzero_si256(); TT]; RR];
     for c in 0..w.layout.k_pad / 256 {
+        // A chunk's eight `maddubs` pair sums (each ≤ 2·2·128) add up in
+        // 16-bit lanes (≤ 4096), widened once a chunk.
+        let mut acc16 = [[_mm256_setzero_si256(); TT]; RR];
         // A 64-byte chunk is two 32-byte halves; half h, pair i covers weights 64i + 32h ..+32.
         for h in 0..2 {
             let mut cur = [_mm256_setzero_si256(); RR];
@@ -112,10 +116,15 @@ unsafe fn tile_bits2<const RR: usize, const TT: usize>(
                 }
                 for t in 0..TT {
                     let a = _mm256_load_si256(acts.q(t0 + t).as_ptr().add(256 * c + 64 * i + 32 * h) as *const _);
-                    for (row, &code) in acc.iter_mut().zip(&codes) {
-                        row[t] = dot_acc(row[t], code, a, ones);
+                    for (row, &code) in acc16.iter_mut().zip(&codes) {
+                        row[t] = _mm256_add_epi16(row[t], _mm256_maddubs_epi16(code, a));
                     }
                 }
+            }
+        }
+        for (row, row16) in acc.iter_mut().zip(&acc16) {
+            for (a, &a16) in row.iter_mut().zip(row16) {
+                *a = _mm256_add_epi32(*a, _mm256_madd_epi16(a16, ones));
             }
         }
     }
