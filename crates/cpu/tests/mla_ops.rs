@@ -254,8 +254,11 @@ fn encode(ty: GgmlType, row: &[f32]) -> Vec<u8> {
 ///   by `δ_p + 2u·|s_p − m| + 7u` relative, the normaliser by the
 ///   `w`-weighted mean of those plus `(n + 2)·u` (a sum of `n` positive
 ///   terms), the accumulation `Σ w_p·c_p` by `(n + 1)·u·A_i`
-///   (`A_i = Σ_p w_p·|c_{p,i}|`), the final product by 2u (1% on top for
-///   the second-order terms).
+///   (`A_i = Σ_p w_p·|c_{p,i}|`), the final product by 2u; a decoding
+///   step split into parts along the cache (one token on 3 threads) merges
+///   the parts' states by `e^(max_p − M)` (3u) in sums of at most 3 terms:
+///   6u more on the accumulation and on the normaliser (1% on top for the
+///   second-order terms).
 fn attend64(q: &[f64], visible: &[Vec<f64>], rank: usize, scale: f64) -> Vec<(f64, f64)> {
     let n = visible.len();
     let width = q.len();
@@ -274,7 +277,7 @@ fn attend64(q: &[f64], visible: &[Vec<f64>], rank: usize, scale: f64) -> Vec<(f6
     let eps: Vec<f64> = (0..n)
         .map(|p| if scores[p] - max < -80.0 { 1.0 } else { deltas[p] + 2.0 * U * (scores[p] - max).abs() + 7.0 * U })
         .collect();
-    let eps_norm = w.iter().zip(&eps).map(|(w, e)| w * e).sum::<f64>() + (n + 2) as f64 * U;
+    let eps_norm = w.iter().zip(&eps).map(|(w, e)| w * e).sum::<f64>() + (n + 8) as f64 * U;
     (0..rank)
         .map(|i| {
             let (mut o, mut a, mut b) = (0.0, 0.0, 0.0);
@@ -287,7 +290,7 @@ fn attend64(q: &[f64], visible: &[Vec<f64>], rank: usize, scale: f64) -> Vec<(f6
                     b += 1.01 * (-87f64).exp() * c.abs();
                 }
             }
-            (o, 1.01 * (b + a * (eps_norm + (n + 3) as f64 * U)))
+            (o, 1.01 * (b + a * (eps_norm + (n + 9) as f64 * U)))
         })
         .collect()
 }

@@ -160,20 +160,28 @@ pub unsafe fn latent_attention(srcs: &[Tensor], p: &LatentAttentionParams, y: &m
     }
     let out = &Out(y.as_mut_ptr());
     let (isa, threads) = (cx.isa, cx.pool.threads());
-    // Tasks are (block of tokens, run of heads): a prompt's tokens go in
-    // blocks with all heads, a decoding step spreads its heads over the threads.
+    // Tasks are (block of tokens, part of the cache), all heads each: every
+    // widened cache block serves all of a task's queries. A prompt's tokens
+    // go in blocks; a decoding step's few tokens cut the cache into parts
+    // (whole position blocks, one per thread) whose softmax states are
+    // merged after (flash-decoding).
     let tb = (n / (2 * threads)).clamp(1, TASK_TOKENS);
-    let per_task = if tb > 1 { h } else { h.div_ceil((2 * threads).div_ceil(n).max(1)).max(1) };
-    let runs = h.div_ceil(per_task);
     let blocks = n.div_ceil(tb);
-    cx.pool.for_chunks_claimed(blocks * runs, 1, |tasks| {
+    let cache_blocks = (p.kv_pos + n).div_ceil(POSITIONS);
+    let parts = if blocks < threads { cache_blocks.min(threads) } else { 1 };
+    let per_part = cache_blocks.div_ceil(parts) * POSITIONS;
+    let state = 2 + r; // a part's max, sum and accumulator per query
+    let mut partials = vec![0f32; if parts > 1 { n * h * parts * state } else { 0 }];
+    let partial = &Out(partials.as_mut_ptr());
+    cx.pool.for_chunks_claimed(blocks * parts, 1, |tasks| {
         let mut keys = vec![0f32; POSITIONS * width];
         let mut kt = vec![0f32; width * POSITIONS];
         let mut vals = vec![0f32; POSITIONS * r];
         for task in tasks {
-            let tokens = (task / runs) * tb..((task / runs + 1) * tb).min(n);
-            let heads = (task % runs) * per_task..((task % runs + 1) * per_task).min(h);
-            let nh = heads.len();
+            let (b, part) = (task / parts, task % parts);
+            let tokens = b * tb..((b + 1) * tb).min(n);
+            let heads = 0..h;
+            let nh = h;
             let mut queries = vec![0f32; tokens.len() * nh * width];
             for (ti, t) in tokens.clone().enumerate() {
                 for (hi, hd) in heads.clone().enumerate() {
@@ -188,8 +196,8 @@ pub unsafe fn latent_attention(srcs: &[Tensor], p: &LatentAttentionParams, y: &m
             // One token's groups of HEADS heads read the key rows as they
             // are; otherwise the transposed copy serves every query.
             let rows_only = tokens.len() == 1 && nh.is_multiple_of(vec::HEADS);
-            let end = p.kv_pos + tokens.end;
-            for start in (0..end).step_by(POSITIONS) {
+            let end = (p.kv_pos + tokens.end).min((part + 1) * per_part);
+            for start in (part * per_part..end).step_by(POSITIONS) {
                 let n_pos = POSITIONS.min(end - start);
                 for j in 0..n_pos {
                     let key = &mut keys[j * width..(j + 1) * width];
@@ -246,13 +254,43 @@ pub unsafe fn latent_attention(srcs: &[Tensor], p: &LatentAttentionParams, y: &m
             }
             for (ti, t) in tokens.clone().enumerate() {
                 for (hi, hd) in heads.clone().enumerate() {
-                    let qi = ti * nh + hi;
-                    let inv = 1.0 / sum[qi];
-                    // SAFETY: token t's heads of this run belong to this task.
-                    let dst = std::slice::from_raw_parts_mut(out.0.add((t * h + hd) * r), r);
-                    dst.iter_mut().zip(&acc[qi * r..(qi + 1) * r]).for_each(|(o, a)| *o = a * inv);
+                    let (qi, a) = (ti * nh + hi, &acc[(ti * nh + hi) * r..][..r]);
+                    if parts == 1 {
+                        let inv = 1.0 / sum[qi];
+                        // SAFETY: token t's outputs belong to this task.
+                        let dst = std::slice::from_raw_parts_mut(out.0.add((t * h + hd) * r), r);
+                        dst.iter_mut().zip(a).for_each(|(o, a)| *o = a * inv);
+                    } else {
+                        // SAFETY: this (token, head, part)'s state belongs to this task.
+                        let st =
+                            std::slice::from_raw_parts_mut(partial.0.add(((t * h + hd) * parts + part) * state), state);
+                        (st[0], st[1]) = (max[qi], sum[qi]);
+                        st[2..].copy_from_slice(a);
+                    }
                 }
             }
         }
     });
+    if parts > 1 {
+        merge_parts(&partials, parts, r, y);
+    }
+}
+
+/// Each query's output from its parts' softmax states (`[max, sum, acc[r]]`
+/// per part): `Σ acc·e^(max − M) / Σ sum·e^(max − M)`, `M` the largest max.
+/// A part that saw no position has max −∞ and weighs nothing; position 0 is
+/// in the first part and visible to every query.
+fn merge_parts(partials: &[f32], parts: usize, r: usize, y: &mut [f32]) {
+    for (o, states) in y.chunks_exact_mut(r).zip(partials.chunks_exact(parts * (2 + r))) {
+        let m = states.chunks_exact(2 + r).map(|s| s[0]).fold(f32::NEG_INFINITY, f32::max);
+        o.fill(0.0);
+        let mut sum = 0.0;
+        for st in states.chunks_exact(2 + r) {
+            let w = (st[0] - m).exp();
+            sum += st[1] * w;
+            o.iter_mut().zip(&st[2..]).for_each(|(o, a)| *o += a * w);
+        }
+        let inv = 1.0 / sum;
+        o.iter_mut().for_each(|x| *x *= inv);
+    }
 }
