@@ -160,8 +160,12 @@ fn q5_0_q4_1_q5_1_models_stay_close_to_f16() {
 /// | Q3_K | 0.510 | 0.7 | 74.1% | 66% | 1.34e-3 | 4e-3 |
 /// | Q2_K | 2.27 | 3.0 | 22.2% | 15% | 1.75e-3 | 4e-3 |
 ///
-/// All three kernels return the scalar twin's bits, so the logits on the
-/// SIMD kernels equal the scalar ones exactly.
+/// IQ4_XS's kernels return the scalar twin's bits, so its logits on the SIMD
+/// kernels equal the scalar ones exactly. Q2_K's and Q3_K's prompt products
+/// run their GEMM, whose block integers are exact but whose f32 sums run in
+/// lanes (`tests/gemm_kernels.rs` bounds each product): this random model
+/// amplifies that rounding (Q3_K: max |Δ| 0.18 in the logits), so they are
+/// held to the twin's bound instead (printed).
 #[test]
 fn q2_k_q3_k_iq4_xs_models_stay_close_to_f16() {
     let dir = Scratch::new("q2_k_q3_k_iq4_xs_models_stay_close_to_f16");
@@ -188,7 +192,17 @@ fn q2_k_q3_k_iq4_xs_models_stay_close_to_f16() {
         eprintln!("{ty}: against its F32 twin: mean KL {:.3e}, top-1 {:.1}%", t.mean_kl, t.top1 * 100.0);
         assert!(t.mean_kl <= 4e-3 && t.top1 >= 0.85, "{ty} against its F32 twin: {t:?}");
         let scalar = eval(&path, Some(Isa::Scalar));
-        let max = best.iter().zip(&scalar).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-        assert!(best == scalar, "{ty}: the SIMD kernels' logits differ from the scalar ones by {max:e}");
+        let s = distance(&scalar, &best, 512);
+        eprintln!(
+            "{ty}: SIMD against scalar kernels: mean KL {:.3e}, max |Δ| {:.2e}, top-1 {:.1}%",
+            s.mean_kl,
+            s.max_abs,
+            s.top1 * 100.0
+        );
+        if ty == GgmlType::IQ4_XS {
+            assert!(best == scalar, "{ty}: the SIMD kernels' logits differ from the scalar ones by {:e}", s.max_abs);
+        } else {
+            assert!(s.mean_kl <= 4e-3 && s.top1 >= 0.85, "{ty} SIMD against scalar: {s:?}");
+        }
     }
 }
