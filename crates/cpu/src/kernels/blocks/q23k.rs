@@ -102,14 +102,29 @@ const fn scale_pick(j: usize) -> [u8; 32] {
 }
 static SCALE_PICK: [[u8; 32]; 4] = [scale_pick(0), scale_pick(1), scale_pick(2), scale_pick(3)];
 
+/// The 32 codes of sub-block `sb` (`4h + j`): the low two bits of `q`
+/// (which then moves on by two bits; the 16-bit shift only pulls the next
+/// byte's bits into bits 2..8, masked off), and for Q3_K the third bit,
+/// bit `sb` of each `hmask` byte in `hm`, as +4.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn next_codes<const THREE: bool>(q: &mut __m256i, hm: __m256i, sb: usize) -> __m256i {
+    let mut u = _mm256_and_si256(*q, _mm256_set1_epi8(3));
+    *q = _mm256_srli_epi16::<2>(*q);
+    if THREE {
+        let bit = _mm256_set1_epi8((1u8 << sb) as i8);
+        let set = _mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit);
+        u = _mm256_or_si256(u, _mm256_and_si256(set, _mm256_set1_epi8(4)));
+    }
+    u
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn dot_avx2<const THREE: bool>(n: usize, w: &[u8], act: &[u8]) -> f32 {
     let wbytes = w_bytes(THREE);
     let nb = blocks_of(n, w, act, QK, wbytes, ACT_BYTES);
     let (wp, ap) = (w.as_ptr(), act.as_ptr());
-    let m3 = _mm256_set1_epi8(3);
-    let four = _mm256_set1_epi8(4);
     let mut sum = 0.0f32;
     for b in 0..nb {
         let (wb, ab) = (wp.add(b * wbytes), ap.add(b * ACT_BYTES));
@@ -117,8 +132,6 @@ unsafe fn dot_avx2<const THREE: bool>(n: usize, w: &[u8], act: &[u8]) -> f32 {
         let hm = if THREE { load256(wb) } else { _mm256_setzero_si256() };
         let mut acc = _mm256_setzero_si256();
         for h in 0..2 {
-            // Shifted down by 2 per j: the 16-bit shifts pull the next
-            // byte's bits only into bits 2..8, which are masked off.
             let mut q = load256(wb.add(qs_at(THREE) + 32 * h));
             // Both 128-bit lanes: the eight i16 scales of this half.
             let sch = if h == 0 {
@@ -127,13 +140,7 @@ unsafe fn dot_avx2<const THREE: bool>(n: usize, w: &[u8], act: &[u8]) -> f32 {
                 _mm256_permute2x128_si256::<0x11>(sc, sc)
             };
             for (j, pick) in SCALE_PICK.iter().enumerate() {
-                let mut u = _mm256_and_si256(q, m3);
-                q = _mm256_srli_epi16::<2>(q);
-                if THREE {
-                    let bit = _mm256_set1_epi8((1u8 << (4 * h + j)) as i8);
-                    let set = _mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit);
-                    u = _mm256_or_si256(u, _mm256_and_si256(set, four));
-                }
+                let u = next_codes::<THREE>(&mut q, hm, 4 * h + j);
                 let a = load256(ab.add(ACT_QS + 128 * h + 32 * j));
                 let s = _mm256_shuffle_epi8(sch, load256(pick.as_ptr()));
                 acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), s));
@@ -243,18 +250,11 @@ impl<const THREE: bool> super::gemm::KDecode for K23<THREE> {
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
     unsafe fn decode(wb: *const u8, out: &mut super::gemm::KBlock) {
-        let (m3, four) = (_mm256_set1_epi8(3), _mm256_set1_epi8(4));
         let hm = if THREE { load256(wb) } else { _mm256_setzero_si256() };
         for h in 0..2 {
             let mut q = load256(wb.add(qs_at(THREE) + 32 * h));
             for j in 0..4 {
-                let mut u = _mm256_and_si256(q, m3);
-                q = _mm256_srli_epi16::<2>(q);
-                if THREE {
-                    let bit = _mm256_set1_epi8((1u8 << (4 * h + j)) as i8);
-                    let set = _mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit);
-                    u = _mm256_or_si256(u, _mm256_and_si256(set, four));
-                }
+                let u = next_codes::<THREE>(&mut q, hm, 4 * h + j);
                 _mm256_storeu_si256(out.codes[4 * h + j].as_mut_ptr().cast(), u);
             }
         }
