@@ -75,7 +75,7 @@ pub fn weight_read_bytes(ty: GgmlType, ne: [usize; 4], file_bytes: u64, isa: Opt
         return file_bytes;
     }
     let layout = tern_quant::ternary::rows::Layout::new(packing(ty, isa), ne[0], true);
-    (ne[1] * (layout.row_bytes + 4)) as u64
+    (ne[1] as u64).saturating_mul(layout.row_bytes as u64 + 4)
 }
 
 pub fn packing(ty: GgmlType, isa: Isa) -> Packing {

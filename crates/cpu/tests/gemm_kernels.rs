@@ -16,8 +16,11 @@
 
 use std::time::Instant;
 
+mod common;
+
 use tern_cpu::isa::Isa;
 use tern_cpu::kernels::blocks::{dot4_fn, dot_fn, gemm_fn, gemm_registry, Gemm};
+use tern_graph::Precision;
 use tern_quant::{
     act_row_bytes, act_type, dequantize_acts, dequantize_row, quantize_acts, quantize_row, row_bytes, vec_dot,
     GgmlType, TensorScale,
@@ -72,17 +75,6 @@ fn act_row(ty: GgmlType, k: usize, rng: &mut Rng) -> Vec<u8> {
     out
 }
 
-/// Where a block's codes are, for the formats with a separate min
-/// (`w = d·sc·q − dmin·m`): Q4_K's codes and Q5_K's fifth bits and codes
-/// follow the scales at 16; Q2_K's codes are 16..80, after its scales.
-fn code_bytes(ty: GgmlType) -> Option<std::ops::Range<usize>> {
-    match ty {
-        GgmlType::Q4_K | GgmlType::Q5_K => Some(16..ty.layout().block_bytes),
-        GgmlType::Q2_K => Some(16..80),
-        _ => None,
-    }
-}
-
 /// `S` of the bound: `Σ|w·a|`, and for Q2_K/Q4_K/Q5_K twice the min's part
 /// `Σ|dmin·m·a|` on top (the dequantized row with its codes zeroed is
 /// `−dmin·m` per element; `|d·sc·q| ≤ |w| + |dmin·m|`).
@@ -91,7 +83,7 @@ fn bound_scale(ty: GgmlType, k: usize, w: &[u8], a: &[u8]) -> f64 {
     dequantize_row(ty, w, TensorScale::ONE, &mut wf);
     dequantize_acts(act_type(ty), a, &mut af);
     let mut s: f64 = wf.iter().zip(&af).map(|(&w, &a)| (w as f64 * a as f64).abs()).sum();
-    if let Some(codes) = code_bytes(ty) {
+    if let Some(codes) = common::min_format_codes(ty) {
         let mut zeroed = w.to_vec();
         let bb = ty.layout().block_bytes;
         for block in zeroed.chunks_exact_mut(bb) {
@@ -117,7 +109,6 @@ fn gemms_match_the_reference() {
     for ty in TYPES {
         let ks: &[usize] = if ty.block_elems() == 256 { &[256, 768, 2048] } else { &[32, 96, 1408] };
         let mut worst = 0.0f64;
-        let u = f64::powi(2.0, -24);
         for isa in isas() {
             let Some(f) = gemm_fn(ty, isa) else { continue };
             for &k in ks {
@@ -136,8 +127,7 @@ fn gemms_match_the_reference() {
                             let got = out[t * nr + r] as f64;
                             let s = bound_scale(ty, k, &rows[r], &acts[t]);
                             let err = (got - want).abs();
-                            let n = (k / ty.block_elems()) as f64;
-                            let tol = if ty.block_elems() == 256 { (3.0 * n + 10.0) * u } else { 2.0 * (n + 3.0) * u };
+                            let tol = common::dot_tol(ty, k, Precision::Paired);
                             assert!(
                                 err <= tol * s,
                                 "{ty} {isa:?} k={k} {nr}x{nt} raw={raw} (r {r}, t {t}): got {got}, want {want}, S={s}"

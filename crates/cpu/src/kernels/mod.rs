@@ -10,6 +10,12 @@ pub mod vec;
 /// Asks for the `len` bytes at `p` to be brought into cache. A hint only:
 /// it never faults, whatever the address, and does nothing off x86.
 #[inline(always)]
+/// Rows of `row_bytes` that a one-token GEMV fetches ahead of the row it
+/// multiplies: about a page, past where the hardware prefetcher stops.
+pub fn rows_ahead(row_bytes: usize) -> usize {
+    4096usize.div_ceil(row_bytes.max(1))
+}
+
 pub fn prefetch(p: *const u8, len: usize) {
     #[cfg(target_arch = "x86_64")]
     for off in (0..len).step_by(64) {

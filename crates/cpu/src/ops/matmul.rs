@@ -13,8 +13,6 @@ use tern_quant::{ActType, TensorScale};
 use super::{Ctx, Tensor};
 use crate::kernels::{self, blocks};
 
-/// Bytes ahead of the current row that a row-by-row GEMV prefetches.
-pub(super) const PREFETCH_BYTES: usize = 4096;
 /// Activation rows from which a format's GEMM beats its row dots (the
 /// GEMM's register tile is four tokens).
 const GEMM_MIN_TOKENS: usize = 4;
@@ -156,7 +154,7 @@ fn mul_mat_rows(w: &Tensor, x: &[f32], precision: Precision, y: &mut [f32], cx: 
     let min_rows = (65536 / (k * m).max(1)).max(1);
     // A decoding step streams each row once: fetch about a page ahead, past
     // where the hardware prefetcher stops.
-    let ahead = if m == 1 { PREFETCH_BYTES.div_ceil(row_bytes) } else { 0 };
+    let ahead = if m == 1 { kernels::rows_ahead(row_bytes) } else { 0 };
     cx.pool.for_chunks_claimed(n, min_rows, |rows| {
         let y_ptr = &y_ptr;
         let end = rows.end;

@@ -11,7 +11,7 @@ use tern_graph::{Activation, Gating, Precision, RouteParams};
 
 use std::ops::Range;
 
-use super::matmul::{weight_type, Acts, RowDot, GEMM_ROWS, PREFETCH_BYTES};
+use super::matmul::{weight_type, Acts, RowDot, GEMM_ROWS};
 use super::{elementwise, Ctx, Tensor};
 use crate::kernels;
 
@@ -171,7 +171,7 @@ fn expert_products(
         return;
     }
     // One token streams each row once: fetch about a page ahead.
-    let ahead = if cols.len() == 1 { PREFETCH_BYTES.div_ceil(dot.row_bytes) } else { 0 };
+    let ahead = if cols.len() == 1 { kernels::rows_ahead(dot.row_bytes) } else { 0 };
     let end = rows.end;
     for r in rows {
         if ahead > 0 && r + ahead < end {

@@ -206,14 +206,7 @@ pub fn twin_dot(ty: GgmlType, precision: tern_graph::Precision, row: &[u8], x: &
             let mut a = vec![0f32; k];
             dequantize_acts(act, &q, &mut a);
             let mut sum = s(&w, &a);
-            // Where the codes are in formats with a separate min: after the
-            // scales at 16 (Q4_K; Q5_K's fifth bits too), or 16..80 (Q2_K).
-            let codes = match ty {
-                GgmlType::Q4_K | GgmlType::Q5_K => Some(16..ty.layout().block_bytes),
-                GgmlType::Q2_K => Some(16..80),
-                _ => None,
-            };
-            if let Some(codes) = codes {
+            if let Some(codes) = min_format_codes(ty) {
                 // Codes zeroed: each element is −dmin·m.
                 let mut mins = row.to_vec();
                 mins.chunks_exact_mut(ty.layout().block_bytes).for_each(|b| b[codes.clone()].fill(0));
@@ -222,6 +215,17 @@ pub fn twin_dot(ty: GgmlType, precision: tern_graph::Precision, row: &[u8], x: &
             }
             (tern_quant::vec_dot(ty, k, row, TensorScale::ONE, &q), sum)
         }
+    }
+}
+
+/// Where a block's codes are, for the formats with a separate min
+/// (`w = d·sc·q − dmin·m`): after the scales at 16 (Q4_K; Q5_K's fifth bits
+/// too), or 16..80 (Q2_K). Zeroing them leaves `−dmin·m` per element.
+pub fn min_format_codes(ty: GgmlType) -> Option<std::ops::Range<usize>> {
+    match ty {
+        GgmlType::Q4_K | GgmlType::Q5_K => Some(16..ty.layout().block_bytes),
+        GgmlType::Q2_K => Some(16..80),
+        _ => None,
     }
 }
 

@@ -27,8 +27,7 @@ use std::arch::x86_64::*;
 use super::x86::*;
 use super::Gemm;
 
-/// Weight rows decoded at once; every activation row then passes over them.
-pub(super) const GROUP: usize = 32;
+use super::GEMM_GROUP as GROUP;
 const TOKENS: usize = 4;
 
 /// One decoded k-quant block of 256 elements.
@@ -108,7 +107,7 @@ struct Out {
 
 /// One decoded row (`nb` blocks from `w`) against `T` activation rows.
 /// (One row at a time: with two, LLVM's schedule spills the codes of a
-/// block to the stack and loses a third of the speed.)
+/// block to the stack.)
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn tile_k<D: KDecode, const T: usize>(w: *const KBlock, nb: usize, acts: &[&[u8]], out: Out) {

@@ -64,6 +64,26 @@ macro_rules! kernels {
     };
 }
 
+/// One AVX2 prompt-GEMM entry point per format (`gemm_k::<Decoder>` or
+/// `gemm_32::<Decoder>` of `gemm.rs`), and the including module's registry
+/// entries for them (`GEMMS`).
+#[cfg(target_arch = "x86_64")]
+macro_rules! gemms {
+    ($($name:ident, $kernel:ident::<$fmt:ty> => $ty:ident;)*) => {
+        $(
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn $name(g: &mut super::Gemm) {
+                super::gemm::$kernel::<$fmt>(g)
+            }
+        )*
+
+        /// This file's prompt GEMMs.
+        pub(super) const GEMMS: &[super::GemmEntry] = &[$(
+            super::GemmEntry { ty: tern_quant::GgmlType::$ty, isa: crate::isa::Isa::Avx2, gemm: $name },
+        )*];
+    };
+}
+
 #[cfg(target_arch = "x86_64")]
 mod float;
 #[cfg(target_arch = "x86_64")]
@@ -176,11 +196,8 @@ pub struct GemmEntry {
     pub gemm: GemmFn,
 }
 
-/// Weight rows a GEMM decodes at once.
-#[cfg(target_arch = "x86_64")]
-pub const GEMM_GROUP: usize = gemm::GROUP;
-#[cfg(not(target_arch = "x86_64"))]
-pub const GEMM_GROUP: usize = 8;
+/// Weight rows a GEMM decodes at once; every activation row then passes over them.
+pub const GEMM_GROUP: usize = 32;
 
 #[cfg(target_arch = "x86_64")]
 const GEMM_REGISTRY: &[&[GemmEntry]] = &[q23k::GEMMS, q45k::GEMMS, q6k::GEMMS, q32::GEMMS];

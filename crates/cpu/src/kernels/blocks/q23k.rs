@@ -280,18 +280,7 @@ impl<const THREE: bool> super::gemm::KDecode for K23<THREE> {
     }
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q2k_gemm_avx2(g: &mut super::Gemm) {
-    super::gemm::gemm_k::<K23<false>>(g)
+gemms! {
+    q2k_gemm_avx2, gemm_k::<K23<false>> => Q2_K;
+    q3k_gemm_avx2, gemm_k::<K23<true>> => Q3_K;
 }
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q3k_gemm_avx2(g: &mut super::Gemm) {
-    super::gemm::gemm_k::<K23<true>>(g)
-}
-
-/// This file's prompt GEMMs.
-pub(super) const GEMMS: &[super::GemmEntry] = &[
-    super::GemmEntry { ty: tern_quant::GgmlType::Q2_K, isa: crate::isa::Isa::Avx2, gemm: q2k_gemm_avx2 },
-    super::GemmEntry { ty: tern_quant::GgmlType::Q3_K, isa: crate::isa::Isa::Avx2, gemm: q3k_gemm_avx2 },
-];

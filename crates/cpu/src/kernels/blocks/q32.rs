@@ -308,26 +308,9 @@ impl<F: Q32> super::gemm::LevelDecode for F {
     }
 }
 
-/// One prompt-GEMM entry point per format.
-macro_rules! gemms {
-    ($($name:ident, $fmt:ty => $ty:ident;)*) => {
-        $(
-            #[target_feature(enable = "avx2,fma,f16c")]
-            unsafe fn $name(g: &mut super::Gemm) {
-                super::gemm::gemm_32::<$fmt>(g)
-            }
-        )*
-
-        /// This file's prompt GEMMs.
-        pub(super) const GEMMS: &[super::GemmEntry] = &[$(
-            super::GemmEntry { ty: tern_quant::GgmlType::$ty, isa: crate::isa::Isa::Avx2, gemm: $name },
-        )*];
-    };
-}
-
 gemms! {
-    q8_0_gemm_avx2, Q8_0 => Q8_0;
-    q4_0_gemm_avx2, Q4_0 => Q4_0;
-    iq4nl_gemm_avx2, IQ4NL => IQ4_NL;
-    q5_0_gemm_avx2, Q5_0 => Q5_0;
+    q8_0_gemm_avx2, gemm_32::<Q8_0> => Q8_0;
+    q4_0_gemm_avx2, gemm_32::<Q4_0> => Q4_0;
+    iq4nl_gemm_avx2, gemm_32::<IQ4NL> => IQ4_NL;
+    q5_0_gemm_avx2, gemm_32::<Q5_0> => Q5_0;
 }

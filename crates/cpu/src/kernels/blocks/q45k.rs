@@ -223,21 +223,10 @@ impl<const FIVE: bool> super::gemm::KDecode for K45<FIVE> {
     }
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4k_gemm_avx2(g: &mut super::Gemm) {
-    super::gemm::gemm_k::<K45<false>>(g)
+gemms! {
+    q4k_gemm_avx2, gemm_k::<K45<false>> => Q4_K;
+    q5k_gemm_avx2, gemm_k::<K45<true>> => Q5_K;
 }
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q5k_gemm_avx2(g: &mut super::Gemm) {
-    super::gemm::gemm_k::<K45<true>>(g)
-}
-
-/// This file's prompt GEMMs.
-pub(super) const GEMMS: &[super::GemmEntry] = &[
-    super::GemmEntry { ty: tern_quant::GgmlType::Q4_K, isa: crate::isa::Isa::Avx2, gemm: q4k_gemm_avx2 },
-    super::GemmEntry { ty: tern_quant::GgmlType::Q5_K, isa: crate::isa::Isa::Avx2, gemm: q5k_gemm_avx2 },
-];
 
 /// This file's four-row kernels.
 pub(super) const TILES: &[super::TileEntry] = &[

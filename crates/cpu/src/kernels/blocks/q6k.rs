@@ -122,14 +122,9 @@ impl super::gemm::KDecode for K6 {
     }
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q6k_gemm_avx2(g: &mut super::Gemm) {
-    super::gemm::gemm_k::<K6>(g)
+gemms! {
+    q6k_gemm_avx2, gemm_k::<K6> => Q6_K;
 }
-
-/// This file's prompt GEMM.
-pub(super) const GEMMS: &[super::GemmEntry] =
-    &[super::GemmEntry { ty: GgmlType::Q6_K, isa: Isa::Avx2, gemm: q6k_gemm_avx2 }];
 
 /// `permutexvar_epi16` indices: for the 64 elements `128h + 64j ..`, i16 lane
 /// `i` of the `maddubs` result (elements `2i, 2i+1`) belongs to group

@@ -294,7 +294,7 @@ impl Tiles {
         let mut r = rows.start;
         // A decoding step streams each row once: fetch about a page ahead,
         // past where the hardware prefetcher stops.
-        let ahead = if tokens.len() == 1 { PREFETCH_BYTES.div_ceil(w.layout.row_bytes) } else { 0 };
+        let ahead = if tokens.len() == 1 { crate::kernels::rows_ahead(w.layout.row_bytes) } else { 0 };
         while r + rr <= rows.end {
             if ahead > 0 && r + ahead + rr <= rows.end {
                 crate::kernels::prefetch(w.row(r + ahead).as_ptr(), rr * w.layout.row_bytes);
@@ -317,9 +317,6 @@ impl Tiles {
         }
     }
 }
-
-/// Bytes ahead of the current rows that a one-token GEMV prefetches.
-const PREFETCH_BYTES: usize = 4096;
 
 /// The final scaling shared by the SIMD kernels (the reference's order).
 #[inline(always)]
