@@ -68,30 +68,35 @@ __device__ __forceinline__ float bytes_dot4(u32 bytes, float4 x, float bias) {
 // −128..127.
 #define Q8_BIAS 8388736.0f
 #define Q8_UNROLL 10
-__device__ __forceinline__ void q8_fetch(const u32* qr, const float* sr, int c0, int nw, u32* w, float* sc) {
+__device__ __forceinline__ void q8_fetch(const u32* qr, const float* sr, const float* orw, int c0, int nw, u32* w,
+                                         float* sc, float* of) {
 #pragma unroll
     for (int u = 0; u < Q8_UNROLL; ++u) {
         int c = c0 + 32 * u;
         bool ok = c < nw;
         w[u] = ok ? __ldg(qr + c) : 0u;
         sc[u] = ok ? __ldg(sr + (c >> 2)) : 0.0f;
+        if (orw) of[u] = ok ? __ldg(orw + (c >> 2)) : 0.0f;
     }
 }
 
 // Instantiated for FMAT_MAXT tokens and for one (the decoding head), which
-// fits 64 registers without spilling: four blocks per SM in flight.
-#define Q8_KERNEL(NAME, MAXT, MINB) \
-extern "C" __global__ void __launch_bounds__(256, MINB) NAME(const i8* q, const float* s, int rows, int k, \
-                                                            const float* x, int n_tok, float* out, u64 out_stride, \
-                                                            const float* res) { \
+// fits 64 registers without spilling: four blocks per SM in flight; and
+// both for levels with an offset per 16 (`o`, LevelsOffset: Q4_K, Q5_K,
+// Q2_K, Q4_1, Q5_1), whose element is s·q + o, so a word adds o·Σx.
+#define Q8_KERNEL(NAME, MAXT, MINB, OFFS) \
+extern "C" __global__ void __launch_bounds__(256, MINB) NAME(const i8* q, const float* s, const float* o, int rows, \
+                                                            int k, const float* x, int n_tok, float* out, \
+                                                            u64 out_stride, const float* res) { \
     int row = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31; \
     bool live = row < rows; \
     int nw = k >> 2; \
     const u32* qr = (const u32*)(q + (u64)row * k); \
     const float* sr = s + (u64)row * (k >> 4); \
+    const float* orw = OFFS ? o + (u64)row * (k >> 4) : nullptr; \
     u32 w[Q8_UNROLL]; \
-    float sc[Q8_UNROLL]; \
-    if (live) q8_fetch(qr, sr, lane, nw, w, sc); \
+    float sc[Q8_UNROLL], of[Q8_UNROLL]; \
+    if (live) q8_fetch(qr, sr, orw, lane, nw, w, sc, of); \
     pdl_wait(); \
     pdl_launch(); \
     if (!live) return; \
@@ -99,7 +104,7 @@ extern "C" __global__ void __launch_bounds__(256, MINB) NAME(const i8* q, const 
 _Pragma("unroll") \
     for (int t = 0; t < FMAT_MAXT; ++t) acc[t] = 0.0f; \
     for (int c0 = lane; c0 < nw; c0 += 32 * Q8_UNROLL) { \
-        if (c0 != lane) q8_fetch(qr, sr, c0, nw, w, sc); \
+        if (c0 != lane) q8_fetch(qr, sr, orw, c0, nw, w, sc, of); \
 _Pragma("unroll") \
         for (int u = 0; u < Q8_UNROLL; ++u) { \
             int c = c0 + 32 * u; \
@@ -109,14 +114,17 @@ _Pragma("unroll") \
                 if (t >= n_tok) break; \
                 float4 xv = __ldg((const float4*)(x + (u64)t * k) + c); \
                 acc[t] += bytes_dot4(w[u] ^ 0x80808080u, xv, Q8_BIAS) * sc[u]; \
+                if (OFFS) acc[t] += of[u] * ((xv.x + xv.y) + (xv.z + xv.w)); \
             } \
         } \
     } \
     store_row(acc, min(n_tok, MAXT), lane, row, out, out_stride, res); \
 }
 
-Q8_KERNEL(q8_gemv, FMAT_MAXT, 1)
-Q8_KERNEL(q8_gemv1, 1, 4)
+Q8_KERNEL(q8_gemv, FMAT_MAXT, 1, false)
+Q8_KERNEL(q8_gemv1, 1, 4, false)
+Q8_KERNEL(q8o_gemv, FMAT_MAXT, 1, true)
+Q8_KERNEL(q8o_gemv1, 1, 4, true)
 
 // Q6_K split into planes (qlayout.rs `pack_q6k`): for a [k, rows] matrix of
 // nb = k·rows/256 blocks, the blocks' `ql` (128 bytes each), `qh` (64),
@@ -473,16 +481,20 @@ extern "C" __global__ void __launch_bounds__(256) f16_gemv(const u16* w, int row
     store_row(acc, n_tok, lane, row, out, out_stride, res);
 }
 
-// Rows of the int8 layout, dequantized. grid: rows, block: 256.
-extern "C" __global__ void get_rows_q8(const i8* __restrict__ q, const float* __restrict__ s, int k, const int* ids,
-                                       float* __restrict__ out) {
+// Rows of the int8 layout, dequantized (plus the offsets `o`, when not
+// null: s·q + o, the CPU's values exactly). grid: rows, block: 256.
+extern "C" __global__ void get_rows_q8(const i8* __restrict__ q, const float* __restrict__ s,
+                                       const float* __restrict__ o, int k, const int* ids, float* __restrict__ out) {
     pdl_wait();
     pdl_launch();
     u64 row = (u64)ids[blockIdx.x];
-    float* o = out + (u64)blockIdx.x * k;
+    float* y = out + (u64)blockIdx.x * k;
 #pragma unroll 4
-    for (int e = threadIdx.x; e < k; e += blockDim.x)
-        o[e] = (float)__ldg(q + row * k + e) * __ldg(s + ((row * k + e) >> 4));
+    for (int e = threadIdx.x; e < k; e += blockDim.x) {
+        u64 i = row * k + e;
+        float v = __fmul_rn((float)__ldg(q + i), __ldg(s + (i >> 4)));
+        y[e] = o ? __fadd_rn(v, __ldg(o + (i >> 4))) : v;
+    }
 }
 
 // Rows of the Q6_K planes, dequantized. grid: (rows looked up, k / 256),

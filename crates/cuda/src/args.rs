@@ -269,9 +269,10 @@ kernel_args! {
     FmatGemv(FmatGemvArgs) for [FmatGemv] {
         w: u64 => ptr, row_bytes: u64 => u64, ty: i32 => i32, io: GemvIo => io,
     }
-    /// Int8 levels with a scale per 16 (`qlayout::QLayout::Levels`).
-    Q8Gemv(Q8GemvArgs) for [Q8Gemv, Q8Gemv1] {
-        q: u64 => ptr, s: u64 => ptr, io: GemvIo => io,
+    /// Int8 levels with a scale per 16 (`qlayout::QLayout::Levels`), and
+    /// an offset per 16 (`o`, `LevelsOffset`; the others ignore it).
+    Q8Gemv(Q8GemvArgs) for [Q8Gemv, Q8Gemv1, Q8oGemv, Q8oGemv1] {
+        q: u64 => ptr, s: u64 => ptr, o: u64 => ptr, io: GemvIo => io,
     }
     /// Q6_K planes (`qlayout::QLayout::Q6K`).
     Q6KGemv(Q6KGemvArgs) for [Q6KGemv, Q6KGemv1] {
@@ -285,8 +286,23 @@ kernel_args! {
     F16Gemv(F16GemvArgs) for [F16Gemv] {
         w: u64 => ptr, io: GemvIo => io,
     }
+    /// `o` 0: no offsets.
     GetRowsQ8(GetRowsQ8Args) for [GetRowsQ8] {
-        q: u64 => ptr, s: u64 => ptr, k: i32 => i32, ids: u64 => ptr, out: u64 => ptr,
+        q: u64 => ptr, s: u64 => ptr, o: u64 => ptr, k: i32 => i32, ids: u64 => ptr, out: u64 => ptr,
+    }
+    /// `moe_plan` (experts.cu): `ids` [k_used, n] → `items`, `n_items`, `sorted`.
+    MoePlan(MoePlanArgs) for [MoePlan] {
+        ids: u64 => ptr, n_pairs: i32 => i32, n_expert: i32 => i32, items: u64 => ptr, n_items: u64 => ptr,
+        sorted: u64 => ptr,
+    }
+    /// The expert GEMVs: matrix (q, s, o), and for a gated pair the up
+    /// matrix (q2, s2, o2) and `act`; stored weights in `q`/`q2` with
+    /// `row_bytes` and `ty`. `x_pair`: a column of x per pair, else per token.
+    MoeGemv(MoeGemvArgs) for [MoeQ8, MoeQ8Pair, MoeQ8o, MoeQ8oPair, MoeDq, MoeDqPair] {
+        q: u64 => ptr, s: u64 => ptr, o: u64 => ptr, q2: u64 => ptr, s2: u64 => ptr, o2: u64 => ptr,
+        row_bytes: u64 => u64, ty: i32 => i32, rows: i32 => i32, k: i32 => i32, x: u64 => ptr,
+        x_pair: i32 => i32, k_used: i32 => i32, items: u64 => ptr, n_items: u64 => ptr, sorted: u64 => ptr,
+        out: u64 => ptr, act: Act => act,
     }
     GetRowsQ6K(GetRowsQ6KArgs) for [GetRowsQ6K] {
         base: u64 => ptr, rows: i32 => i32, k: i32 => i32, ids: u64 => ptr, out: u64 => ptr,

@@ -37,7 +37,8 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("elementwise", include_str!("../kernels/elementwise.cu")),
     ("quantize", include_str!("../kernels/quantize.cu")),
     ("ternary", concat!(include_str!("../kernels/ternary.cu"), include_str!("../kernels/ternary_wgmma.cu"))),
-    ("fmat", include_str!("../kernels/fmat.cu")),
+    // The expert products build on fmat.cu's level arithmetic.
+    ("fmat", concat!(include_str!("../kernels/fmat.cu"), include_str!("../kernels/experts.cu"))),
     ("attention", concat!(include_str!("../kernels/attention.cu"), include_str!("../kernels/flash_attn.cu"))),
     // The persistent decoding kernel calls into the three files before it.
     (DECODE_MODULE, decode_sources!()),
@@ -85,6 +86,9 @@ pub enum Kernel {
     Q8Gemv,
     /// `Q8Gemv` for one token, with fewer registers (more warps in flight).
     Q8Gemv1,
+    /// The two for levels with an offset per 16 (`QLayout::LevelsOffset`).
+    Q8oGemv,
+    Q8oGemv1,
     /// Q6_K planes (`qlayout.rs`) times f32 activations, up to 8 tokens.
     Q6KGemv,
     /// `Q6KGemv` for one token (the decoding head), with fewer registers.
@@ -95,6 +99,17 @@ pub enum Kernel {
     F16Gemv,
     GetRowsQ8,
     GetRowsQ6K,
+    /// A batch's (token, slot) pairs grouped by chosen expert (experts.cu).
+    MoePlan,
+    /// The chosen experts' rows times their pairs' activations: int8 levels,
+    /// levels with offsets, stored floats; each also as a gated pair
+    /// (`Op::MoeUpGate`).
+    MoeQ8,
+    MoeQ8Pair,
+    MoeQ8o,
+    MoeQ8oPair,
+    MoeDq,
+    MoeDqPair,
     KvStore,
     RopeStore,
     Attention,
@@ -118,7 +133,7 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 36] = [
+    pub const ALL: [Kernel; 45] = [
         Kernel::GetRows,
         Kernel::RmsNorm,
         Kernel::Binary,
@@ -137,12 +152,21 @@ impl Kernel {
         Kernel::FmatGemv,
         Kernel::Q8Gemv,
         Kernel::Q8Gemv1,
+        Kernel::Q8oGemv,
+        Kernel::Q8oGemv1,
         Kernel::Q6KGemv,
         Kernel::Q6KGemv1,
         Kernel::Q6KGemv1Q8,
         Kernel::F16Gemv,
         Kernel::GetRowsQ8,
         Kernel::GetRowsQ6K,
+        Kernel::MoePlan,
+        Kernel::MoeQ8,
+        Kernel::MoeQ8Pair,
+        Kernel::MoeQ8o,
+        Kernel::MoeQ8oPair,
+        Kernel::MoeDq,
+        Kernel::MoeDqPair,
         Kernel::KvStore,
         Kernel::RopeStore,
         Kernel::Attention,
@@ -178,12 +202,21 @@ impl Kernel {
             Kernel::FmatGemv => ("fmat", "fmat_gemv"),
             Kernel::Q8Gemv => ("fmat", "q8_gemv"),
             Kernel::Q8Gemv1 => ("fmat", "q8_gemv1"),
+            Kernel::Q8oGemv => ("fmat", "q8o_gemv"),
+            Kernel::Q8oGemv1 => ("fmat", "q8o_gemv1"),
             Kernel::F16Gemv => ("fmat", "f16_gemv"),
             Kernel::GetRowsQ8 => ("fmat", "get_rows_q8"),
             Kernel::Q6KGemv => ("fmat", "q6k_gemv"),
             Kernel::Q6KGemv1 => ("fmat", "q6k_gemv1"),
             Kernel::Q6KGemv1Q8 => ("fmat", "q6k_gemv1_q8"),
             Kernel::GetRowsQ6K => ("fmat", "get_rows_q6k"),
+            Kernel::MoePlan => ("fmat", "moe_plan"),
+            Kernel::MoeQ8 => ("fmat", "moe_q8"),
+            Kernel::MoeQ8Pair => ("fmat", "moe_q8_pair"),
+            Kernel::MoeQ8o => ("fmat", "moe_q8o"),
+            Kernel::MoeQ8oPair => ("fmat", "moe_q8o_pair"),
+            Kernel::MoeDq => ("fmat", "moe_dq"),
+            Kernel::MoeDqPair => ("fmat", "moe_dq_pair"),
             Kernel::KvStore => ("attention", "kv_store"),
             Kernel::RopeStore => ("attention", "rope_store"),
             Kernel::Attention => ("attention", "attention"),

@@ -482,14 +482,24 @@ pub fn supports(node: &Node, srcs: &[&Node]) -> bool {
             is_matrix && held(srcs[0]).is_some() && f32(srcs[1])
         }
         Op::Rope(p) => f32(srcs[0]) && p.head_dim % 2 == 0 && p.n_rot <= p.head_dim && p.yarn.is_none(),
-        // The MoE and latent-attention ops run on the CPU for now.
+        // Expert tensors in an int8 layout or stored as floats; a gated
+        // pair's two the same way (both stored: of one type).
+        Op::MulMatId { .. } => held(srcs[0]).is_some_and(Held::is_expert) && f32(srcs[1]),
+        Op::MoeUpGate { .. } => {
+            let (g, u) = (held(srcs[0]), held(srcs[1]));
+            let same = match (g, u) {
+                (Some(Held::Stored), Some(Held::Stored)) => srcs[0].dtype == srcs[1].dtype,
+                (Some(Held::Quant(_)), Some(Held::Quant(_))) => true,
+                _ => false,
+            };
+            same && g.is_some_and(Held::is_expert) && u.is_some_and(Held::is_expert) && f32(srcs[2])
+        }
+        // The routing and latent-attention ops run on the CPU for now.
         Op::Columns { .. }
         | Op::MulMatHeads { .. }
         | Op::LatentAttention(_)
         | Op::Route(_)
         | Op::RouteWeights(_)
-        | Op::MulMatId { .. }
-        | Op::MoeUpGate { .. }
         | Op::ExpertSum => false,
         Op::Attention(p) => {
             let cache = |n: &Node| matches!(n.dtype, DType::Ggml(GgmlType::F32 | GgmlType::F16));
@@ -560,13 +570,17 @@ impl Backend for CudaBackend {
 
     fn load_weight(&mut self, bytes: HostBytes, desc: WeightDesc) -> Result<LoadedWeight> {
         let data = bytes.as_slice();
-        let (ptr, total, weight) = match weights::repack(desc, data) {
+        // Converting a block layout reads the file once and writes ~2× its
+        // bytes: on every core (a MoE file's experts are most of it).
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let (ptr, total, weight) = match weights::repack(desc, data, threads) {
             Some(r) => {
                 let (ptr, img) = self.upload_image(r.image)?;
                 let w = Weight {
                     ty: desc.ty,
                     ptr_codes: ptr,
                     ptr_scales: ptr + img.scale_off as u64,
+                    ptr_offsets: if img.offset_off == 0 { 0 } else { ptr + img.offset_off as u64 },
                     ternary: r.ternary,
                     quant: r.quant,
                     staged: None,
@@ -576,7 +590,15 @@ impl Backend for CudaBackend {
             None => {
                 let ptr = self.alloc_raw(data.len())?;
                 self.gpu.upload(ptr, data).map_err(|e| self.cuda_err(e))?;
-                let w = Weight { ty: desc.ty, ptr_codes: ptr, ptr_scales: 0, ternary: None, quant: None, staged: None };
+                let w = Weight {
+                    ty: desc.ty,
+                    ptr_codes: ptr,
+                    ptr_scales: 0,
+                    ptr_offsets: 0,
+                    ternary: None,
+                    quant: None,
+                    staged: None,
+                };
                 (ptr, data.len(), w)
             }
         };
@@ -612,6 +634,7 @@ impl Backend for CudaBackend {
             ty: desc.ty,
             ptr_codes: dev,
             ptr_scales: dev + scale_off as u64,
+            ptr_offsets: 0,
             ternary: Some(TernaryShape { k_pad: t.k_pad, rows: t.rows, groups: t.groups }),
             quant: None,
             staged: Some(total),

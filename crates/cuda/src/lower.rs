@@ -45,6 +45,7 @@ use crate::tma::{MatrixMap, Swizzle};
 use crate::Weight;
 
 mod attention;
+mod experts;
 mod fmat;
 mod quant;
 pub(crate) use fmat::is_q6k_q8;
@@ -157,6 +158,8 @@ struct Lower<'a> {
     stage_used: usize,
     stage_need: usize,
     quant: HashMap<NodeId, Quant>,
+    /// Each router output's pairs grouped by expert, made once.
+    moe_plans: HashMap<NodeId, experts::MoePlan>,
     /// Normed rows that no launch writes: the head that reads them norms
     /// its input itself.
     head_norm: HashMap<NodeId, fmat::HeadNorm>,
@@ -239,6 +242,7 @@ pub fn lower(
         stage_used: 0,
         stage_need: 0,
         quant: HashMap::new(),
+        moe_plans: HashMap::new(),
         head_norm: HashMap::new(),
         deferred_rope: Vec::new(),
         in_split,
@@ -343,9 +347,8 @@ impl Lower<'_> {
             | Op::LatentAttention(_)
             | Op::Route(_)
             | Op::RouteWeights(_)
-            | Op::MulMatId { .. }
-            | Op::MoeUpGate { .. }
             | Op::ExpertSum => fail(format!("{} has no CUDA kernel", node.op.name())),
+            Op::MulMatId { .. } | Op::MoeUpGate { .. } => self.expert_product(id),
             Op::RmsNorm { eps } => self.rms_norm(nodes, i, *eps),
             Op::HeadNorm { eps, head_dim } => {
                 // The heads of a contiguous row are rows of `head_dim`: the
@@ -369,7 +372,7 @@ impl Lower<'_> {
                         Launch::new(Kernel::GetRowsQ6K, grid, 256, args)
                     }
                     _ => {
-                        let args = GetRowsQ8Args { q: w.ptr_codes, s: w.ptr_scales, k, ids, out };
+                        let args = GetRowsQ8Args { q: w.ptr_codes, s: w.ptr_scales, o: w.ptr_offsets, k, ids, out };
                         Launch::new(Kernel::GetRowsQ8, (node.ne[1] as u32, 1, 1), 256, args)
                     }
                 };

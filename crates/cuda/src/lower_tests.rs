@@ -94,7 +94,8 @@ fn bind(g: &Graph, alias: Option<(NodeId, NodeId)>, staged: &[&str]) -> (Buffers
                 let ptr = (1 << 41) + (id.0 as u64) * (1 << 24);
                 let staged = staged.contains(&name).then_some(1 << 20);
                 let quant = (ty == GgmlType::Q6_K).then_some(QLayout::Q6K);
-                let weight = Weight { ty, ptr_codes: ptr, ptr_scales: ptr + 4096, ternary, quant, staged };
+                let weight =
+                    Weight { ty, ptr_codes: ptr, ptr_scales: ptr + 4096, ptr_offsets: 0, ternary, quant, staged };
                 let backing = if staged.is_some() { Backing::Mapped(ptr as usize) } else { Backing::Device };
                 let buffer = bufs.insert(DevBuf { ptr, bytes: 1 << 24, weight: Some(weight), backing });
                 TensorLoc { buffer, offset: 0, nbytes: n.nbytes() }

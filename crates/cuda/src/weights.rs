@@ -18,8 +18,8 @@ pub(crate) enum Held {
     /// GEMM read; no row lookup reads them.
     Ternary,
     /// Converted at load to a block layout (`qlayout.rs`), which its GEMVs
-    /// (`q8_gemv*`, `q6k_gemv*`) and row lookups (`get_rows_q8`,
-    /// `get_rows_q6k`) read.
+    /// (`q8_gemv*`, `q6k_gemv*`, the experts' `moe_gemv*`) and row lookups
+    /// (`get_rows_q8`, `get_rows_q6k`) read.
     Quant(QLayout),
     /// The file's bytes, read element by element by `dq` (prelude.cuh) in
     /// `fmat_gemv` and `get_rows` (F16 matrices by `f16_gemv`).
@@ -28,30 +28,23 @@ pub(crate) enum Held {
 
 impl Held {
     /// How a weight of `ty` with dims `ne` is held, or `None` where no GPU
-    /// kernel reads the type (in that shape).
+    /// kernel reads the type (in that shape). Every block-quantized type
+    /// has an exact int8 layout (`qlayout::of`); a 3-D tensor's (the MoE
+    /// experts', MLA's per-head projections) is its rows in order, so expert
+    /// `e`'s row `r` is row `e·ne1 + r`.
     pub(crate) fn of(ty: GgmlType, ne: [usize; 4]) -> Option<Held> {
         let matrix = ne[2] == 1 && ne[3] == 1;
-        let quant = |layout| Some(if matrix { Held::Quant(layout) } else { Held::Stored });
         match ty {
-            GgmlType::TQ1_0 | GgmlType::TQ2_0 | GgmlType::IQ1_BN | GgmlType::IQ2_BN | GgmlType::I2_S => {
-                matrix.then_some(Held::Ternary)
-            }
+            _ if ty.is_ternary() => matrix.then_some(Held::Ternary),
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => Some(Held::Stored),
-            GgmlType::Q8_0 | GgmlType::Q4_0 => quant(QLayout::Levels),
-            GgmlType::Q6_K => quant(QLayout::Q6K),
-            // Levels −1..=2 (Q2_0), ±1 (Q1_0) or −16..=15 (Q5_0) times the block
-            // scale, −4..=3 (Q3_K) or IQ4_NL's table (IQ4_XS) times the group's
-            // d·(code − 32): exact as int8 levels with a scale per 16.
-            GgmlType::Q2_0 | GgmlType::Q1_0 | GgmlType::Q5_0 | GgmlType::Q3_K | GgmlType::IQ4_XS => {
-                matrix.then_some(Held::Quant(QLayout::Levels))
-            }
-            // Q4_1, Q5_1 and Q2_K add a minimum per block or group, which the
-            // int8 levels with a scale per 16 cannot hold, and `dq` does not
-            // read them: their weights are planned on the CPU.
-            GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::IQ4_NL | GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q2_K => {
-                None
-            }
+            _ => qlayout::of(ty, matrix).map(Held::Quant),
         }
+    }
+
+    /// Whether the expert GEMVs (`moe_*`, experts.cu) read a 3-D tensor
+    /// held this way: int8 levels (with or without offsets), or floats.
+    pub(crate) fn is_expert(self) -> bool {
+        matches!(self, Held::Quant(QLayout::Levels | QLayout::LevelsOffset) | Held::Stored)
     }
 
     /// Whether a row lookup (`GetRows`) can read a weight held this way.
@@ -75,6 +68,8 @@ pub(crate) struct Weight {
     /// The weight's bytes (codes, for ternary weights).
     pub ptr_codes: u64,
     pub ptr_scales: u64,
+    /// [`QLayout::LevelsOffset`]'s offsets, else 0.
+    pub ptr_offsets: u64,
     pub ternary: Option<TernaryShape>,
     /// How a block-quantized matrix is stored (`qlayout.rs`).
     pub quant: Option<QLayout>,
@@ -85,24 +80,27 @@ pub(crate) struct Weight {
 
 /// A repacked matrix as one byte image: its codes or levels, zeros to the
 /// next 256 bytes, then its f32 scales (which start at `scale_off`; Q6_K's
-/// planes carry their own scales and the kernels find them from k and rows).
+/// planes carry their own scales and the kernels find them from k and rows),
+/// then any f32 offsets (at `offset_off`, 0 when none).
 pub(crate) struct Image {
     pub bytes: Vec<u8>,
     pub scale_off: usize,
+    pub offset_off: usize,
 }
 
 impl Image {
-    fn new(levels: &[u8], scales: &[f32]) -> Image {
+    fn new(levels: &[u8], scales: &[f32], offsets: &[f32]) -> Image {
         let scale_off = levels.len().next_multiple_of(256);
-        let mut bytes = Vec::with_capacity(scale_off + scales.len() * 4);
+        let offset_off = if offsets.is_empty() { 0 } else { scale_off + scales.len() * 4 };
+        let mut bytes = Vec::with_capacity(scale_off + (scales.len() + offsets.len()) * 4);
         bytes.extend_from_slice(levels);
         bytes.resize(scale_off, 0);
-        bytes.extend(scales.iter().flat_map(|s| s.to_le_bytes()));
-        Image { bytes, scale_off }
+        bytes.extend(scales.iter().chain(offsets).flat_map(|s| s.to_le_bytes()));
+        Image { bytes, scale_off, offset_off }
     }
 
     pub fn ternary(t: &GpuTernary) -> Image {
-        Image::new(&t.codes, &t.scales)
+        Image::new(&t.codes, &t.scales, &[])
     }
 }
 
@@ -113,10 +111,11 @@ pub(crate) struct Repacked {
     pub quant: Option<QLayout>,
 }
 
-/// The GPU image of a ternary or block-quantized matrix, or `None` for a
-/// weight uploaded as stored.
-pub(crate) fn repack(desc: WeightDesc, data: &[u8]) -> Option<Repacked> {
-    let (k, rows) = (desc.ne[0], desc.ne[1]);
+/// The GPU image of a ternary or block-quantized weight, or `None` for a
+/// weight uploaded as stored; block layouts are converted on up to
+/// `threads` threads.
+pub(crate) fn repack(desc: WeightDesc, data: &[u8], threads: usize) -> Option<Repacked> {
+    let (k, rows) = (desc.ne[0], desc.ne[1] * desc.ne[2] * desc.ne[3]);
     let layout = match Held::of(desc.ty, desc.ne)? {
         Held::Stored => return None,
         Held::Ternary => {
@@ -127,13 +126,13 @@ pub(crate) fn repack(desc: WeightDesc, data: &[u8]) -> Option<Repacked> {
         Held::Quant(layout) => layout,
     };
     let image = match layout {
-        QLayout::Levels => {
-            let q = qlayout::pack(desc.ty, data, k, rows);
+        QLayout::Levels | QLayout::LevelsOffset => {
+            let q = qlayout::pack(desc.ty, data, k, rows, threads);
             // SAFETY: i8 and u8 have the same layout.
             let levels: &[u8] = unsafe { std::slice::from_raw_parts(q.values.as_ptr() as *const u8, q.values.len()) };
-            Image::new(levels, &q.scales)
+            Image::new(levels, &q.scales, &q.offsets)
         }
-        QLayout::Q6K => Image { bytes: qlayout::pack_q6k(data, k, rows), scale_off: 0 },
+        QLayout::Q6K => Image { bytes: qlayout::pack_q6k(data, k, rows), scale_off: 0, offset_off: 0 },
     };
     Some(Repacked { image, ternary: None, quant: Some(layout) })
 }
@@ -145,10 +144,10 @@ pub fn streams(desc: WeightDesc) -> bool {
 }
 
 /// Bytes a weight takes on the GPU once loaded (`load_weight`): ternary
-/// matrices repacked to 2 bits plus scales, Q8_0/Q4_0/Q6_K (and Q2_0, Q1_0,
-/// Q5_0, Q3_K, IQ4_XS) matrices in their `qlayout` layouts, others as stored.
+/// matrices repacked to 2 bits plus scales, block-quantized weights in their
+/// `qlayout` layouts, others as stored.
 pub fn weight_bytes(desc: WeightDesc, file_bytes: usize) -> usize {
-    let (k, rows) = (desc.ne[0], desc.ne[1]);
+    let (k, rows) = (desc.ne[0], desc.ne[1] * desc.ne[2] * desc.ne[3]);
     match Held::of(desc.ty, desc.ne) {
         Some(Held::Ternary) => {
             let k_pad = k.next_multiple_of(layout::CHUNK);
@@ -168,18 +167,9 @@ mod tests {
     use super::*;
 
     /// What `supports` accepts follows [`Held::of`]: a row lookup reads every
-    /// holding but the ternary codes, a matmul every holding of a matrix.
+    /// type but the ternary codes, a matmul every type of a matrix.
     #[test]
     fn supports_follows_how_weights_are_held() {
-        // Q2_0, Q1_0, Q5_0, Q3_K and IQ4_XS matrices are converted to int8
-        // levels; dq does not read their bytes.
-        let rows_read = |ty: GgmlType, matrix: bool| {
-            matches!(
-                ty,
-                GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 | GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q6_K
-            ) || (matrix
-                && matches!(ty, GgmlType::Q2_0 | GgmlType::Q1_0 | GgmlType::Q5_0 | GgmlType::Q3_K | GgmlType::IQ4_XS))
-        };
         for ty in GgmlType::ALL {
             for ne in [[256, 4, 1, 1], [256, 4, 2, 1]] {
                 let matrix = ne[2] == 1;
@@ -194,9 +184,8 @@ mod tests {
                     let srcs: Vec<_> = n.srcs.iter().map(|&s| g.node(s)).collect();
                     crate::supports(n, &srcs)
                 };
-                let gemv = matrix && (ty.is_ternary() || rows_read(ty, matrix));
-                assert_eq!(accepts(lookup), rows_read(ty, matrix), "{ty} {ne:?} get_rows");
-                assert_eq!(accepts(product), gemv, "{ty} {ne:?} mul_mat");
+                assert_eq!(accepts(lookup), !ty.is_ternary(), "{ty} {ne:?} get_rows");
+                assert_eq!(accepts(product), matrix, "{ty} {ne:?} mul_mat");
             }
         }
     }
@@ -206,26 +195,19 @@ mod tests {
     fn weight_bytes_cover_the_repacked_layouts() {
         let (k, rows) = (768, 130);
         let x: Vec<f32> = (0..k * rows).map(|i| ((i * 37) % 3) as f32 - 1.0).collect();
-        let quantized = [
-            GgmlType::Q6_K,
-            GgmlType::Q8_0,
-            GgmlType::Q4_0,
-            GgmlType::Q2_0,
-            GgmlType::Q1_0,
-            GgmlType::Q5_0,
-            GgmlType::Q3_K,
-            GgmlType::IQ4_XS,
-        ];
-        let types = [GgmlType::TQ2_0, GgmlType::IQ2_BN].into_iter().chain(quantized);
-        for ty in types.chain([GgmlType::F16]) {
+        for ty in GgmlType::ALL.into_iter().filter(|t| t.tensor_bytes(&[k as u64, 1]).is_some()) {
             let mut bytes = vec![0u8; ty.tensor_bytes(&[k as u64, rows as u64]).unwrap() as usize];
             tern_quant::quantize_tensor(ty, &x, k, &mut bytes);
-            let desc = WeightDesc { ty, ne: [k, rows, 1, 1] };
-            let repacked = repack(desc, &bytes);
-            assert_eq!(repacked.is_some(), ty != GgmlType::F16, "{ty}");
-            let actual = repacked.map_or(bytes.len(), |r| r.image.bytes.len());
-            let planned = weight_bytes(desc, bytes.len());
-            assert!(planned >= actual, "{ty}: {planned} < {actual}");
+            // A matrix, and the same rows as 2 experts of 65 (ternary: none).
+            for ne in [[k, rows, 1, 1], [k, rows / 2, 2, 1]] {
+                let desc = WeightDesc { ty, ne };
+                let Some(held) = Held::of(ty, ne) else { continue };
+                let repacked = repack(desc, &bytes, 2);
+                assert_eq!(repacked.is_some(), held != Held::Stored, "{ty}");
+                let actual = repacked.map_or(bytes.len(), |r| r.image.bytes.len());
+                let planned = weight_bytes(desc, bytes.len());
+                assert!(planned >= actual, "{ty} {ne:?}: {planned} < {actual}");
+            }
         }
     }
 }

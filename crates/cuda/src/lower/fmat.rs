@@ -95,9 +95,15 @@ impl Lower<'_> {
                 out_stride: rows as u64,
                 res: res_t,
             };
-            let l = if w.quant == Some(QLayout::Levels) {
-                let kernel = if nt == 1 { Kernel::Q8Gemv1 } else { Kernel::Q8Gemv };
-                Launch::new(kernel, grid1(rows, 8), 256, Q8GemvArgs { q: w.ptr_codes, s: w.ptr_scales, io })
+            let l = if matches!(w.quant, Some(QLayout::Levels | QLayout::LevelsOffset)) {
+                let kernel = match (w.quant == Some(QLayout::LevelsOffset), nt == 1) {
+                    (false, true) => Kernel::Q8Gemv1,
+                    (false, false) => Kernel::Q8Gemv,
+                    (true, true) => Kernel::Q8oGemv1,
+                    (true, false) => Kernel::Q8oGemv,
+                };
+                let args = Q8GemvArgs { q: w.ptr_codes, s: w.ptr_scales, o: w.ptr_offsets, io };
+                Launch::new(kernel, grid1(rows, 8), 256, args)
             } else if q6k_q8 {
                 // A quantized model's products pair int8 activations (the
                 // CPU's integers). Three blocks an SM walk the rows, each

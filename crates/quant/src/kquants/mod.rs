@@ -24,7 +24,7 @@ pub const QK_K: usize = 256;
 /// * j ≥ 4: low 4 bits in `q[j+4]` (scale low nibble, min high nibble), high
 ///   2 bits in the top bits of `q[j-4]` (scale) and `q[j]` (min).
 #[inline]
-pub(crate) fn unpack_scale_min(q: &[u8; 12], j: usize) -> (u8, u8) {
+pub fn unpack_scale_min(q: &[u8; 12], j: usize) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
     } else {

@@ -28,7 +28,7 @@ impl_block!(BlockQ5K, 176);
 
 /// The 5-bit level of block-local element `e`.
 #[inline]
-fn level(b: &BlockQ5K, e: usize) -> u8 {
+pub fn level(b: &BlockQ5K, e: usize) -> u8 {
     let (c, h, l) = (e / 64, (e / 32) % 2, e % 32);
     let low = (b.qs[32 * c + l] >> (4 * h)) & 15;
     let high = (b.qh[l] >> (2 * c + h)) & 1;

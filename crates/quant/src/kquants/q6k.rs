@@ -38,7 +38,7 @@ fn position(e: usize) -> (usize, u32, usize, u32) {
 
 /// The signed level (−32..=31) of block-local element `e`.
 #[inline]
-fn level(b: &BlockQ6K, e: usize) -> i32 {
+pub fn level(b: &BlockQ6K, e: usize) -> i32 {
     let (li, ls, hi, hs) = position(e);
     let q = ((b.ql[li] >> ls) & 15) | (((b.qh[hi] >> hs) & 3) << 4);
     q as i32 - 32

@@ -1,0 +1,165 @@
+// The expert products of a mixture of experts (`Op::MulMatId`, and
+// `Op::MoeUpGate`: act(gate) · up), compiled after fmat.cu (its level
+// arithmetic). The routing stays on the device, so a decoding step replays
+// as one graph: `moe_plan` groups the batch's (token, slot) pairs by the
+// expert the router chose and cuts each expert's pairs into items of up to
+// MOE_MAXT; the GEMV's grid has a block row per possible item, and blocks
+// past the plan's count return at once. A pair p = t·k_used + j is slot j of
+// token t, and its output row is out[p · rows ..].
+
+#define MOE_MAXT FMAT_MAXT
+
+// ids: i32 [k_used, n] (n_pairs of them) → items[0..*n_items] as (expert,
+// first, count) into `sorted`, the pair indices ordered by expert. One block;
+// shared memory: 2 · n_expert ints. Ids outside 0..n_expert are skipped
+// (the router makes none). Within an expert the pairs' order depends on
+// atomics, which changes no value: each pair's sums are its own.
+extern "C" __global__ void __launch_bounds__(1024) moe_plan(const int* ids, int n_pairs, int n_expert, int4* items,
+                                                            int* n_items, int* sorted) {
+    pdl_wait();
+    pdl_launch();
+    extern __shared__ int moe_sh[];
+    int *count = moe_sh, *start = moe_sh + n_expert;
+    for (int e = threadIdx.x; e < n_expert; e += blockDim.x) count[e] = 0;
+    __syncthreads();
+    for (int p = threadIdx.x; p < n_pairs; p += blockDim.x) {
+        int e = ids[p];
+        if (e >= 0 && e < n_expert) atomicAdd(&count[e], 1);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int at = 0, ni = 0;
+        for (int e = 0; e < n_expert; ++e) {
+            int c = count[e];
+            start[e] = at;
+            for (int j = 0; j < c; j += MOE_MAXT) items[ni++] = make_int4(e, at + j, min(MOE_MAXT, c - j), 0);
+            at += c;
+            count[e] = 0;
+        }
+        *n_items = ni;
+    }
+    __syncthreads();
+    for (int p = threadIdx.x; p < n_pairs; p += blockDim.x) {
+        int e = ids[p];
+        if (e >= 0 && e < n_expert) sorted[start[e] + atomicAdd(&count[e], 1)] = p;
+    }
+}
+
+// How the expert tensors are held: int8 levels with a scale per 16
+// (qlayout.rs), the same with an offset per 16 (either matrix of a pair may
+// have none: its `o` is null), or stored float bytes read by `dq`.
+#define MOE_LEVELS 0
+#define MOE_OFFSET 1
+#define MOE_STORED 2
+
+struct MoeArgs {
+    // The (gate) matrix: levels (or stored bytes), scales, offsets.
+    const i8* q;
+    const float* s;
+    const float* o;
+    // The up matrix of a gated pair.
+    const i8* q2;
+    const float* s2;
+    const float* o2;
+    u64 row_bytes;
+    int type, rows, k;
+    const float* x;
+    int x_pair, k_used;
+    const int4* items;
+    const int* n_items;
+    const int* sorted;
+    float* out;
+    int act;
+};
+
+// One warp: row `row` of expert e against the item's tokens' activations
+// (x_pair: a column per pair, else per token), for both matrices of a pair.
+template <int KIND, bool PAIR>
+__device__ __forceinline__ void moe_row(const MoeArgs& a, int e, int row, int lane, const u64* xo, int cnt,
+                                        float* acc, float* acc2) {
+    u64 grow = (u64)e * a.rows + row;
+    if (KIND == MOE_STORED) {
+        const u8* wr = (const u8*)a.q + grow * a.row_bytes;
+        const u8* wr2 = (const u8*)a.q2 + grow * a.row_bytes;
+        for (int i = lane; i < a.k; i += 32) {
+            float v = dq(wr, i, a.type), v2 = PAIR ? dq(wr2, i, a.type) : 0.0f;
+#pragma unroll
+            for (int t = 0; t < MOE_MAXT; ++t) {
+                if (t >= cnt) break;
+                float xv = __ldg(a.x + xo[t] + i);
+                acc[t] += v * xv;
+                if (PAIR) acc2[t] += v2 * xv;
+            }
+        }
+        return;
+    }
+    int nw = a.k >> 2;
+    u64 g0 = grow * (a.k >> 4);
+    const u32* qr = (const u32*)(a.q + grow * a.k);
+    const u32* qr2 = (const u32*)(a.q2 + grow * a.k);
+#pragma unroll 4
+    for (int c = lane; c < nw; c += 32) {
+        u32 w = __ldg(qr + c) ^ 0x80808080u;
+        float sc = __ldg(a.s + g0 + (c >> 2));
+        float of = KIND == MOE_OFFSET && a.o ? __ldg(a.o + g0 + (c >> 2)) : 0.0f;
+        u32 w2 = PAIR ? __ldg(qr2 + c) ^ 0x80808080u : 0u;
+        float sc2 = PAIR ? __ldg(a.s2 + g0 + (c >> 2)) : 0.0f;
+        float of2 = PAIR && KIND == MOE_OFFSET && a.o2 ? __ldg(a.o2 + g0 + (c >> 2)) : 0.0f;
+#pragma unroll
+        for (int t = 0; t < MOE_MAXT; ++t) {
+            if (t >= cnt) break;
+            float4 xv = __ldg((const float4*)(a.x + xo[t]) + c);
+            float xs = KIND == MOE_OFFSET ? (xv.x + xv.y) + (xv.z + xv.w) : 0.0f;
+            acc[t] += bytes_dot4(w, xv, Q8_BIAS) * sc + of * xs;
+            if (PAIR) acc2[t] += bytes_dot4(w2, xv, Q8_BIAS) * sc2 + of2 * xs;
+        }
+    }
+}
+
+// grid: (ceil(rows / 8), the plan's most items), block 256: warp w of block
+// (x, y) computes row 8x + w of item y's expert for the item's pairs.
+template <int KIND, bool PAIR>
+__device__ __forceinline__ void moe_gemv(const MoeArgs& a) {
+    pdl_wait();
+    pdl_launch();
+    if ((int)blockIdx.y >= *a.n_items) return;
+    int row = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (row >= a.rows) return;
+    int4 item = a.items[blockIdx.y];
+    int pairs[MOE_MAXT];
+    u64 xo[MOE_MAXT];
+    float acc[MOE_MAXT], acc2[MOE_MAXT];
+#pragma unroll
+    for (int t = 0; t < MOE_MAXT; ++t) {
+        int p = t < item.z ? a.sorted[item.y + t] : 0;
+        pairs[t] = p;
+        xo[t] = (u64)(a.x_pair ? p : p / a.k_used) * a.k;
+        acc[t] = 0.0f;
+        acc2[t] = 0.0f;
+    }
+    moe_row<KIND, PAIR>(a, item.x, row, lane, xo, item.z, acc, acc2);
+#pragma unroll
+    for (int t = 0; t < MOE_MAXT; ++t) {
+        if (t >= item.z) break;
+        float y = warp_sum(acc[t]);
+        if (PAIR) y = gated(y, warp_sum(acc2[t]), a.act);
+        if (lane == 0) a.out[(u64)pairs[t] * a.rows + row] = y;
+    }
+}
+
+#define MOE_KERNEL(NAME, KIND, PAIR)                                                                                 \
+    extern "C" __global__ void __launch_bounds__(256) NAME(                                                          \
+        const i8* q, const float* s, const float* o, const i8* q2, const float* s2, const float* o2, u64 row_bytes,   \
+        int type, int rows, int k, const float* x, int x_pair, int k_used, const int4* items, const int* n_items,     \
+        const int* sorted, float* out, int act) {                                                                    \
+        MoeArgs a = {q, s, o, q2, s2, o2, row_bytes, type, rows, k, x, x_pair, k_used, items, n_items, sorted, out,  \
+                     act};                                                                                           \
+        moe_gemv<KIND, PAIR>(a);                                                                                     \
+    }
+
+MOE_KERNEL(moe_q8, MOE_LEVELS, false)
+MOE_KERNEL(moe_q8_pair, MOE_LEVELS, true)
+MOE_KERNEL(moe_q8o, MOE_OFFSET, false)
+MOE_KERNEL(moe_q8o_pair, MOE_OFFSET, true)
+MOE_KERNEL(moe_dq, MOE_STORED, false)
+MOE_KERNEL(moe_dq_pair, MOE_STORED, true)
