@@ -1,6 +1,7 @@
 // The expert products of a mixture of experts (`Op::MulMatId`, and
-// `Op::MoeUpGate`: act(gate) · up), compiled after fmat.cu (its level
-// arithmetic). The routing stays on the device, so a decoding step replays
+// `Op::MoeUpGate`: act(gate) · up), compiled after fmat.cu and paired.cu
+// (their level arithmetic): f32 activations, or int8 ones (`act_q8`'s,
+// a quantized model's `Precision::Paired`). The routing stays on the device, so a decoding step replays
 // as one graph: `moe_plan` groups the batch's (token, slot) pairs by the
 // expert the router chose and cuts each expert's pairs into items of up to
 // MOE_MAXT; the GEMV's grid has a block row per possible item, and blocks
@@ -64,6 +65,10 @@ struct MoeArgs {
     u64 row_bytes;
     int type, rows, k;
     const float* x;
+    // int8 activations (act_q8's q, d and block shift), when not null.
+    const i8* qa;
+    const float* da;
+    int ab;
     int x_pair, k_used;
     const int4* items;
     const int* n_items;
@@ -73,8 +78,9 @@ struct MoeArgs {
 };
 
 // One warp: row `row` of expert e against the item's tokens' activations
-// (x_pair: a column per pair, else per token), for both matrices of a pair.
-template <int KIND, bool PAIR>
+// (x_pair: a column per pair, else per token; xo: each one's first element),
+// for both matrices of a pair.
+template <int KIND, bool PAIR, bool PAIRED>
 __device__ __forceinline__ void moe_row(const MoeArgs& a, int e, int row, int lane, const u64* xo, int cnt,
                                         float* acc, float* acc2) {
     u64 grow = (u64)e * a.rows + row;
@@ -97,28 +103,48 @@ __device__ __forceinline__ void moe_row(const MoeArgs& a, int e, int row, int la
     u64 g0 = grow * (a.k >> 4);
     const u32* qr = (const u32*)(a.q + grow * a.k);
     const u32* qr2 = (const u32*)(a.q2 + grow * a.k);
+    bool offs = KIND == MOE_OFFSET && a.o, offs2 = KIND == MOE_OFFSET && a.o2;
+    if constexpr (PAIRED) {
 #pragma unroll 4
-    for (int c = lane; c < nw; c += 32) {
-        u32 w = __ldg(qr + c) ^ 0x80808080u;
-        float sc = __ldg(a.s + g0 + (c >> 2));
-        float of = KIND == MOE_OFFSET && a.o ? __ldg(a.o + g0 + (c >> 2)) : 0.0f;
-        u32 w2 = PAIR ? __ldg(qr2 + c) ^ 0x80808080u : 0u;
-        float sc2 = PAIR ? __ldg(a.s2 + g0 + (c >> 2)) : 0.0f;
-        float of2 = PAIR && KIND == MOE_OFFSET && a.o2 ? __ldg(a.o2 + g0 + (c >> 2)) : 0.0f;
+        for (int c = lane; c < nw; c += 32) {
+            u32 w = __ldg(qr + c);
+            float sc = __ldg(a.s + g0 + (c >> 2)), of = offs ? __ldg(a.o + g0 + (c >> 2)) : 0.0f;
+            u32 w2 = PAIR ? __ldg(qr2 + c) : 0u;
+            float sc2 = PAIR ? __ldg(a.s2 + g0 + (c >> 2)) : 0.0f;
+            float of2 = PAIR && offs2 ? __ldg(a.o2 + g0 + (c >> 2)) : 0.0f;
 #pragma unroll
-        for (int t = 0; t < MOE_MAXT; ++t) {
-            if (t >= cnt) break;
-            float4 xv = __ldg((const float4*)(a.x + xo[t]) + c);
-            float xs = KIND == MOE_OFFSET ? (xv.x + xv.y) + (xv.z + xv.w) : 0.0f;
-            acc[t] += bytes_dot4(w, xv, Q8_BIAS) * sc + of * xs;
-            if (PAIR) acc2[t] += bytes_dot4(w2, xv, Q8_BIAS) * sc2 + of2 * xs;
+            for (int t = 0; t < MOE_MAXT; ++t) {
+                if (t >= cnt) break;
+                int av = __ldg((const int*)(a.qa + xo[t]) + c);
+                float dv = __ldg(a.da + (xo[t] >> a.ab) + ((4 * c) >> a.ab));
+                acc[t] += paired_word(w, av, sc, of, dv, offs);
+                if (PAIR) acc2[t] += paired_word(w2, av, sc2, of2, dv, offs2);
+            }
+        }
+    } else {
+#pragma unroll 4
+        for (int c = lane; c < nw; c += 32) {
+            u32 w = __ldg(qr + c) ^ 0x80808080u;
+            float sc = __ldg(a.s + g0 + (c >> 2));
+            float of = offs ? __ldg(a.o + g0 + (c >> 2)) : 0.0f;
+            u32 w2 = PAIR ? __ldg(qr2 + c) ^ 0x80808080u : 0u;
+            float sc2 = PAIR ? __ldg(a.s2 + g0 + (c >> 2)) : 0.0f;
+            float of2 = PAIR && offs2 ? __ldg(a.o2 + g0 + (c >> 2)) : 0.0f;
+#pragma unroll
+            for (int t = 0; t < MOE_MAXT; ++t) {
+                if (t >= cnt) break;
+                float4 xv = __ldg((const float4*)(a.x + xo[t]) + c);
+                float xs = KIND == MOE_OFFSET ? (xv.x + xv.y) + (xv.z + xv.w) : 0.0f;
+                acc[t] += bytes_dot4(w, xv, Q8_BIAS) * sc + of * xs;
+                if (PAIR) acc2[t] += bytes_dot4(w2, xv, Q8_BIAS) * sc2 + of2 * xs;
+            }
         }
     }
 }
 
 // grid: (ceil(rows / 8), the plan's most items), block 256: warp w of block
 // (x, y) computes row 8x + w of item y's expert for the item's pairs.
-template <int KIND, bool PAIR>
+template <int KIND, bool PAIR, bool PAIRED>
 __device__ __forceinline__ void moe_gemv(const MoeArgs& a) {
     pdl_wait();
     pdl_launch();
@@ -137,7 +163,7 @@ __device__ __forceinline__ void moe_gemv(const MoeArgs& a) {
         acc[t] = 0.0f;
         acc2[t] = 0.0f;
     }
-    moe_row<KIND, PAIR>(a, item.x, row, lane, xo, item.z, acc, acc2);
+    moe_row<KIND, PAIR, PAIRED>(a, item.x, row, lane, xo, item.z, acc, acc2);
 #pragma unroll
     for (int t = 0; t < MOE_MAXT; ++t) {
         if (t >= item.z) break;
@@ -147,19 +173,23 @@ __device__ __forceinline__ void moe_gemv(const MoeArgs& a) {
     }
 }
 
-#define MOE_KERNEL(NAME, KIND, PAIR)                                                                                 \
+#define MOE_KERNEL(NAME, KIND, PAIR, PAIRED)                                                                         \
     extern "C" __global__ void __launch_bounds__(256) NAME(                                                          \
         const i8* q, const float* s, const float* o, const i8* q2, const float* s2, const float* o2, u64 row_bytes,   \
-        int type, int rows, int k, const float* x, int x_pair, int k_used, const int4* items, const int* n_items,     \
-        const int* sorted, float* out, int act) {                                                                    \
-        MoeArgs a = {q, s, o, q2, s2, o2, row_bytes, type, rows, k, x, x_pair, k_used, items, n_items, sorted, out,  \
-                     act};                                                                                           \
-        moe_gemv<KIND, PAIR>(a);                                                                                     \
+        int type, int rows, int k, const float* x, const i8* qa, const float* da, int ab, int x_pair, int k_used,     \
+        const int4* items, const int* n_items, const int* sorted, float* out, int act) {                             \
+        MoeArgs a = {q,      s,      o,     q2,    s2,      o2,     row_bytes, type, rows, k, x,                     \
+                     qa,     da,     ab,    x_pair, k_used, items, n_items,   sorted, out,  act};                    \
+        moe_gemv<KIND, PAIR, PAIRED>(a);                                                                             \
     }
 
-MOE_KERNEL(moe_q8, MOE_LEVELS, false)
-MOE_KERNEL(moe_q8_pair, MOE_LEVELS, true)
-MOE_KERNEL(moe_q8o, MOE_OFFSET, false)
-MOE_KERNEL(moe_q8o_pair, MOE_OFFSET, true)
-MOE_KERNEL(moe_dq, MOE_STORED, false)
-MOE_KERNEL(moe_dq_pair, MOE_STORED, true)
+MOE_KERNEL(moe_q8, MOE_LEVELS, false, false)
+MOE_KERNEL(moe_q8_pair, MOE_LEVELS, true, false)
+MOE_KERNEL(moe_q8o, MOE_OFFSET, false, false)
+MOE_KERNEL(moe_q8o_pair, MOE_OFFSET, true, false)
+MOE_KERNEL(moe_dq, MOE_STORED, false, false)
+MOE_KERNEL(moe_dq_pair, MOE_STORED, true, false)
+MOE_KERNEL(moe_q8p, MOE_LEVELS, false, true)
+MOE_KERNEL(moe_q8p_pair, MOE_LEVELS, true, true)
+MOE_KERNEL(moe_q8op, MOE_OFFSET, false, true)
+MOE_KERNEL(moe_q8op_pair, MOE_OFFSET, true, true)

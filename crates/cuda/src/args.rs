@@ -286,6 +286,16 @@ kernel_args! {
     F16Gemv(F16GemvArgs) for [F16Gemv] {
         w: u64 => ptr, io: GemvIo => io,
     }
+    /// `act_q8` (paired.cu): x [k, n] → q, d in blocks of 2^ab (5: Q8_0, 8: Q8_K).
+    ActQ8(ActQ8Args) for [ActQ8] {
+        x: u64 => ptr, q: u64 => ptr, d: u64 => ptr, blocks: u64 => u64, ab: i32 => i32,
+    }
+    /// Levels (`o` 0: no offsets) times `act_q8`'s int8 activations.
+    Q8pGemv(Q8pGemvArgs) for [Q8pGemv, Q8pGemv1] {
+        q: u64 => ptr, s: u64 => ptr, o: u64 => ptr, rows: i32 => i32, k: i32 => i32, qa: u64 => ptr,
+        da: u64 => ptr, ab: i32 => i32, n_tok: i32 => i32, out: u64 => ptr, out_stride: u64 => u64,
+        res: u64 => ptr,
+    }
     /// `o` 0: no offsets.
     GetRowsQ8(GetRowsQ8Args) for [GetRowsQ8] {
         q: u64 => ptr, s: u64 => ptr, o: u64 => ptr, k: i32 => i32, ids: u64 => ptr, out: u64 => ptr,
@@ -297,11 +307,14 @@ kernel_args! {
     }
     /// The expert GEMVs: matrix (q, s, o), and for a gated pair the up
     /// matrix (q2, s2, o2) and `act`; stored weights in `q`/`q2` with
-    /// `row_bytes` and `ty`. `x_pair`: a column of x per pair, else per token.
-    MoeGemv(MoeGemvArgs) for [MoeQ8, MoeQ8Pair, MoeQ8o, MoeQ8oPair, MoeDq, MoeDqPair] {
+    /// `row_bytes` and `ty`; the `*p` kernels read `act_q8`'s (qa, da, ab)
+    /// instead of x. `x_pair`: a column of x per pair, else per token.
+    MoeGemv(MoeGemvArgs) for [
+        MoeQ8, MoeQ8Pair, MoeQ8o, MoeQ8oPair, MoeDq, MoeDqPair, MoeQ8p, MoeQ8pPair, MoeQ8op, MoeQ8opPair
+    ] {
         q: u64 => ptr, s: u64 => ptr, o: u64 => ptr, q2: u64 => ptr, s2: u64 => ptr, o2: u64 => ptr,
         row_bytes: u64 => u64, ty: i32 => i32, rows: i32 => i32, k: i32 => i32, x: u64 => ptr,
-        x_pair: i32 => i32, k_used: i32 => i32, items: u64 => ptr, n_items: u64 => ptr, sorted: u64 => ptr,
+        qa: u64 => ptr, da: u64 => ptr, ab: i32 => i32, x_pair: i32 => i32, k_used: i32 => i32, items: u64 => ptr, n_items: u64 => ptr, sorted: u64 => ptr,
         out: u64 => ptr, act: Act => act,
     }
     GetRowsQ6K(GetRowsQ6KArgs) for [GetRowsQ6K] {

@@ -37,8 +37,15 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("elementwise", include_str!("../kernels/elementwise.cu")),
     ("quantize", include_str!("../kernels/quantize.cu")),
     ("ternary", concat!(include_str!("../kernels/ternary.cu"), include_str!("../kernels/ternary_wgmma.cu"))),
-    // The expert products build on fmat.cu's level arithmetic.
-    ("fmat", concat!(include_str!("../kernels/fmat.cu"), include_str!("../kernels/experts.cu"))),
+    // The int8-activation products and the experts' build on fmat.cu's level arithmetic.
+    (
+        "fmat",
+        concat!(
+            include_str!("../kernels/fmat.cu"),
+            include_str!("../kernels/paired.cu"),
+            include_str!("../kernels/experts.cu")
+        ),
+    ),
     ("attention", concat!(include_str!("../kernels/attention.cu"), include_str!("../kernels/flash_attn.cu"))),
     // The persistent decoding kernel calls into the three files before it.
     (DECODE_MODULE, decode_sources!()),
@@ -89,6 +96,11 @@ pub enum Kernel {
     /// The two for levels with an offset per 16 (`QLayout::LevelsOffset`).
     Q8oGemv,
     Q8oGemv1,
+    /// f32 activations to Q8_0 or Q8_K blocks, as the CPU quantizes them (paired.cu).
+    ActQ8,
+    /// Levels (with or without offsets) times int8 activations (`Precision::Paired`).
+    Q8pGemv,
+    Q8pGemv1,
     /// Q6_K planes (`qlayout.rs`) times f32 activations, up to 8 tokens.
     Q6KGemv,
     /// `Q6KGemv` for one token (the decoding head), with fewer registers.
@@ -110,6 +122,11 @@ pub enum Kernel {
     MoeQ8oPair,
     MoeDq,
     MoeDqPair,
+    /// The levels' two and pairs with int8 activations.
+    MoeQ8p,
+    MoeQ8pPair,
+    MoeQ8op,
+    MoeQ8opPair,
     KvStore,
     RopeStore,
     Attention,
@@ -133,7 +150,7 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 45] = [
+    pub const ALL: [Kernel; 52] = [
         Kernel::GetRows,
         Kernel::RmsNorm,
         Kernel::Binary,
@@ -154,6 +171,9 @@ impl Kernel {
         Kernel::Q8Gemv1,
         Kernel::Q8oGemv,
         Kernel::Q8oGemv1,
+        Kernel::ActQ8,
+        Kernel::Q8pGemv,
+        Kernel::Q8pGemv1,
         Kernel::Q6KGemv,
         Kernel::Q6KGemv1,
         Kernel::Q6KGemv1Q8,
@@ -167,6 +187,10 @@ impl Kernel {
         Kernel::MoeQ8oPair,
         Kernel::MoeDq,
         Kernel::MoeDqPair,
+        Kernel::MoeQ8p,
+        Kernel::MoeQ8pPair,
+        Kernel::MoeQ8op,
+        Kernel::MoeQ8opPair,
         Kernel::KvStore,
         Kernel::RopeStore,
         Kernel::Attention,
@@ -204,6 +228,9 @@ impl Kernel {
             Kernel::Q8Gemv1 => ("fmat", "q8_gemv1"),
             Kernel::Q8oGemv => ("fmat", "q8o_gemv"),
             Kernel::Q8oGemv1 => ("fmat", "q8o_gemv1"),
+            Kernel::ActQ8 => ("fmat", "act_q8"),
+            Kernel::Q8pGemv => ("fmat", "q8p_gemv"),
+            Kernel::Q8pGemv1 => ("fmat", "q8p_gemv1"),
             Kernel::F16Gemv => ("fmat", "f16_gemv"),
             Kernel::GetRowsQ8 => ("fmat", "get_rows_q8"),
             Kernel::Q6KGemv => ("fmat", "q6k_gemv"),
@@ -217,6 +244,10 @@ impl Kernel {
             Kernel::MoeQ8oPair => ("fmat", "moe_q8o_pair"),
             Kernel::MoeDq => ("fmat", "moe_dq"),
             Kernel::MoeDqPair => ("fmat", "moe_dq_pair"),
+            Kernel::MoeQ8p => ("fmat", "moe_q8p"),
+            Kernel::MoeQ8pPair => ("fmat", "moe_q8p_pair"),
+            Kernel::MoeQ8op => ("fmat", "moe_q8op"),
+            Kernel::MoeQ8opPair => ("fmat", "moe_q8op_pair"),
             Kernel::KvStore => ("attention", "kv_store"),
             Kernel::RopeStore => ("attention", "rope_store"),
             Kernel::Attention => ("attention", "attention"),

@@ -489,7 +489,11 @@ pub fn supports(node: &Node, srcs: &[&Node]) -> bool {
             let (g, u) = (held(srcs[0]), held(srcs[1]));
             let same = match (g, u) {
                 (Some(Held::Stored), Some(Held::Stored)) => srcs[0].dtype == srcs[1].dtype,
-                (Some(Held::Quant(_)), Some(Held::Quant(_))) => true,
+                // One int8 form of x serves both: the same activation blocks.
+                (Some(Held::Quant(_)), Some(Held::Quant(_))) => match (srcs[0].dtype, srcs[1].dtype) {
+                    (DType::Ggml(a), DType::Ggml(b)) => tern_quant::act_type(a) == tern_quant::act_type(b),
+                    _ => false,
+                },
                 _ => false,
             };
             same && g.is_some_and(Held::is_expert) && u.is_some_and(Held::is_expert) && f32(srcs[2])
@@ -658,7 +662,22 @@ impl Backend for CudaBackend {
     }
 
     /// Waits for the stream, so earlier writes are done too.
+    /// A weight converted to a GPU layout has none of the file's bytes left:
+    /// reading it (for a node another backend runs) is refused, never
+    /// answered with the layout's bytes.
     fn read(&self, src: TensorLoc, out: &mut [u8]) -> Result<()> {
+        let converted = self
+            .buffers
+            .get(src.buffer)
+            .and_then(|b| b.weight.as_ref())
+            .filter(|w| w.ternary.is_some() || w.quant.is_some());
+        if let Some(w) = converted {
+            return Err(Error::Unsupported {
+                backend: self.id,
+                op: "reading back a weight held in a GPU layout",
+                types: w.ty.to_string(),
+            });
+        }
         let p = self.loc_ptr(src)?;
         let out = &mut out[..src.nbytes];
         match self.pinned_addr(HostSpan::of(out)) {

@@ -158,6 +158,8 @@ struct Lower<'a> {
     stage_used: usize,
     stage_need: usize,
     quant: HashMap<NodeId, Quant>,
+    /// Activations quantized by `act_q8` (node, block shift) → (q, d).
+    acts: HashMap<(NodeId, i32), (u64, u64)>,
     /// Each router output's pairs grouped by expert, made once.
     moe_plans: HashMap<NodeId, experts::MoePlan>,
     /// Normed rows that no launch writes: the head that reads them norms
@@ -242,6 +244,7 @@ pub fn lower(
         stage_used: 0,
         stage_need: 0,
         quant: HashMap::new(),
+        acts: HashMap::new(),
         moe_plans: HashMap::new(),
         head_norm: HashMap::new(),
         deferred_rope: Vec::new(),

@@ -257,6 +257,12 @@ fn float_and_block_matmuls_and_get_rows_match_cpu() {
         GgmlType::Q5_0,
         GgmlType::Q3_K,
         GgmlType::IQ4_XS,
+        GgmlType::IQ4_NL,
+        GgmlType::Q4_1,
+        GgmlType::Q5_1,
+        GgmlType::Q2_K,
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
     ];
     for ty in types {
         for &(k, rows, n) in &[(256usize, 33usize, 1usize), (512, 100, 5), (768, 17, 13)] {
@@ -290,6 +296,18 @@ fn float_and_block_matmuls_and_get_rows_match_cpu() {
             ]);
             let e = compare(&mut gpu, &g, &data, &[y, r], 1e-4, &format!("{ty} k={k} rows={rows} n={n}"));
             eprintln!("{ty} {k}x{rows} n={n}: {e:.1e}");
+            // A quantized model's product: int8 activations quantized as the
+            // CPU does, the same integers, f32 sums in another order (Q6_K
+            // matrices keep f32 activations for prompts: not here).
+            if !matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 | GgmlType::Q6_K) {
+                let mut g = Graph::new();
+                let w = g.weight(0, "w", ty, [k, rows, 1, 1]);
+                let x = g.weight(1, "x", GgmlType::F32, [k, n, 1, 1]);
+                let y = g.mul_mat(w, x, Precision::Paired);
+                let data = HashMap::from([(w, data[&w].clone()), (x, data[&x].clone())]);
+                let e = compare(&mut gpu, &g, &data, &[y], 1e-5, &format!("paired {ty} k={k} rows={rows} n={n}"));
+                eprintln!("paired {ty} {k}x{rows} n={n}: {e:.1e}");
+            }
         }
     }
 }

@@ -11,6 +11,8 @@
 //! - class q: mean KL(cpu ‖ gpu) ≤ 1e-3 nat and top-1 agreement ≥ 95% (an int8
 //!   activation can round the other way at a tie when a norm sums in another
 //!   order), and the same 16 greedy tokens;
+//! - class moe: within the class's bound of its peer's golden (as in
+//!   `golden.rs`), and the CPU's 16 greedy tokens (`moe_on_the_gpu`);
 //! - except that block-quantized llama weights (Q8_0, Q4_0, Q6_K) meet f32
 //!   activations on the GPU where the CPU pairs them with int8 ones: there the
 //!   GPU must instead be within 1e-3 of the float64 reference, which computes
@@ -85,10 +87,13 @@ fn golden_models_on_the_gpu_match_the_cpu() {
     for line in text.lines().filter(|l| !l.starts_with('#') && !l.trim().is_empty()) {
         let f: Vec<&str> = line.split('\t').collect();
         let (model, golden, class) = (dir.join("models").join(f[0]), f[1], f[2]);
+        let ids: Vec<u32> = f[3].split(',').map(|s| s.parse().unwrap()).collect();
         if class == "moe" {
+            if let Err(e) = moe_on_the_gpu(&model, golden, &ids) {
+                failures.push(format!("{}: {e}", f[0]));
+            }
             continue;
         }
-        let ids: Vec<u32> = f[3].split(',').map(|s| s.parse().unwrap()).collect();
         let mut gpu = Session::load(&model, &opts(99)).unwrap();
         assert!(gpu.notices.is_empty(), "{:?}", gpu.notices);
         let n_vocab = gpu.n_vocab();
@@ -119,6 +124,39 @@ fn golden_models_on_the_gpu_match_the_cpu() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// A MoE fixture fully offloaded: teacher-forced logits within the moe
+/// class's bound of its peer's golden (`golden.rs`: mean KL ≤ 2e-2 nat, top-1
+/// on ≥ 80% of rows), and the CPU's 16 greedy tokens after the prompt. The
+/// GPU multiplies block-quantized weights with f32 activations where the CPU
+/// pairs int8 ones, so the CPU's logits are not the bound.
+fn moe_on_the_gpu(model: &Path, golden: &str, ids: &[u32]) -> Result<(), String> {
+    let dir = compact_dir();
+    let mut gpu = Session::load(model, &opts(99)).unwrap();
+    if !gpu.notices.is_empty() {
+        return Err(format!("{:?}", gpu.notices));
+    }
+    let n_vocab = gpu.n_vocab();
+    let got = gpu.eval(ids, Logits::All).unwrap();
+    let (_, prompt) = npy::read_f32(&dir.join(format!("golden/{golden}.prompt_logits.npy"))).unwrap();
+    let (_, gen) = npy::read_f32(&dir.join(format!("golden/{golden}.gen_logits.npy"))).unwrap();
+    let want: Vec<f32> = prompt.into_iter().chain(gen).collect();
+    let (kl, max_abs, top1) = distance(&want, &got, n_vocab);
+    let prompt = &ids[..11];
+    let (g_cpu, _) = greedy(model, prompt, 16, 0, None);
+    let (g_gpu, _) = greedy(model, prompt, 16, 99, None);
+    eprintln!(
+        "{:<34} class moe: peer KL {kl:.2e} max|Δ| {max_abs:.4} top1 {:.1}% | greedy {}",
+        golden,
+        top1 * 100.0,
+        if g_cpu == g_gpu { "same" } else { "DIFFERENT" }
+    );
+    if kl <= 2e-2 && top1 >= 0.8 && g_cpu == g_gpu {
+        Ok(())
+    } else {
+        Err(format!("peer KL {kl:.2e} top1 {top1} greedy {g_cpu:?} vs {g_gpu:?}"))
+    }
 }
 
 /// The demo model with only its last two layers offloaded: a graph split

@@ -8,8 +8,9 @@
 //! blocks past the plan's count return. So the launch list is the same for
 //! every routing, and a decoding step replays as one graph.
 
-use tern_graph::{NodeId, Op};
+use tern_graph::{NodeId, Op, Precision};
 
+use super::fmat::act_shift;
 use super::{grid1, Lower, Need};
 use crate::args::{Act, MoeGemvArgs, MoePlanArgs};
 use crate::kernels::Kernel;
@@ -30,16 +31,21 @@ pub(super) struct MoePlan {
 }
 
 /// The kernel for a weight held as `w` (gate and up of a pair share a kind:
-/// `supports` accepts no other pairs), and whether it is the pair's.
-fn gemv_kernel(w: &Weight, up: Option<&Weight>) -> Kernel {
+/// `supports` accepts no other pairs), for a gated pair or not, with int8
+/// activations (`paired`) or f32 ones.
+fn gemv_kernel(w: &Weight, up: Option<&Weight>, paired: bool) -> Kernel {
     let offsets = w.quant == Some(QLayout::LevelsOffset) || up.is_some_and(|u| u.quant == Some(QLayout::LevelsOffset));
-    match (w.quant.is_some(), offsets, up.is_some()) {
-        (false, _, false) => Kernel::MoeDq,
-        (false, _, true) => Kernel::MoeDqPair,
-        (true, false, false) => Kernel::MoeQ8,
-        (true, false, true) => Kernel::MoeQ8Pair,
-        (true, true, false) => Kernel::MoeQ8o,
-        (true, true, true) => Kernel::MoeQ8oPair,
+    match (w.quant.is_some(), offsets, up.is_some(), paired) {
+        (false, _, false, _) => Kernel::MoeDq,
+        (false, _, true, _) => Kernel::MoeDqPair,
+        (true, false, false, false) => Kernel::MoeQ8,
+        (true, false, true, false) => Kernel::MoeQ8Pair,
+        (true, true, false, false) => Kernel::MoeQ8o,
+        (true, true, true, false) => Kernel::MoeQ8oPair,
+        (true, false, false, true) => Kernel::MoeQ8p,
+        (true, false, true, true) => Kernel::MoeQ8pPair,
+        (true, true, false, true) => Kernel::MoeQ8op,
+        (true, true, true, true) => Kernel::MoeQ8opPair,
     }
 }
 
@@ -75,9 +81,10 @@ impl Lower<'_> {
     /// at `id`: one GEMV launch over the chosen experts' rows.
     pub(super) fn expert_product(&mut self, id: NodeId) -> Result<usize, Need> {
         let node = self.node_ref(id).clone();
-        let (act, ws, x, ids) = match node.op {
-            Op::MoeUpGate { act, .. } => (Act::of(act), &node.srcs[..2], node.srcs[2], node.srcs[3]),
-            _ => (Act::None, &node.srcs[..1], node.srcs[1], node.srcs[2]),
+        let (act, precision, ws, x, ids) = match node.op {
+            Op::MoeUpGate { act, precision } => (Act::of(act), precision, &node.srcs[..2], node.srcs[2], node.srcs[3]),
+            Op::MulMatId { precision } => (Act::None, precision, &node.srcs[..1], node.srcs[1], node.srcs[2]),
+            _ => return super::fail("not an expert product"),
         };
         let Some(w) = self.weight(ws[0]).cloned() else { return super::fail("expert weight is not on this device") };
         let up = match ws.get(1) {
@@ -88,6 +95,11 @@ impl Lower<'_> {
         // MulMatId's x is [k, 1, n] (a column per token) or [k, k_used, n]
         // (per pair); MoeUpGate's [k, n].
         let x_pair = up.is_none() && self.node_ref(x).ne[1] != 1;
+        // A quantized model's levels pair int8 activations (the CPU's
+        // integers); gate and up share the type's block size (`supports`).
+        let ab = act_shift(w.ty);
+        let paired = w.quant.is_some() && precision == Precision::Paired;
+        let (qa, da) = if paired { self.acts_q8(x, k, ab)? } else { (0, 0) };
         let plan = self.moe_plan(ids, n_expert)?;
         if plan.max_items > 65535 {
             return super::fail(format!("{} expert items exceed a grid's rows", plan.max_items));
@@ -105,6 +117,9 @@ impl Lower<'_> {
             rows: rows as i32,
             k: k as i32,
             x: self.ptr(x)?,
+            qa,
+            da,
+            ab,
             x_pair: x_pair as i32,
             k_used: node.ne[1] as i32,
             items: plan.items,
@@ -114,7 +129,7 @@ impl Lower<'_> {
             act,
         };
         let grid = (grid1(rows, 8).0, plan.max_items as u32, 1);
-        self.out.push(Launch::new(gemv_kernel(&w, up_w), grid, 256, args));
+        self.out.push(Launch::new(gemv_kernel(&w, up_w, paired), grid, 256, args));
         Ok(1)
     }
 }

@@ -3,10 +3,10 @@
 //! Q6_K head takes into its own launch.
 
 use tern_graph::{Node, NodeId, Op, Precision};
-use tern_quant::GgmlType;
+use tern_quant::{ActType, GgmlType};
 
 use super::{grid1, Lower, Need, FMAT_TOKENS};
-use crate::args::{F16GemvArgs, FmatGemvArgs, GemvIo, Q6KGemv1Q8Args, Q6KGemvArgs, Q8GemvArgs};
+use crate::args::{ActQ8Args, F16GemvArgs, FmatGemvArgs, GemvIo, Q6KGemv1Q8Args, Q6KGemvArgs, Q8GemvArgs, Q8pGemvArgs};
 use crate::kernels::Kernel;
 use crate::launch::Launch;
 use crate::qlayout::QLayout;
@@ -30,7 +30,35 @@ pub(crate) fn is_q6k_q8(n: &Node, w: Option<&Weight>) -> bool {
         && w.is_some_and(|w| w.ternary.is_none() && w.quant == Some(QLayout::Q6K))
 }
 
+/// The block shift of the int8 activations a weight of `ty` in an int8
+/// layout pairs with on the CPU (`tern_quant::act_type`): Q8_0's blocks of
+/// 32 (5), Q8_K's of 256 (8).
+pub(super) fn act_shift(ty: GgmlType) -> i32 {
+    match tern_quant::act_type(ty) {
+        ActType::Q8_0 => 5,
+        _ => 8,
+    }
+}
+
 impl Lower<'_> {
+    /// `x` (f32, rows of `k`) quantized by `act_q8` in blocks of 2^`ab`, once
+    /// per node and block size: the workspace addresses of (q, d).
+    pub(super) fn acts_q8(&mut self, x: NodeId, k: usize, ab: i32) -> Result<(u64, u64), Need> {
+        if let Some(&p) = self.acts.get(&(x, ab)) {
+            return Ok(p);
+        }
+        let n = self.node_ref(x).n_elements();
+        let blocks = n >> ab;
+        if !k.is_multiple_of(1 << ab) || !n.is_multiple_of(k) {
+            return super::fail(format!("int8 activations of rows of {k} in blocks of {}", 1 << ab));
+        }
+        let (q, d) = (self.take(n), self.take(4 * blocks));
+        let args = ActQ8Args { x: self.ptr(x)?, q, d, blocks: blocks as u64, ab };
+        self.out.push(Launch::new(Kernel::ActQ8, grid1(blocks, 8), 256, args));
+        self.acts.insert((x, ab), (q, d));
+        Ok((q, d))
+    }
+
     fn is_q6k_q8(&self, mm: NodeId) -> bool {
         let n = self.node_ref(mm);
         is_q6k_q8(n, self.weight(n.srcs[0]))
@@ -82,6 +110,11 @@ impl Lower<'_> {
         };
         let row_bytes = w.ty.row_bytes(k as u64).unwrap_or(0);
         let q6k_q8 = self.is_q6k_q8(id);
+        // A quantized model's levels pair int8 activations (the CPU's integers).
+        let levels = matches!(w.quant, Some(QLayout::Levels | QLayout::LevelsOffset));
+        let paired = (levels && matches!(node.op, Op::MulMat { precision: Precision::Paired }) && norm.is_none())
+            .then(|| self.acts_q8(node.srcs[1], k, act_shift(w.ty)))
+            .transpose()?;
         for t0 in (0..n_tok).step_by(FMAT_TOKENS) {
             let nt = (n_tok - t0).min(FMAT_TOKENS);
             let off = (t0 * rows * 4) as u64;
@@ -95,7 +128,25 @@ impl Lower<'_> {
                 out_stride: rows as u64,
                 res: res_t,
             };
-            let l = if matches!(w.quant, Some(QLayout::Levels | QLayout::LevelsOffset)) {
+            let l = if let Some((qa, da)) = paired {
+                let ab = act_shift(w.ty);
+                let args = Q8pGemvArgs {
+                    q: w.ptr_codes,
+                    s: w.ptr_scales,
+                    o: w.ptr_offsets,
+                    rows: rows as i32,
+                    k: k as i32,
+                    qa: qa + (t0 * k) as u64,
+                    da: da + (4 * t0 * (k >> ab)) as u64,
+                    ab,
+                    n_tok: nt as i32,
+                    out: out + off,
+                    out_stride: rows as u64,
+                    res: res_t,
+                };
+                let kernel = if nt == 1 { Kernel::Q8pGemv1 } else { Kernel::Q8pGemv };
+                Launch::new(kernel, grid1(rows, 8), 256, args)
+            } else if levels {
                 let kernel = match (w.quant == Some(QLayout::LevelsOffset), nt == 1) {
                     (false, true) => Kernel::Q8Gemv1,
                     (false, false) => Kernel::Q8Gemv,

@@ -1,0 +1,77 @@
+// Block-quantized weights in their int8 layouts (qlayout.rs) times int8
+// activations: a quantized model's products (`Precision::Paired`), in the
+// CPU's integers. x is quantized as the CPU quantizes it for the weight's
+// type (tern_quant::act): Q8_0 (blocks of 32, d rounded to f16) or Q8_K
+// (blocks of 256, d in f32), d = amax/127 and round half away from zero,
+// bit for bit. A level word times an activation word is one dp4a, exact;
+// only the f32 scaling and summing of those integers runs in another order
+// than the CPU's. Compiled after fmat.cu (its `store_row`).
+
+// x: f32 [k, n] → q: i8 [k, n], d: f32 [k / 2^ab, n], blocks of 2^ab (5: Q8_0,
+// whose d is then rounded to f16 as its block stores it; 8: Q8_K). A warp
+// per block: lane i takes elements 2^ab/32 · i ... grid: ceil(blocks / 8),
+// block 256.
+extern "C" __global__ void __launch_bounds__(256) act_q8(const float* x, i8* q, float* d, u64 blocks, int ab) {
+    pdl_wait();
+    pdl_launch();
+    u64 b = (u64)blockIdx.x * 8 + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31;
+    if (b >= blocks) return;
+    int per = (1 << ab) >> 5;
+    const float* xb = x + (b << ab) + lane * per;
+    float v[8];
+    float am = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        v[i] = i < per ? xb[i] : 0.0f;
+        am = fmaxf(am, fabsf(v[i]));
+    }
+    am = warp_max(am);
+    float dq = am / 127.0f, id = dq != 0.0f ? 1.0f / dq : 0.0f;
+    i8* qb = q + (b << ab) + lane * per;
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+        if (i < per) qb[i] = (i8)max(-128, min(127, (int)roundf(v[i] * id)));
+    if (lane == 0) d[b] = ab == 5 ? h2f(f2h(dq)) : dq;
+}
+
+// Σ over one level word: its dp4a with the activation word, scaled by the
+// group's scale and the activation block's d, plus the group's offset times
+// d and the word's Σa when the layout has offsets.
+__device__ __forceinline__ float paired_word(u32 w, int a, float sc, float of, float da, bool offs) {
+    float y = (float)__dp4a((int)w, a, 0) * (sc * da);
+    if (offs) y += of * da * (float)__dp4a(0x01010101, a, 0);
+    return y;
+}
+
+// Dense matrices, one warp per row, 8 rows a block, up to MAXT tokens:
+// qa/da are act_q8's output for the batch, ab its block shift.
+#define Q8P_KERNEL(NAME, MAXT, MINB)                                                                                 \
+    extern "C" __global__ void __launch_bounds__(256, MINB)                                                         \
+        NAME(const i8* q, const float* s, const float* o, int rows, int k, const i8* qa, const float* da, int ab,    \
+             int n_tok, float* out, u64 out_stride, const float* res) {                                             \
+        pdl_wait();                                                                                                  \
+        pdl_launch();                                                                                                \
+        int row = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;                                     \
+        if (row >= rows) return;                                                                                     \
+        int nw = k >> 2, nb = k >> ab;                                                                               \
+        const u32* qr = (const u32*)(q + (u64)row * k);                                                              \
+        const float* sr = s + (u64)row * (k >> 4);                                                                   \
+        const float* orw = o ? o + (u64)row * (k >> 4) : nullptr;                                                    \
+        float acc[FMAT_MAXT];                                                                                        \
+        _Pragma("unroll") for (int t = 0; t < FMAT_MAXT; ++t) acc[t] = 0.0f;                                         \
+        _Pragma("unroll 4") for (int c = lane; c < nw; c += 32) {                                                    \
+            u32 w = __ldg(qr + c);                                                                                   \
+            float sc = __ldg(sr + (c >> 2)), of = orw ? __ldg(orw + (c >> 2)) : 0.0f;                                \
+            _Pragma("unroll") for (int t = 0; t < MAXT; ++t) {                                                       \
+                if (t >= n_tok) break;                                                                               \
+                int a = __ldg((const int*)(qa + (u64)t * k) + c);                                                    \
+                float dv = __ldg(da + (u64)t * nb + ((4 * c) >> ab));                                                \
+                acc[t] += paired_word(w, a, sc, of, dv, orw != nullptr);                                             \
+            }                                                                                                        \
+        }                                                                                                            \
+        store_row(acc, min(n_tok, MAXT), lane, row, out, out_stride, res);                                           \
+    }
+
+Q8P_KERNEL(q8p_gemv, FMAT_MAXT, 1)
+Q8P_KERNEL(q8p_gemv1, 1, 4)
