@@ -482,15 +482,13 @@ pub fn supports(node: &Node, srcs: &[&Node]) -> bool {
             is_matrix && held(srcs[0]).is_some() && f32(srcs[1])
         }
         Op::Rope(p) => f32(srcs[0]) && p.head_dim % 2 == 0 && p.n_rot <= p.head_dim && p.yarn.is_none(),
-        // The MoE and latent-attention ops run on the CPU for now.
+        // The expert products and latent-attention ops run on the CPU for now.
         Op::Columns { .. }
         | Op::MulMatHeads { .. }
         | Op::LatentAttention(_)
-        | Op::Route(_)
-        | Op::RouteWeights(_)
         | Op::MulMatId { .. }
-        | Op::MoeUpGate { .. }
-        | Op::ExpertSum => false,
+        | Op::MoeUpGate { .. } => false,
+        Op::Route(_) | Op::RouteWeights(_) | Op::ExpertSum => lower::route_supports(node, srcs),
         Op::Attention(p) => {
             let cache = |n: &Node| matches!(n.dtype, DType::Ggml(GgmlType::F32 | GgmlType::F16));
             srcs[..3].iter().all(|n| f32(n))

@@ -47,7 +47,9 @@ use crate::Weight;
 mod attention;
 mod fmat;
 mod quant;
+mod route;
 pub(crate) use fmat::is_q6k_q8;
+pub(crate) use route::supports as route_supports;
 
 /// Tokens above which ternary products use the tensor-core GEMM.
 pub const GEMV_MAX_TOKENS: usize = 8;
@@ -341,11 +343,11 @@ impl Lower<'_> {
             Op::Columns { .. }
             | Op::MulMatHeads { .. }
             | Op::LatentAttention(_)
-            | Op::Route(_)
-            | Op::RouteWeights(_)
             | Op::MulMatId { .. }
-            | Op::MoeUpGate { .. }
-            | Op::ExpertSum => fail(format!("{} has no CUDA kernel", node.op.name())),
+            | Op::MoeUpGate { .. } => fail(format!("{} has no CUDA kernel", node.op.name())),
+            Op::Route(p) => self.route(nodes, i, p),
+            Op::RouteWeights(p) => self.route_weights(id, p),
+            Op::ExpertSum => self.expert_sum(id),
             Op::RmsNorm { eps } => self.rms_norm(nodes, i, *eps),
             Op::HeadNorm { eps, head_dim } => {
                 // The heads of a contiguous row are rows of `head_dim`: the
