@@ -1,6 +1,7 @@
 //! What the GPU op tests share: the device (or the reason there is none),
 //! seeded random data, running a graph on a backend with poisoned outputs,
 //! and comparing the GPU's outputs with the CPU's within a bound.
+#![allow(dead_code)] // each test file uses its own part
 
 use std::collections::HashMap;
 use std::sync::Arc;
