@@ -111,6 +111,7 @@ enum Act { ACT_NONE = -1, ACT_SILU = 0, ACT_RELU2 = 1 };
 enum RopeMode { ROPE_NORM = 0, ROPE_NEOX = 1 };
 enum BinOp { BIN_ADD = 0, BIN_MUL = 1 };
 enum Fused { FUSED_LEVELS = 0, FUSED_BLOCK = 1, FUSED_STATS = 2 };
+enum Gating { GATE_SOFTMAX = 0, GATE_SIGMOID = 1 };
 
 // The two dimensions of rotation pair i (of head_dim / 2): (2i, 2i+1) in
 // ROPE_NORM, NeoX (i, i + n_rot/2) in ROPE_NEOX. Pairs past n_rot/2 are not rotated (the

@@ -6,10 +6,10 @@
 //! each struct's encoding against them.
 //!
 //! The integer codes the kernels take (activation, rope mode, binary op,
-//! fused mode) are `#[repr(i32)]` enums here and enum constants in
+//! fused mode, gating) are `#[repr(i32)]` enums here and enum constants in
 //! `prelude.cuh`; the same test compares the two.
 
-use tern_graph::{Activation, RopeMode as GraphRope};
+use tern_graph::{Activation, Gating as GraphGating, RopeMode as GraphRope};
 
 use crate::kernels::Kernel;
 use crate::launch::{Arg, AttRope, TernaryBatch};
@@ -76,6 +76,25 @@ pub enum FusedMode {
     Stats = 2,
 }
 
+/// How a router's logits become scores (`gate_scores` in route.cu, `enum
+/// Gating`).
+#[repr(i32)]
+#[derive(Clone, Copy, Debug, Default, Hash, PartialEq, Eq)]
+pub enum Gating {
+    #[default]
+    Softmax = 0,
+    Sigmoid = 1,
+}
+
+impl Gating {
+    pub fn of(g: GraphGating) -> Gating {
+        match g {
+            GraphGating::Softmax => Gating::Softmax,
+            GraphGating::Sigmoid => Gating::Sigmoid,
+        }
+    }
+}
+
 /// A launch's arguments in their positional form, as the driver takes them.
 #[derive(Debug, Default)]
 pub struct Enc {
@@ -108,6 +127,9 @@ impl Enc {
         self.i32(v as i32);
     }
     fn op(&mut self, v: BinOp) {
+        self.i32(v as i32);
+    }
+    fn gating(&mut self, v: Gating) {
         self.i32(v as i32);
     }
     fn batch(&mut self, v: TernaryBatch) {
@@ -344,6 +366,22 @@ kernel_args! {
     FlashAttn(FlashAttnArgs) for [FlashAttn, FlashAttnSplit, FlashAttn128, FlashAttnSplit128] {
         q: u64 => ptr, kc: u64 => ptr, vc: u64 => ptr, pos: u64 => ptr, out: u64 => ptr,
         n_tok: i32 => i32, n_head: i32 => i32, n_head_kv: i32 => i32, head_dim: i32 => i32, scale: f32 => f32,
+    }
+    /// `route` (route.cu): ids [k, n] of logits [n_expert, n]; `bias` 0:
+    /// none; `w` not 0: the weights too (a fused RouteWeights); `n_group`
+    /// 0: no group limit.
+    Route(RouteArgs) for [Route] {
+        logits: u64 => ptr, bias: u64 => ptr, ids: u64 => ptr, w: u64 => ptr, n_expert: i32 => i32, k: i32 => i32,
+        gating: Gating => gating, n_group: i32 => i32, group_used: i32 => i32, norm: i32 => i32, scale: f32 => f32,
+    }
+    /// `route_weights`: the weights [k, n] of the experts in `ids`.
+    RouteWeights(RouteWeightsArgs) for [RouteWeights] {
+        logits: u64 => ptr, ids: u64 => ptr, w: u64 => ptr, n_expert: i32 => i32, k: i32 => i32,
+        gating: Gating => gating, norm: i32 => i32, scale: f32 => f32,
+    }
+    /// `expert_sum`: y [m, n] from ys [m, k, n] and w [k, n]; `total` = m · n.
+    ExpertSum(ExpertSumArgs) for [ExpertSum] {
+        ys: u64 => ptr, w: u64 => ptr, y: u64 => ptr, m: i32 => i32, k: i32 => i32, total: u64 => u64,
     }
     /// `decode_run` (decode.cu). The table is uploaded after fusing, so its
     /// two pointers are unset (`None`) until `decode::bind` sets them; a

@@ -175,7 +175,9 @@ fn integer_codes_match_the_prelude() {
         ("FUSED_STATS", FusedMode::Stats as i32),
     ];
     assert_eq!(c["Fused"], want(&fused));
-    assert_eq!(c.len(), 4, "a new enum in prelude.cuh wants its host twin here");
+    let gating = [("GATE_SOFTMAX", Gating::Softmax as i32), ("GATE_SIGMOID", Gating::Sigmoid as i32)];
+    assert_eq!(c["Gating"], want(&gating));
+    assert_eq!(c.len(), 5, "a new enum in prelude.cuh wants its host twin here");
 }
 
 /// A `decode_run` launch refuses to run until its table is bound, and

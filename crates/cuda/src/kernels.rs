@@ -47,6 +47,7 @@ pub const SOURCES: &[(&str, &str)] = &[
         ),
     ),
     ("attention", concat!(include_str!("../kernels/attention.cu"), include_str!("../kernels/flash_attn.cu"))),
+    ("route", include_str!("../kernels/route.cu")),
     // The persistent decoding kernel calls into the three files before it.
     (DECODE_MODULE, decode_sources!()),
     // The same for caches past LONG_CACHE_KEYS: attention cut into chunks
@@ -136,6 +137,12 @@ pub enum Kernel {
     /// The two for head_dim 128.
     FlashAttn128,
     FlashAttnSplit128,
+    /// A MoE router's choice (`route.cu`), a block per token; with the
+    /// weights of the same logits when a RouteWeights is fused in.
+    Route,
+    RouteWeights,
+    /// The experts' outputs summed by the router's weights.
+    ExpertSum,
     CopyIn,
     /// A small copy from the device into mapped host memory, run as this
     /// kernel: its writes cross the link without a round trip each.
@@ -150,7 +157,7 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 52] = [
+    pub const ALL: [Kernel; 55] = [
         Kernel::GetRows,
         Kernel::RmsNorm,
         Kernel::Binary,
@@ -198,6 +205,9 @@ impl Kernel {
         Kernel::FlashAttnSplit,
         Kernel::FlashAttn128,
         Kernel::FlashAttnSplit128,
+        Kernel::Route,
+        Kernel::RouteWeights,
+        Kernel::ExpertSum,
         Kernel::CopyIn,
         Kernel::HostWrite,
         Kernel::DecodeRun,
@@ -255,6 +265,9 @@ impl Kernel {
             Kernel::FlashAttnSplit => ("attention", "flash_attn_split"),
             Kernel::FlashAttn128 => ("attention", "flash_attn_128"),
             Kernel::FlashAttnSplit128 => ("attention", "flash_attn_split_128"),
+            Kernel::Route => ("route", "route"),
+            Kernel::RouteWeights => ("route", "route_weights"),
+            Kernel::ExpertSum => ("route", "expert_sum"),
             Kernel::CopyIn | Kernel::HostWrite => ("elementwise", "copy_in"),
             Kernel::DecodeRun => (DECODE_MODULE, "decode_run"),
             Kernel::DecodeRunLong => (DECODE_LONG_MODULE, "decode_run"),

@@ -498,13 +498,9 @@ pub fn supports(node: &Node, srcs: &[&Node]) -> bool {
             };
             same && g.is_some_and(Held::is_expert) && u.is_some_and(Held::is_expert) && f32(srcs[2])
         }
-        // The routing and latent-attention ops run on the CPU for now.
-        Op::Columns { .. }
-        | Op::MulMatHeads { .. }
-        | Op::LatentAttention(_)
-        | Op::Route(_)
-        | Op::RouteWeights(_)
-        | Op::ExpertSum => false,
+        // The latent-attention ops run on the CPU for now.
+        Op::Columns { .. } | Op::MulMatHeads { .. } | Op::LatentAttention(_) => false,
+        Op::Route(_) | Op::RouteWeights(_) | Op::ExpertSum => lower::route_supports(node, srcs),
         Op::Attention(p) => {
             let cache = |n: &Node| matches!(n.dtype, DType::Ggml(GgmlType::F32 | GgmlType::F16));
             srcs[..3].iter().all(|n| f32(n))

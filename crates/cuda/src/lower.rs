@@ -48,7 +48,9 @@ mod attention;
 mod experts;
 mod fmat;
 mod quant;
+mod route;
 pub(crate) use fmat::is_q6k_q8;
+pub(crate) use route::supports as route_supports;
 
 /// Tokens above which ternary products use the tensor-core GEMM.
 pub const GEMV_MAX_TOKENS: usize = 8;
@@ -345,13 +347,13 @@ impl Lower<'_> {
         let node = self.node_ref(id).clone();
         match &node.op {
             Op::Weight(_) | Op::Input(_) | Op::KvCache { .. } => Ok(1),
-            Op::Columns { .. }
-            | Op::MulMatHeads { .. }
-            | Op::LatentAttention(_)
-            | Op::Route(_)
-            | Op::RouteWeights(_)
-            | Op::ExpertSum => fail(format!("{} has no CUDA kernel", node.op.name())),
+            Op::Columns { .. } | Op::MulMatHeads { .. } | Op::LatentAttention(_) => {
+                fail(format!("{} has no CUDA kernel", node.op.name()))
+            }
             Op::MulMatId { .. } | Op::MoeUpGate { .. } => self.expert_product(id),
+            Op::Route(p) => self.route(nodes, i, p),
+            Op::RouteWeights(p) => self.route_weights(id, p),
+            Op::ExpertSum => self.expert_sum(id),
             Op::RmsNorm { eps } => self.rms_norm(nodes, i, *eps),
             Op::HeadNorm { eps, head_dim } => {
                 // The heads of a contiguous row are rows of `head_dim`: the
