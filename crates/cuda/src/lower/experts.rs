@@ -133,3 +133,127 @@ impl Lower<'_> {
         Ok(1)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use tern_backend::TensorLoc;
+    use tern_graph::{Activation, DType, Gating, Graph, Op, Precision, RouteParams};
+    use tern_quant::GgmlType;
+
+    use crate::args::{Args, MoeGemvArgs};
+    use crate::buffers::{Backing, Buffers, DevBuf};
+    use crate::kernels::Kernel;
+    use crate::lower::{lower, Scratch};
+    use crate::weights::Held;
+    use crate::Weight;
+
+    const SCRATCH: Scratch =
+        Scratch { base: 1 << 42, cap: 1 << 30, counters: 1 << 43, counters_cap: 1 << 20, stage_base: 0, stage_cap: 0 };
+
+    /// A MoE FFN of `ty` experts on `n` tokens, lowered with every node in
+    /// its own arena range and the experts held as `Held::of` says.
+    fn lowered(ty: GgmlType, n: usize, precision: Precision) -> Vec<crate::launch::Launch> {
+        // m: gate/up rows and down's k (whole blocks of every type).
+        let (e, k, m, n_expert, k_used) = (256, 256, 256, 16, 4);
+        let mut g = Graph::new();
+        let x = g.weight(0, "x", GgmlType::F32, [e, n, 1, 1]);
+        let router = g.weight(1, "router", GgmlType::F32, [e, n_expert, 1, 1]);
+        let (wg, wu) = (g.weight(2, "gate", ty, [k, m, n_expert, 1]), g.weight(3, "up", ty, [k, m, n_expert, 1]));
+        let wd = g.weight(4, "down", ty, [m, e, n_expert, 1]);
+        let logits = g.mul_mat(router, x, Precision::Float);
+        let p = RouteParams {
+            n_expert,
+            k: k_used,
+            gating: Gating::Softmax,
+            biased: false,
+            groups: None,
+            norm: true,
+            scale: 1.0,
+        };
+        let ids = g.route(logits, None, p);
+        let w = g.route_weights(logits, ids, p);
+        let act = g.moe_up_gate(wg, wu, x, ids, Activation::Silu, precision);
+        let y = g.mul_mat_id(wd, act, ids, precision);
+        let out = g.expert_sum(y, w);
+        g.mark_output(out);
+        let mut bufs = Buffers::default();
+        let arena = bufs.insert(DevBuf { ptr: 1 << 40, bytes: 1 << 30, weight: None, backing: Backing::Device });
+        let (mut locs, mut offset) = (vec![None; g.nodes.len()], 0);
+        for id in g.ids() {
+            let node = g.node(id);
+            let held = match (node.op.clone(), node.dtype) {
+                (Op::Weight(i), DType::Ggml(t)) if i >= 1 => Held::of(t, node.ne).map(|h| (t, h)),
+                _ => None,
+            };
+            locs[id.index()] = Some(match held {
+                Some((ty, h)) => {
+                    let ptr = (1 << 41) + (id.0 as u64) * (1 << 24);
+                    let quant = match h {
+                        Held::Quant(l) => Some(l),
+                        _ => None,
+                    };
+                    let offsets = quant == Some(crate::qlayout::QLayout::LevelsOffset);
+                    let weight = Weight {
+                        ty,
+                        ptr_codes: ptr,
+                        ptr_scales: ptr + 4096,
+                        ptr_offsets: if offsets { ptr + 8192 } else { 0 },
+                        ternary: None,
+                        quant,
+                        staged: None,
+                    };
+                    let b = bufs.insert(DevBuf { ptr, bytes: 1 << 24, weight: Some(weight), backing: Backing::Device });
+                    TensorLoc { buffer: b, offset: 0, nbytes: node.nbytes() }
+                }
+                None => {
+                    let loc = TensorLoc { buffer: arena, offset, nbytes: node.nbytes() };
+                    offset += node.nbytes().next_multiple_of(256);
+                    loc
+                }
+            });
+        }
+        let nodes: Vec<_> = g.ids().filter(|&id| !matches!(g.node(id).op, Op::Weight(_) | Op::Input(_))).collect();
+        lower(&g, &nodes, &locs, &bufs, SCRATCH, 132, true).unwrap_or_else(|e| panic!("{e:?}")).launches
+    }
+
+    fn gemv_args(l: &crate::launch::Launch) -> MoeGemvArgs {
+        match l.args {
+            Args::MoeGemv(a) => a,
+            _ => panic!("{:?} is not an expert GEMV", l.kernel),
+        }
+    }
+
+    /// One plan for the router's ids serves both expert products; a
+    /// quantized model's products quantize each input once, in the blocks
+    /// the type pairs with (Q4_K: Q8_K's 256; Q8_0: 32), and take the
+    /// offset kernels only for a type with offsets. The grid has a row of
+    /// blocks per possible item: min(pairs, ⌈pairs / 8⌉ + experts).
+    #[test]
+    fn expert_products_share_one_plan_and_pick_their_kernels() {
+        for (ty, n, precision, pair, single, ab) in [
+            (GgmlType::Q4_K, 1, Precision::Paired, Kernel::MoeQ8opPair, Kernel::MoeQ8op, 8),
+            (GgmlType::Q8_0, 37, Precision::Paired, Kernel::MoeQ8pPair, Kernel::MoeQ8p, 5),
+            (GgmlType::Q4_K, 37, Precision::Float, Kernel::MoeQ8oPair, Kernel::MoeQ8o, 8),
+            (GgmlType::F16, 5, Precision::Paired, Kernel::MoeDqPair, Kernel::MoeDq, 8),
+        ] {
+            let l = lowered(ty, n, precision);
+            let kernels: Vec<Kernel> = l.iter().map(|l| l.kernel).collect();
+            let at = |k: Kernel| kernels.iter().position(|&x| x == k).unwrap_or_else(|| panic!("{ty}: no {k:?}"));
+            assert_eq!(kernels.iter().filter(|&&k| k == Kernel::MoePlan).count(), 1, "{ty}: {kernels:?}");
+            let (plan, up_gate, down) = (at(Kernel::MoePlan), at(pair), at(single));
+            assert!(plan < up_gate && up_gate < down, "{ty}: {kernels:?}");
+            let quantized = precision == Precision::Paired && ty != GgmlType::F16;
+            assert_eq!(kernels.iter().filter(|&&k| k == Kernel::ActQ8).count(), 2 * quantized as usize, "{ty}");
+            let pairs = 4 * n;
+            let items = pairs.min(pairs.div_ceil(8) + 16) as u32;
+            for i in [up_gate, down] {
+                let a = gemv_args(&l[i]);
+                assert_eq!(l[i].grid.1, items, "{ty} n={n}");
+                assert_eq!((a.qa != 0, a.ab), (quantized, ab), "{ty}");
+                assert_eq!(a.o != 0, ty == GgmlType::Q4_K, "{ty}");
+            }
+            assert_eq!((gemv_args(&l[up_gate]).x_pair, gemv_args(&l[down]).x_pair), (0, 1), "{ty}");
+            assert_eq!(gemv_args(&l[up_gate]).items, gemv_args(&l[down]).items, "{ty}: one plan");
+        }
+    }
+}
