@@ -37,8 +37,16 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("elementwise", include_str!("../kernels/elementwise.cu")),
     ("quantize", include_str!("../kernels/quantize.cu")),
     ("ternary", concat!(include_str!("../kernels/ternary.cu"), include_str!("../kernels/ternary_wgmma.cu"))),
-    // The expert products build on fmat.cu's level arithmetic.
-    ("fmat", concat!(include_str!("../kernels/fmat.cu"), include_str!("../kernels/experts.cu"))),
+    // The expert products and latent attention's per-head products build on
+    // fmat.cu's level arithmetic.
+    (
+        "fmat",
+        concat!(
+            include_str!("../kernels/fmat.cu"),
+            include_str!("../kernels/experts.cu"),
+            include_str!("../kernels/mla.cu")
+        ),
+    ),
     ("attention", concat!(include_str!("../kernels/attention.cu"), include_str!("../kernels/flash_attn.cu"))),
     // The persistent decoding kernel calls into the three files before it.
     (DECODE_MODULE, decode_sources!()),
@@ -119,6 +127,17 @@ pub enum Kernel {
     /// The two for head_dim 128.
     FlashAttn128,
     FlashAttnSplit128,
+    /// Multi-head latent attention (mla.cu): a head's slice of a row, the
+    /// per-head products (levels or stored floats; `T`: transposed), the
+    /// latent cache store, attention in splits and their merge.
+    Columns,
+    HeadsQ8,
+    HeadsDq,
+    HeadsQ8T,
+    HeadsDqT,
+    MlaStore,
+    MlaAttention,
+    MlaMerge,
     CopyIn,
     /// A small copy from the device into mapped host memory, run as this
     /// kernel: its writes cross the link without a round trip each.
@@ -133,7 +152,7 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 45] = [
+    pub const ALL: [Kernel; 53] = [
         Kernel::GetRows,
         Kernel::RmsNorm,
         Kernel::Binary,
@@ -174,6 +193,14 @@ impl Kernel {
         Kernel::FlashAttnSplit,
         Kernel::FlashAttn128,
         Kernel::FlashAttnSplit128,
+        Kernel::Columns,
+        Kernel::HeadsQ8,
+        Kernel::HeadsDq,
+        Kernel::HeadsQ8T,
+        Kernel::HeadsDqT,
+        Kernel::MlaStore,
+        Kernel::MlaAttention,
+        Kernel::MlaMerge,
         Kernel::CopyIn,
         Kernel::HostWrite,
         Kernel::DecodeRun,
@@ -224,6 +251,14 @@ impl Kernel {
             Kernel::FlashAttnSplit => ("attention", "flash_attn_split"),
             Kernel::FlashAttn128 => ("attention", "flash_attn_128"),
             Kernel::FlashAttnSplit128 => ("attention", "flash_attn_split_128"),
+            Kernel::Columns => ("fmat", "columns"),
+            Kernel::HeadsQ8 => ("fmat", "heads_q8"),
+            Kernel::HeadsDq => ("fmat", "heads_dq"),
+            Kernel::HeadsQ8T => ("fmat", "heads_q8_t"),
+            Kernel::HeadsDqT => ("fmat", "heads_dq_t"),
+            Kernel::MlaStore => ("fmat", "mla_store"),
+            Kernel::MlaAttention => ("fmat", "mla_attention"),
+            Kernel::MlaMerge => ("fmat", "mla_merge"),
             Kernel::CopyIn | Kernel::HostWrite => ("elementwise", "copy_in"),
             Kernel::DecodeRun => (DECODE_MODULE, "decode_run"),
             Kernel::DecodeRunLong => (DECODE_LONG_MODULE, "decode_run"),

@@ -47,8 +47,10 @@ use crate::Weight;
 mod attention;
 mod experts;
 mod fmat;
+mod mla;
 mod quant;
 pub(crate) use fmat::is_q6k_q8;
+pub(crate) use mla::supports as mla_supports;
 
 /// Tokens above which ternary products use the tensor-core GEMM.
 pub const GEMV_MAX_TOKENS: usize = 8;
@@ -342,12 +344,12 @@ impl Lower<'_> {
         let node = self.node_ref(id).clone();
         match &node.op {
             Op::Weight(_) | Op::Input(_) | Op::KvCache { .. } => Ok(1),
-            Op::Columns { .. }
-            | Op::MulMatHeads { .. }
-            | Op::LatentAttention(_)
-            | Op::Route(_)
-            | Op::RouteWeights(_)
-            | Op::ExpertSum => fail(format!("{} has no CUDA kernel", node.op.name())),
+            Op::Route(_) | Op::RouteWeights(_) | Op::ExpertSum => {
+                fail(format!("{} has no CUDA kernel", node.op.name()))
+            }
+            Op::Columns { width, start, len } => self.columns(id, *width, *start, *len).map(|()| 1),
+            Op::MulMatHeads { .. } => self.mul_mat_heads(id).map(|()| 1),
+            Op::LatentAttention(p) => self.latent_attention(id, p).map(|()| 1),
             Op::MulMatId { .. } | Op::MoeUpGate { .. } => self.expert_product(id),
             Op::RmsNorm { eps } => self.rms_norm(nodes, i, *eps),
             Op::HeadNorm { eps, head_dim } => {
