@@ -25,6 +25,9 @@ use crate::weights::Held;
 
 /// Tokens a block of the per-head products takes (`HEADS_MAXT`).
 const HEADS_TOKENS: usize = 8;
+/// The longest head slice a transposed product stages (8 tokens' worth,
+/// 64 KiB of shared memory).
+const HEADS_MAX_STAGED: usize = 2048;
 /// Heads and cache rows an attention block holds (`MLA_HEADS`, `MLA_ROWS`,
 /// `MLA_PAD` in mla.cu).
 const MLA_HEADS: usize = 16;
@@ -69,19 +72,21 @@ impl YarnRamp {
 /// What `tern_cuda::supports` accepts of the MLA ops: per-head products of
 /// weights held as int8 levels (with or without offsets) or stored floats,
 /// rows a multiple of 4 wide (the transposed product's words of 4
-/// columns); attention over F32 or F16 caches of rows the kernels' tiles
+/// columns), transposed slices up to HEADS_MAX_STAGED; attention over F32 or F16 caches of rows the kernels' tiles
 /// hold.
 pub(crate) fn supports(node: &Node, srcs: &[&Node]) -> bool {
     let f32 = |n: &Node| n.dtype == DType::F32;
     match &node.op {
         Op::Columns { .. } => f32(srcs[0]),
-        Op::MulMatHeads { .. } => {
+        Op::MulMatHeads { mm, .. } => {
             let held = match srcs[0].dtype {
                 DType::Ggml(t) => Held::of(t, srcs[0].ne),
                 DType::I32 => None,
             };
             let read = matches!(held, Some(Held::Quant(QLayout::Levels | QLayout::LevelsOffset) | Held::Stored));
-            read && srcs[0].ne[0].is_multiple_of(4) && f32(srcs[1])
+            // A transposed block stages its tokens' inputs in shared memory.
+            let staged = !mm.transposed || mm.len <= HEADS_MAX_STAGED;
+            read && staged && srcs[0].ne[0].is_multiple_of(4) && f32(srcs[1])
         }
         Op::LatentAttention(p) => {
             let cache = matches!(srcs[4].dtype, DType::Ggml(GgmlType::F32 | GgmlType::F16));
