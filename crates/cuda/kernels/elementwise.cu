@@ -51,9 +51,13 @@ extern "C" __global__ void gated_act(const float* gate, const float* up, float* 
 }
 
 // x: [head_dim * n_head, n_tok]. One thread per (token, head, pair).
-// mode 0 = adjacent pairs, 1 = NeoX (i, i + n_rot/2).
+// mode 0 = adjacent pairs, 1 = NeoX (i, i + n_rot/2). YaRN's ramp
+// (`rope_angle_yarn`) where `y_ext` is not 0 or `y_mag` not 1; otherwise
+// the plain angle, so ropes without YaRN keep their bits.
 extern "C" __global__ void rope(const float* x, float* out, const int* pos, const float* factors, int head_dim,
-                                int n_head, int n_tok, int n_rot, int mode, float base, float fscale) {
+                                int n_head, int n_tok, int n_rot, int mode, float base, float fscale, float y_low,
+                                float y_high, float y_ext, float y_mag) {
+    bool yarn = y_ext != 0.0f || y_mag != 1.0f;
     pdl_wait();
     pdl_launch();
     u64 total = (u64)n_tok * n_head * (head_dim / 2);
@@ -71,7 +75,10 @@ extern "C" __global__ void rope(const float* x, float* out, const int* pos, cons
             continue;
         }
         double c, s;
-        rope_angle(pos[t], i, n_rot, base, fscale, factors, &c, &s);
+        if (yarn)
+            rope_angle_yarn(pos[t], i, n_rot, base, fscale, factors, y_low, y_high, y_ext, y_mag, &c, &s);
+        else
+            rope_angle(pos[t], i, n_rot, base, fscale, factors, &c, &s);
         double x0 = xh[a], x1 = xh[b];
         oh[a] = (float)(x0 * c - x1 * s);
         oh[b] = (float)(x0 * s + x1 * c);

@@ -105,6 +105,25 @@ __device__ __forceinline__ void rope_angle(int pos, int i, int n_rot, float base
     sincos((double)pos * f, s, c);
 }
 
+// The same under YaRN (RopeParams::yarn), as tern_cpu's rope.rs `pair_freqs`
+// computes it: pair i's frequency blends the interpolated one (× fscale) and
+// the extrapolated one by `ext` times a ramp that falls from 1 to 0 between
+// pair indices `low` and `high` (the corr dims the host computes), and cos and
+// sin carry `mag`.
+__device__ __forceinline__ void rope_angle_yarn(int pos, int i, int n_rot, float base, float fscale,
+                                                const float* factors, float low, float high, float ext, float mag,
+                                                double* c, double* s) {
+    double extrap = pow((double)base, -2.0 * i / n_rot);
+    if (factors) extrap /= (double)factors[i];
+    double interp = extrap * (double)fscale;
+    double y = ((double)i - (double)low) / fmax((double)high - (double)low, 0.001);
+    double mix = (1.0 - fmin(fmax(y, 0.0), 1.0)) * (double)ext;
+    double f = interp * (1.0 - mix) + extrap * mix;
+    sincos((double)pos * f, s, c);
+    *c *= (double)mag;
+    *s *= (double)mag;
+}
+
 // The integer codes kernels take as `int` parameters and table fields: the
 // host's `#[repr(i32)]` enums in tern_cuda::args (a host test compares them).
 enum Act { ACT_NONE = -1, ACT_SILU = 0, ACT_RELU2 = 1 };

@@ -248,11 +248,14 @@ kernel_args! {
     GatedAct(GatedActArgs) for [GatedAct] {
         gate: u64 => ptr, up: u64 => ptr, out: u64 => ptr, n: u64 => u64, act: Act => act,
     }
-    /// `rope`; `factors` 0: none.
+    /// `rope`; `factors` 0: none. YaRN's ramp between pair indices
+    /// `y_low` and `y_high`, applied `y_ext` much, and its magnitude
+    /// (`lower::mla::YarnRamp`; none: 0, 0, 0, 1).
     Rope(RopeArgs) for [Rope] {
         x: u64 => ptr, out: u64 => ptr, pos: u64 => ptr, factors: u64 => ptr,
         head_dim: i32 => i32, n_head: i32 => i32, n_tok: i32 => i32, n_rot: i32 => i32, mode: RopeMode => mode,
-        base: f32 => f32, fscale: f32 => f32,
+        base: f32 => f32, fscale: f32 => f32, y_low: f32 => f32, y_high: f32 => f32, y_ext: f32 => f32,
+        y_mag: f32 => f32,
     }
     /// 16-byte words from `src` to `dst` (`copy_in`: staged weights, and
     /// small copies into mapped host memory).
@@ -382,6 +385,35 @@ kernel_args! {
     /// `expert_sum`: y [m, n] from ys [m, k, n] and w [k, n]; `total` = m · n.
     ExpertSum(ExpertSumArgs) for [ExpertSum] {
         ys: u64 => ptr, w: u64 => ptr, y: u64 => ptr, m: i32 => i32, k: i32 => i32, total: u64 => u64,
+    }
+    /// `columns` (mla.cu): elements `start..start + len` of every piece of `width`.
+    Columns(ColumnsArgs) for [Columns] {
+        x: u64 => ptr, out: u64 => ptr, n: u64 => u64, width: i32 => i32, start: i32 => i32, len: i32 => i32,
+    }
+    /// The per-head products (mla.cu): head h's rows `h·stride + offset ..+ len`
+    /// of a weight of `k`-wide rows, as levels (q, s, o; `o` 0: no offsets)
+    /// or stored bytes (`q`, `row_bytes`, `ty`).
+    MulMatHeads(MulMatHeadsArgs) for [HeadsQ8, HeadsDq, HeadsQ8T, HeadsDqT] {
+        q: u64 => ptr, s: u64 => ptr, o: u64 => ptr, row_bytes: u64 => u64, ty: i32 => i32, k: i32 => i32,
+        stride: i32 => i32, offset: i32 => i32, len: i32 => i32, n_head: i32 => i32, x: u64 => ptr,
+        n_tok: i32 => i32, out: u64 => ptr,
+    }
+    /// `mla_store`: `[c | k_pe]` rows into the latent cache (`ty`: F32 or F16) at `pos`.
+    MlaStore(MlaStoreArgs) for [MlaStore] {
+        c: u64 => ptr, k_pe: u64 => ptr, cache: u64 => ptr, pos: u64 => ptr, rank: i32 => i32, rope: i32 => i32,
+        ty: i32 => i32,
+    }
+    /// `mla_attention`: `n_split` splits of `split` cache rows (`part` their
+    /// states when more than one).
+    MlaAttention(MlaAttentionArgs) for [MlaAttention] {
+        q_lat: u64 => ptr, q_pe: u64 => ptr, cache: u64 => ptr, pos: u64 => ptr, out: u64 => ptr, part: u64 => ptr,
+        n_head: i32 => i32, rank: i32 => i32, rope: i32 => i32, ty: i32 => i32, scale: f32 => f32,
+        split: i32 => i32, n_split: i32 => i32,
+    }
+    /// `mla_merge`: the splits' states in `part` → the output.
+    MlaMerge(MlaMergeArgs) for [MlaMerge] {
+        part: u64 => ptr, pos: u64 => ptr, out: u64 => ptr, n_head: i32 => i32, rank: i32 => i32,
+        split: i32 => i32, n_split: i32 => i32,
     }
     /// `decode_run` (decode.cu). The table is uploaded after fusing, so its
     /// two pointers are unset (`None`) until `decode::bind` sets them; a

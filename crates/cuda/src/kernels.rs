@@ -37,13 +37,15 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("elementwise", include_str!("../kernels/elementwise.cu")),
     ("quantize", include_str!("../kernels/quantize.cu")),
     ("ternary", concat!(include_str!("../kernels/ternary.cu"), include_str!("../kernels/ternary_wgmma.cu"))),
-    // The int8-activation products and the experts' build on fmat.cu's level arithmetic.
+    // The int8-activation products, the experts' and latent attention's
+    // per-head products build on fmat.cu's level arithmetic.
     (
         "fmat",
         concat!(
             include_str!("../kernels/fmat.cu"),
             include_str!("../kernels/paired.cu"),
-            include_str!("../kernels/experts.cu")
+            include_str!("../kernels/experts.cu"),
+            include_str!("../kernels/mla.cu")
         ),
     ),
     ("attention", concat!(include_str!("../kernels/attention.cu"), include_str!("../kernels/flash_attn.cu"))),
@@ -143,6 +145,17 @@ pub enum Kernel {
     RouteWeights,
     /// The experts' outputs summed by the router's weights.
     ExpertSum,
+    /// Multi-head latent attention (mla.cu): a head's slice of a row, the
+    /// per-head products (levels or stored floats; `T`: transposed), the
+    /// latent cache store, attention in splits and their merge.
+    Columns,
+    HeadsQ8,
+    HeadsDq,
+    HeadsQ8T,
+    HeadsDqT,
+    MlaStore,
+    MlaAttention,
+    MlaMerge,
     CopyIn,
     /// A small copy from the device into mapped host memory, run as this
     /// kernel: its writes cross the link without a round trip each.
@@ -157,7 +170,7 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 55] = [
+    pub const ALL: [Kernel; 63] = [
         Kernel::GetRows,
         Kernel::RmsNorm,
         Kernel::Binary,
@@ -208,6 +221,14 @@ impl Kernel {
         Kernel::Route,
         Kernel::RouteWeights,
         Kernel::ExpertSum,
+        Kernel::Columns,
+        Kernel::HeadsQ8,
+        Kernel::HeadsDq,
+        Kernel::HeadsQ8T,
+        Kernel::HeadsDqT,
+        Kernel::MlaStore,
+        Kernel::MlaAttention,
+        Kernel::MlaMerge,
         Kernel::CopyIn,
         Kernel::HostWrite,
         Kernel::DecodeRun,
@@ -268,6 +289,14 @@ impl Kernel {
             Kernel::Route => ("route", "route"),
             Kernel::RouteWeights => ("route", "route_weights"),
             Kernel::ExpertSum => ("route", "expert_sum"),
+            Kernel::Columns => ("fmat", "columns"),
+            Kernel::HeadsQ8 => ("fmat", "heads_q8"),
+            Kernel::HeadsDq => ("fmat", "heads_dq"),
+            Kernel::HeadsQ8T => ("fmat", "heads_q8_t"),
+            Kernel::HeadsDqT => ("fmat", "heads_dq_t"),
+            Kernel::MlaStore => ("fmat", "mla_store"),
+            Kernel::MlaAttention => ("fmat", "mla_attention"),
+            Kernel::MlaMerge => ("fmat", "mla_merge"),
             Kernel::CopyIn | Kernel::HostWrite => ("elementwise", "copy_in"),
             Kernel::DecodeRun => (DECODE_MODULE, "decode_run"),
             Kernel::DecodeRunLong => (DECODE_LONG_MODULE, "decode_run"),

@@ -481,7 +481,7 @@ pub fn supports(node: &Node, srcs: &[&Node]) -> bool {
             let is_matrix = srcs[0].ne[2] == 1 && srcs[0].ne[3] == 1;
             is_matrix && held(srcs[0]).is_some() && f32(srcs[1])
         }
-        Op::Rope(p) => f32(srcs[0]) && p.head_dim % 2 == 0 && p.n_rot <= p.head_dim && p.yarn.is_none(),
+        Op::Rope(p) => f32(srcs[0]) && p.head_dim % 2 == 0 && p.n_rot <= p.head_dim,
         // Expert tensors in an int8 layout or stored as floats; a gated
         // pair's two the same way (both stored: of one type).
         Op::MulMatId { .. } => held(srcs[0]).is_some_and(Held::is_expert) && f32(srcs[1]),
@@ -498,8 +498,7 @@ pub fn supports(node: &Node, srcs: &[&Node]) -> bool {
             };
             same && g.is_some_and(Held::is_expert) && u.is_some_and(Held::is_expert) && f32(srcs[2])
         }
-        // The latent-attention ops run on the CPU for now.
-        Op::Columns { .. } | Op::MulMatHeads { .. } | Op::LatentAttention(_) => false,
+        Op::Columns { .. } | Op::MulMatHeads { .. } | Op::LatentAttention(_) => lower::mla_supports(node, srcs),
         Op::Route(_) | Op::RouteWeights(_) | Op::ExpertSum => lower::route_supports(node, srcs),
         Op::Attention(p) => {
             let cache = |n: &Node| matches!(n.dtype, DType::Ggml(GgmlType::F32 | GgmlType::F16));

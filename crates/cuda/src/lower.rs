@@ -47,9 +47,11 @@ use crate::Weight;
 mod attention;
 mod experts;
 mod fmat;
+mod mla;
 mod quant;
 mod route;
 pub(crate) use fmat::is_q6k_q8;
+pub(crate) use mla::supports as mla_supports;
 pub(crate) use route::supports as route_supports;
 
 /// Tokens above which ternary products use the tensor-core GEMM.
@@ -347,9 +349,9 @@ impl Lower<'_> {
         let node = self.node_ref(id).clone();
         match &node.op {
             Op::Weight(_) | Op::Input(_) | Op::KvCache { .. } => Ok(1),
-            Op::Columns { .. } | Op::MulMatHeads { .. } | Op::LatentAttention(_) => {
-                fail(format!("{} has no CUDA kernel", node.op.name()))
-            }
+            Op::Columns { width, start, len } => self.columns(id, *width, *start, *len).map(|()| 1),
+            Op::MulMatHeads { .. } => self.mul_mat_heads(id).map(|()| 1),
+            Op::LatentAttention(p) => self.latent_attention(id, p).map(|()| 1),
             Op::MulMatId { .. } | Op::MoeUpGate { .. } => self.expert_product(id),
             Op::Route(p) => self.route(nodes, i, p),
             Op::RouteWeights(p) => self.route_weights(id, p),

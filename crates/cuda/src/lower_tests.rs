@@ -547,3 +547,74 @@ fn plan_keys_change_with_every_location_and_shape() {
     assert_ne!(at(2047), at(2046));
     assert_eq!(at(2047), at(3000));
 }
+
+/// DeepSeek's MLA (16 heads, rank 512, rope 64, F16 per-head weights:
+/// stored, `heads_dq`) in a cache of 2048 rows: its YaRN ropes run as rope
+/// launches carrying the ramp; decoding cuts the cache into 32 splits of 64
+/// rows and merges them, a prompt takes one split and no merge.
+#[test]
+fn latent_attention_lowers_to_store_splits_and_merge() {
+    use tern_graph::{HeadMatMul, LatentAttentionParams, Yarn};
+    use Kernel::*;
+    let (nh, rank, rope, nope) = (16, 512, 64, 128);
+    let yarn = Yarn { n_ctx_orig: 4096, beta_fast: 32.0, beta_slow: 1.0, ext_factor: 1.0, magnitude: 1.0 };
+    let r = RopeParams {
+        mode: RopeMode::Norm,
+        n_rot: rope,
+        head_dim: rope,
+        freq_base: 1e4,
+        freq_scale: 0.025,
+        yarn: Some(yarn),
+    };
+    for (n, want) in [
+        (1, &[Columns, Columns, Columns, Columns, Rope, Rope, HeadsDq, MlaStore, MlaAttention, MlaMerge][..]),
+        (70, &[Columns, Columns, Columns, Columns, Rope, Rope, HeadsDq, MlaStore, MlaAttention][..]),
+    ] {
+        let mut g = Graph::new();
+        let q = g.weight(0, "x", GgmlType::F32, [(nope + rope) * nh, n, 1, 1]);
+        let kv = g.weight(1, "x", GgmlType::F32, [rank + rope, n, 1, 1]);
+        let wk = g.weight(2, "attn_k_b", GgmlType::F16, [nope, rank, nh, 1]);
+        let cache = g.kv_cache(0, KvKind::K, GgmlType::F16, [rank + rope, 2048, 1, 1]);
+        let pos = g.input(InputKind::Positions, n);
+        let q_nope = g.columns(q, nope + rope, 0, nope);
+        let q_pe = g.columns(q, nope + rope, nope, rope);
+        let c = g.columns(kv, rank + rope, 0, rank);
+        let k_pe = g.columns(kv, rank + rope, rank, rope);
+        let (q_pe, k_pe) = (g.rope(q_pe, pos, None, r), g.rope(k_pe, pos, None, r));
+        let mm = HeadMatMul { n_head: nh, stride: rank, offset: 0, len: rank, transposed: false };
+        let q_lat = g.mul_mat_heads(wk, q_nope, mm, Precision::Float);
+        let p = LatentAttentionParams { layer: 0, n_head: nh, rank, rope, scale: 0.1, kv_pos: 0 };
+        let a = g.latent_attention(q_lat, q_pe, c, k_pe, cache, pos, p);
+        g.mark_output(a);
+        let l = Layer { g, x: q, norm_out: q };
+        let ls = launches(&l, None);
+        assert_eq!(kernels(&ls), want, "{n} tokens");
+        let Args::Rope(ra) = ls[4].args else { panic!("{:?}", ls[4].args) };
+        assert_eq!((ra.y_low, ra.y_high, ra.y_ext, ra.y_mag), (10.0, 23.0, 1.0, 1.0));
+        assert_eq!(ls[6].grid, (64, nh as u32, n.div_ceil(8) as u32), "a warp a row, 8 tokens a block");
+        let Args::MlaAttention(aa) = ls[8].args else { panic!("{:?}", ls[8].args) };
+        let splits = if n == 1 { 32 } else { 1 };
+        assert_eq!((aa.n_split, ls[8].grid), (splits, (splits as u32, n as u32, 1)), "{n} tokens");
+        assert_eq!(aa.part != 0, n == 1, "only splits leave states");
+    }
+}
+
+/// A YaRN rope is never fused into the attention (`rope_store`, the
+/// one-token attention's rope have no ramp): it runs alone, the cache store
+/// after it.
+#[test]
+fn yarn_ropes_stay_out_of_the_attention() {
+    use tern_graph::Yarn;
+    use Kernel::*;
+    let mut l = layer(1);
+    let yarn = Yarn { n_ctx_orig: 4096, beta_fast: 32.0, beta_slow: 1.0, ext_factor: 1.0, magnitude: 1.1 };
+    for n in &mut l.g.nodes {
+        if let Op::Rope(p) = &mut n.op {
+            p.yarn = Some(yarn);
+        }
+    }
+    let ls = launches(&l, None);
+    assert_eq!(kernels(&ls)[..5], [NormQuant, TernaryGemv1, Rope, Rope, KvStore]);
+    let Args::Attention(a) = ls[5].args else { panic!("{:?}", ls[5].args) };
+    assert_eq!(a.r.on, 0, "q arrives rotated");
+}

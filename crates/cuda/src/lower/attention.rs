@@ -17,6 +17,7 @@
 use tern_graph::{AttentionParams, DType, Node, NodeId, Op};
 use tern_quant::GgmlType;
 
+use super::mla::YarnRamp;
 use super::{fail, grid1, Lower, Need, GEMV_MAX_TOKENS};
 use crate::args::{AttentionArgs, FlashAttnArgs, KvStoreArgs, RopeArgs, RopeMode, RopeStoreArgs};
 use crate::kernels::Kernel;
@@ -46,7 +47,12 @@ const FA_SPLIT_BLOCKS_PER_SM: usize = 2;
 
 impl Lower<'_> {
     /// A rope whose only reader is an attention in this split, as its q or k.
+    /// A YaRN rope runs alone: the fused ropes (`rope_store`, the one-token
+    /// attention's `AttRope`) have no ramp.
     pub(super) fn rope_feeds_attention(&self, id: NodeId) -> bool {
+        if matches!(self.node_ref(id).op, Op::Rope(p) if p.yarn.is_some()) {
+            return false;
+        }
         let readers = &self.readers[id.index()];
         if self.uses[id.index()] != 1 || readers.len() != 1 || !self.in_split[readers[0].index()] {
             return false;
@@ -67,6 +73,7 @@ impl Lower<'_> {
             None => 0,
         };
         let pairs = n_tok * n_head * (p.head_dim / 2);
+        let yarn = YarnRamp::of(&p);
         let args = RopeArgs {
             x: self.ptr(node.srcs[0])?,
             out: self.ptr(id)?,
@@ -79,6 +86,10 @@ impl Lower<'_> {
             mode: RopeMode::of(p.mode),
             base: p.freq_base,
             fscale: p.freq_scale,
+            y_low: yarn.low,
+            y_high: yarn.high,
+            y_ext: yarn.ext,
+            y_mag: yarn.mag,
         };
         let l = Launch::new(Kernel::Rope, grid1(pairs, 256), 256, args);
         self.out.push(l);
