@@ -41,10 +41,16 @@ __device__ __forceinline__ float4 levels4(u32 w, float sc, float of) {
 // grid: (⌈len / 8⌉, n_head, ⌈n_tok / 8⌉), block 256: warp w of block
 // (bx, h, bz) takes row 8·bx + w of head h for tokens 8·bz .. + 8, its lanes
 // on level words L, L + 32, ... as in q8_gemv (stored floats: elements).
-template <bool LEVELS>
+// MODE: HEADS_STORED (dq), HEADS_LEVELS (f32 x), HEADS_PAIRED (act_q8's
+// int8 x: qa, da in blocks of 2^ab; a quantized model's products, the
+// CPU's integers as in paired.cu).
+#define HEADS_STORED 0
+#define HEADS_LEVELS 1
+#define HEADS_PAIRED 2
+template <int MODE>
 __device__ __forceinline__ void heads_rows(const i8* q, const float* s, const float* o, u64 row_bytes, int type,
                                            int k, int stride, int offset, int len, int n_head, const float* x,
-                                           int n_tok, float* out) {
+                                           const i8* qa, const float* da, int ab, int n_tok, float* out) {
     pdl_wait();
     pdl_launch();
     int i = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31, h = blockIdx.y;
@@ -56,7 +62,24 @@ __device__ __forceinline__ void heads_rows(const i8* q, const float* s, const fl
     float acc[HEADS_MAXT];
 #pragma unroll
     for (int t = 0; t < HEADS_MAXT; ++t) acc[t] = 0.0f;
-    if (LEVELS) {
+    if (MODE == HEADS_PAIRED) {
+        const u32* qr = (const u32*)(q + row * k);
+        const float* sr = s + row * (k >> 4);
+        const float* orw = o ? o + row * (k >> 4) : nullptr;
+        // Token t's head-h slice starts at element ((t0 + t)·n_head + h)·k.
+        u64 e0 = ((u64)t0 * n_head + h) * k;
+        for (int c = lane; c < (k >> 2); c += 32) {
+            u32 w = __ldg(qr + c);
+            float sc = __ldg(sr + (c >> 2)), of = orw ? __ldg(orw + (c >> 2)) : 0.0f;
+#pragma unroll
+            for (int t = 0; t < HEADS_MAXT; ++t) {
+                if (t >= nt) break;
+                u64 e = e0 + t * xt + 4 * c;
+                int av = __ldg((const int*)(qa + e));
+                acc[t] += paired_word(w, av, sc, of, __ldg(da + (e >> ab)), orw != nullptr);
+            }
+        }
+    } else if (MODE == HEADS_LEVELS) {
         const u32* qr = (const u32*)(q + row * k);
         const float* sr = s + row * (k >> 4);
         const float* orw = o ? o + row * (k >> 4) : nullptr;
@@ -97,10 +120,12 @@ __device__ __forceinline__ void heads_rows(const i8* q, const float* s, const fl
 // and walks the head's rows in order, so a warp's weight loads read 128
 // contiguous bytes a row. The block's tokens' x_h are staged in shared
 // memory (dynamic: 8 · len floats). k is a multiple of 4.
-template <bool LEVELS>
+// (MODE: HEADS_STORED or HEADS_LEVELS; the CPU's transposed products are
+// f32 too.)
+template <int MODE>
 __device__ __forceinline__ void heads_cols(const i8* q, const float* s, const float* o, u64 row_bytes, int type,
                                            int k, int stride, int offset, int len, int n_head, const float* x,
-                                           int n_tok, float* out) {
+                                           const i8* qa, const float* da, int ab, int n_tok, float* out) {
     extern __shared__ float heads_xs[];
     pdl_wait();
     pdl_launch();
@@ -118,7 +143,7 @@ __device__ __forceinline__ void heads_cols(const i8* q, const float* s, const fl
     for (int i = 0; i < len; ++i) {
         u64 row = (u64)h * stride + offset + i;
         float4 w;
-        if (LEVELS) {
+        if (MODE == HEADS_LEVELS) {
             u64 at = row * k + c0;
             w = levels4(__ldg((const u32*)(q + at)), __ldg(s + (at >> 4)), o ? __ldg(o + (at >> 4)) : 0.0f);
         } else {
@@ -142,17 +167,18 @@ __device__ __forceinline__ void heads_cols(const i8* q, const float* s, const fl
     }
 }
 
-#define HEADS_KERNEL(NAME, BODY, LEVELS, THREADS)                                                                    \
+#define HEADS_KERNEL(NAME, BODY, MODE, THREADS)                                                                      \
     extern "C" __global__ void __launch_bounds__(THREADS) NAME(                                                      \
         const i8* q, const float* s, const float* o, u64 row_bytes, int type, int k, int stride, int offset, int len, \
-        int n_head, const float* x, int n_tok, float* out) {                                                         \
-        BODY<LEVELS>(q, s, o, row_bytes, type, k, stride, offset, len, n_head, x, n_tok, out);                       \
+        int n_head, const float* x, const i8* qa, const float* da, int ab, int n_tok, float* out) {                  \
+        BODY<MODE>(q, s, o, row_bytes, type, k, stride, offset, len, n_head, x, qa, da, ab, n_tok, out);             \
     }
 
-HEADS_KERNEL(heads_q8, heads_rows, true, 256)
-HEADS_KERNEL(heads_dq, heads_rows, false, 256)
-HEADS_KERNEL(heads_q8_t, heads_cols, true, 128)
-HEADS_KERNEL(heads_dq_t, heads_cols, false, 128)
+HEADS_KERNEL(heads_q8, heads_rows, HEADS_LEVELS, 256)
+HEADS_KERNEL(heads_q8p, heads_rows, HEADS_PAIRED, 256)
+HEADS_KERNEL(heads_dq, heads_rows, HEADS_STORED, 256)
+HEADS_KERNEL(heads_q8_t, heads_cols, HEADS_LEVELS, 128)
+HEADS_KERNEL(heads_dq_t, heads_cols, HEADS_STORED, 128)
 
 // The batch's cache rows: [c_t | k_pe_t] at row pos[t] of the latent cache
 // ([rank + rope, n_ctx], f32 or f16). Positions come from device memory, so

@@ -150,6 +150,7 @@ pub enum Kernel {
     /// latent cache store, attention in splits and their merge.
     Columns,
     HeadsQ8,
+    HeadsQ8p,
     HeadsDq,
     HeadsQ8T,
     HeadsDqT,
@@ -170,7 +171,7 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 63] = [
+    pub const ALL: [Kernel; 64] = [
         Kernel::GetRows,
         Kernel::RmsNorm,
         Kernel::Binary,
@@ -223,6 +224,7 @@ impl Kernel {
         Kernel::ExpertSum,
         Kernel::Columns,
         Kernel::HeadsQ8,
+        Kernel::HeadsQ8p,
         Kernel::HeadsDq,
         Kernel::HeadsQ8T,
         Kernel::HeadsDqT,
@@ -291,6 +293,7 @@ impl Kernel {
             Kernel::ExpertSum => ("route", "expert_sum"),
             Kernel::Columns => ("fmat", "columns"),
             Kernel::HeadsQ8 => ("fmat", "heads_q8"),
+            Kernel::HeadsQ8p => ("fmat", "heads_q8p"),
             Kernel::HeadsDq => ("fmat", "heads_dq"),
             Kernel::HeadsQ8T => ("fmat", "heads_q8_t"),
             Kernel::HeadsDqT => ("fmat", "heads_dq_t"),

@@ -11,8 +11,10 @@
 //!   libraries' pow/sin/cos differ in the last bits and move an f32 rounding:
 //!   an ulp of one element (6e-8 of it). The general 1e-4 bound of the other
 //!   pointwise ops is for f32 arithmetic, which this does not do.
-//! - `MulMatHeads`: 1e-4 (f32 summation order; `Precision::Float`, so the
-//!   CPU multiplies f32 activations too, as the GPU always does).
+//! - `MulMatHeads`: 1e-4 with `Precision::Float` (f32 summation order);
+//!   with `Precision::Paired` (block types, rows-side products) both sides
+//!   quantize each head's slice to the type's int8 blocks bit for bit and
+//!   form the same integers: 1e-5 (transposed products stay f32: 1e-4).
 //! - `LatentAttention`: 1e-4 with an F32 cache, 2e-3 with F16 (the bound
 //!   of the other attention's f16 caches; both sides read the same f16
 //!   values, so the difference is the f32 order of the sums). The caches
@@ -133,14 +135,18 @@ fn mul_mat_heads_match_cpu() {
             }
             let weight = float_weight(ty, k, rows, &mut rng);
             let k_in = if mm.transposed { mm.len } else { k };
-            for n in [1usize, 5, 70] {
+            let float = matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
+            let precisions: &[Precision] =
+                if float { &[Precision::Float] } else { &[Precision::Float, Precision::Paired] };
+            for (n, &precision) in [1usize, 5, 70].into_iter().flat_map(|n| precisions.iter().map(move |p| (n, p))) {
                 let mut g = Graph::new();
                 let w = g.weight(0, "w", ty, ne);
                 let x = g.weight(1, "x", GgmlType::F32, [k_in * nh, n, 1, 1]);
-                let y = g.mul_mat_heads(w, x, mm, Precision::Float);
+                let y = g.mul_mat_heads(w, x, mm, precision);
                 let data = HashMap::from([(w, weight.clone()), (x, bytes_f32(&rng.vec(k_in * nh * n)))]);
-                let what = format!("{what} {ty} {ne:?} n {n}");
-                let e = compare(&mut gpu, &g, &data, &[y], 1e-4, &what);
+                let what = format!("{what} {ty} {ne:?} n {n} {precision:?}");
+                let paired = precision == Precision::Paired && !mm.transposed;
+                let e = compare(&mut gpu, &g, &data, &[y], if paired { 1e-5 } else { 1e-4 }, &what);
                 eprintln!("{what}: {e:.1e}");
             }
         }

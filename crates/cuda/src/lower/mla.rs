@@ -13,9 +13,10 @@
 //! positions, which the kernels read from the device: a captured decoding
 //! step replays at any position.
 
-use tern_graph::{DType, LatentAttentionParams, Node, NodeId, Op, RopeParams};
+use tern_graph::{DType, LatentAttentionParams, Node, NodeId, Op, Precision, RopeParams};
 use tern_quant::GgmlType;
 
+use super::fmat::act_shift;
 use super::{fail, grid1, Lower, Need, GEMV_MAX_TOKENS};
 use crate::args::{ColumnsArgs, MlaAttentionArgs, MlaMergeArgs, MlaStoreArgs, MulMatHeadsArgs};
 use crate::kernels::Kernel;
@@ -125,7 +126,7 @@ impl Lower<'_> {
     /// block-quantized products all take f32 activations.
     pub(super) fn mul_mat_heads(&mut self, id: NodeId) -> Result<(), Need> {
         let node = self.node_ref(id).clone();
-        let Op::MulMatHeads { mm, .. } = node.op else { return fail("not a mul_mat_heads") };
+        let Op::MulMatHeads { mm, precision } = node.op else { return fail("not a mul_mat_heads") };
         let Some(w) = self.weight(node.srcs[0]).cloned() else {
             return fail("mul_mat_heads weight is not on this device");
         };
@@ -136,6 +137,12 @@ impl Lower<'_> {
         };
         let k = self.node_ref(node.srcs[0]).ne[0];
         let n_tok = node.ne[1];
+        // A quantized model's rows-side products pair int8 activations, as
+        // the CPU's do when a head's slice is whole activation blocks (its
+        // transposed products stay in f32).
+        let ab = act_shift(w.ty);
+        let paired = levels && !mm.transposed && precision == Precision::Paired && k.is_multiple_of(1 << ab);
+        let (qa, da) = if paired { self.acts_q8(node.srcs[1], k, ab)? } else { (0, 0) };
         let args = MulMatHeadsArgs {
             q: w.ptr_codes,
             s: w.ptr_scales,
@@ -148,6 +155,9 @@ impl Lower<'_> {
             len: mm.len as i32,
             n_head: mm.n_head as i32,
             x: self.ptr(node.srcs[1])?,
+            qa,
+            da,
+            ab,
             n_tok: n_tok as i32,
             out: self.ptr(id)?,
         };
@@ -158,7 +168,11 @@ impl Lower<'_> {
             let kernel = if levels { Kernel::HeadsQ8T } else { Kernel::HeadsDqT };
             Launch::new(kernel, (k.div_ceil(512) as u32, h, z), 128, args).smem(HEADS_TOKENS * mm.len * 4)
         } else {
-            let kernel = if levels { Kernel::HeadsQ8 } else { Kernel::HeadsDq };
+            let kernel = match (levels, paired) {
+                (true, true) => Kernel::HeadsQ8p,
+                (true, false) => Kernel::HeadsQ8,
+                (false, _) => Kernel::HeadsDq,
+            };
             Launch::new(kernel, (mm.len.div_ceil(8) as u32, h, z), 256, args)
         };
         self.out.push(l);
