@@ -34,7 +34,9 @@ __device__ __forceinline__ float4 levels4(u32 w, float sc, float of) {
     float b = __uint_as_float(__byte_perm(w, two23, 0x7441)) - Q8_BIAS;
     float c = __uint_as_float(__byte_perm(w, two23, 0x7442)) - Q8_BIAS;
     float d = __uint_as_float(__byte_perm(w, two23, 0x7443)) - Q8_BIAS;
-    return make_float4(a * sc + of, b * sc + of, c * sc + of, d * sc + of);
+    // Rounded as the CPU's dequantization rounds (no fused multiply-add).
+    return make_float4(__fadd_rn(__fmul_rn(a, sc), of), __fadd_rn(__fmul_rn(b, sc), of),
+                       __fadd_rn(__fmul_rn(c, sc), of), __fadd_rn(__fmul_rn(d, sc), of));
 }
 
 // y_h[i] = W[h·stride + offset + i] · x_h: k inputs and len outputs a head.
@@ -120,8 +122,8 @@ __device__ __forceinline__ void heads_rows(const i8* q, const float* s, const fl
 // and walks the head's rows in order, so a warp's weight loads read 128
 // contiguous bytes a row. The block's tokens' x_h are staged in shared
 // memory (dynamic: 8 · len floats). k is a multiple of 4.
-// (MODE: HEADS_STORED or HEADS_LEVELS; the CPU's transposed products are
-// f32 too.)
+// (MODE: HEADS_STORED or HEADS_LEVELS: the CPU's transposed products are
+// f32 too, and these are bit for bit theirs.)
 template <int MODE>
 __device__ __forceinline__ void heads_cols(const i8* q, const float* s, const float* o, u64 row_bytes, int type,
                                            int k, int stride, int offset, int len, int n_head, const float* x,
@@ -153,11 +155,13 @@ __device__ __forceinline__ void heads_cols(const i8* q, const float* s, const fl
 #pragma unroll
         for (int t = 0; t < HEADS_MAXT; ++t) {
             if (t >= nt) break;
+            // The CPU's operations in its order (rows in turn, each a rounded
+            // product then a rounded sum): the same bits.
             float a = heads_xs[t * len + i];
-            acc[t].x += a * w.x;
-            acc[t].y += a * w.y;
-            acc[t].z += a * w.z;
-            acc[t].w += a * w.w;
+            acc[t].x = __fadd_rn(acc[t].x, __fmul_rn(a, w.x));
+            acc[t].y = __fadd_rn(acc[t].y, __fmul_rn(a, w.y));
+            acc[t].z = __fadd_rn(acc[t].z, __fmul_rn(a, w.z));
+            acc[t].w = __fadd_rn(acc[t].w, __fmul_rn(a, w.w));
         }
     }
 #pragma unroll
