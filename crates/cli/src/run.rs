@@ -13,12 +13,18 @@ use crate::CliError;
 pub const DEMO_MODEL: &str = "models/tern-demo-kjv.gguf";
 
 /// The demo model inside the binary, so that an installed `tern` runs with
-/// no checkout.
+/// no checkout (feature `demo`, on by default).
+#[cfg(feature = "demo")]
 static DEMO_BYTES: &[u8] = include_bytes!("../../../models/tern-demo-kjv.gguf");
+#[cfg(not(feature = "demo"))]
+static DEMO_BYTES: &[u8] = &[];
 
 /// The demo model as a file in `dir` (the engine maps files): written once,
 /// atomically, and rewritten if it is not the carried bytes.
 fn demo_copy(dir: &std::path::Path) -> Result<PathBuf, CliError> {
+    if DEMO_BYTES.is_empty() {
+        return Err(CliError("this tern was built without the demo model (feature `demo`): pass -m MODEL".into()));
+    }
     let path = dir.join("tern-demo-kjv.gguf");
     if std::fs::read(&path).is_ok_and(|b| b == DEMO_BYTES) {
         return Ok(path);

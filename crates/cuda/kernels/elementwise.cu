@@ -9,17 +9,21 @@ extern "C" __global__ void get_rows(const u8* table, u64 row_bytes, int type, co
     for (int e = threadIdx.x; e < ne0; e += blockDim.x) o[e] = dq(row, e, type);
 }
 
-// y = x / sqrt(mean(x²) + eps) [* w]. grid: rows, block: 256.
+// y = x / sqrt(mean(x²) + eps) [* w]. grid: rows, block: 256. The squares
+// (exact in double) are summed in double, as the CPU sums them: the f32
+// factor is then the CPU's, bar a double rounding at an f32 tie, so a
+// quantized product's int8 activations after the norm are the CPU's too
+// (an f32 sum can move the factor by an ulp).
 extern "C" __global__ void rms_norm(const float* x, const float* w, float* y, int ne0, float eps) {
-    __shared__ float scratch[32];
+    __shared__ double scratch[32];
     pdl_wait();
     pdl_launch();
     const float* xr = x + (u64)blockIdx.x * ne0;
     float* yr = y + (u64)blockIdx.x * ne0;
-    float ss = 0.0f;
-    for (int e = threadIdx.x; e < ne0; e += blockDim.x) ss += xr[e] * xr[e];
-    ss = block_sum(ss, scratch);
-    float inv = (float)(1.0 / sqrt((double)ss / ne0 + (double)eps));
+    double ss = 0.0;
+    for (int e = threadIdx.x; e < ne0; e += blockDim.x) ss += (double)xr[e] * (double)xr[e];
+    ss = block_reduce(ss, scratch, 0.0, Sum());
+    float inv = (float)(1.0 / sqrt(ss / ne0 + (double)eps));
     for (int e = threadIdx.x; e < ne0; e += blockDim.x) {
         float v = xr[e] * inv;
         yr[e] = w ? v * w[e] : v;

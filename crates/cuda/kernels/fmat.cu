@@ -443,6 +443,41 @@ extern "C" __global__ void __launch_bounds__(256, 3) q6k_gemv1_q8(const u8* base
     }
 }
 
+// F32 weights (a MoE router's) times f32 activations, 4 floats per 16-byte
+// load (k % 4 == 0), up to Q8_UNROLL loads a lane in flight.
+extern "C" __global__ void __launch_bounds__(256) f32_gemv(const float* w, int rows, int k, const float* x, int n_tok,
+                                                          float* out, u64 out_stride, const float* res) {
+    pdl_wait();
+    pdl_launch();
+    int row = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    int nv = k >> 2;
+    const float4* wr = (const float4*)(w + (u64)row * k);
+    float acc[FMAT_MAXT];
+#pragma unroll
+    for (int t = 0; t < FMAT_MAXT; ++t) acc[t] = 0.0f;
+    for (int v0 = lane; v0 < nv; v0 += 32 * Q8_UNROLL) {
+        float4 wv[Q8_UNROLL];
+#pragma unroll
+        for (int u = 0; u < Q8_UNROLL; ++u) {
+            int v = v0 + 32 * u;
+            wv[u] = v < nv ? __ldg(wr + v) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int u = 0; u < Q8_UNROLL; ++u) {
+            int v = v0 + 32 * u;
+            if (v >= nv) break;
+#pragma unroll
+            for (int t = 0; t < FMAT_MAXT; ++t) {
+                if (t >= n_tok) break;
+                float4 a = __ldg((const float4*)(x + (u64)t * k) + v);
+                acc[t] += wv[u].x * a.x + wv[u].y * a.y + wv[u].z * a.z + wv[u].w * a.w;
+            }
+        }
+    }
+    store_row(acc, n_tok, lane, row, out, out_stride, res);
+}
+
 // F16 weights times f32 activations, 8 halves per 16-byte load (k % 8 == 0).
 extern "C" __global__ void __launch_bounds__(256) f16_gemv(const u16* w, int rows, int k, const float* x, int n_tok,
                                                           float* out, u64 out_stride, const float* res) {

@@ -45,29 +45,39 @@ __device__ __forceinline__ float paired_word(u32 w, int a, float sc, float of, f
 }
 
 // Dense matrices, one warp per row, 8 rows a block, up to MAXT tokens:
-// qa/da are act_q8's output for the batch, ab its block shift.
+// qa/da are act_q8's output for the batch, ab its block shift. A lane's
+// first Q8_UNROLL level words, scales and offsets are loaded before
+// `pdl_wait` (fmat.cu's `q8_fetch`: weights never depend on the previous
+// kernel), the next round's at the top of each round.
 #define Q8P_KERNEL(NAME, MAXT, MINB)                                                                                 \
     extern "C" __global__ void __launch_bounds__(256, MINB)                                                         \
         NAME(const i8* q, const float* s, const float* o, int rows, int k, const i8* qa, const float* da, int ab,    \
              int n_tok, float* out, u64 out_stride, const float* res) {                                             \
-        pdl_wait();                                                                                                  \
-        pdl_launch();                                                                                                \
         int row = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;                                     \
-        if (row >= rows) return;                                                                                     \
+        bool live = row < rows;                                                                                      \
         int nw = k >> 2, nb = k >> ab;                                                                               \
         const u32* qr = (const u32*)(q + (u64)row * k);                                                              \
         const float* sr = s + (u64)row * (k >> 4);                                                                   \
         const float* orw = o ? o + (u64)row * (k >> 4) : nullptr;                                                    \
+        u32 w[Q8_UNROLL];                                                                                            \
+        float sc[Q8_UNROLL], of[Q8_UNROLL];                                                                          \
+        if (live) q8_fetch(qr, sr, orw, lane, nw, w, sc, of);                                                        \
+        pdl_wait();                                                                                                  \
+        pdl_launch();                                                                                                \
+        if (!live) return;                                                                                           \
         float acc[FMAT_MAXT];                                                                                        \
         _Pragma("unroll") for (int t = 0; t < FMAT_MAXT; ++t) acc[t] = 0.0f;                                         \
-        _Pragma("unroll 4") for (int c = lane; c < nw; c += 32) {                                                    \
-            u32 w = __ldg(qr + c);                                                                                   \
-            float sc = __ldg(sr + (c >> 2)), of = orw ? __ldg(orw + (c >> 2)) : 0.0f;                                \
-            _Pragma("unroll") for (int t = 0; t < MAXT; ++t) {                                                       \
-                if (t >= n_tok) break;                                                                               \
-                int a = __ldg((const int*)(qa + (u64)t * k) + c);                                                    \
-                float dv = __ldg(da + (u64)t * nb + ((4 * c) >> ab));                                                \
-                acc[t] += paired_word(w, a, sc, of, dv, orw != nullptr);                                             \
+        for (int c0 = lane; c0 < nw; c0 += 32 * Q8_UNROLL) {                                                         \
+            if (c0 != lane) q8_fetch(qr, sr, orw, c0, nw, w, sc, of);                                                \
+            _Pragma("unroll") for (int u = 0; u < Q8_UNROLL; ++u) {                                                  \
+                int c = c0 + 32 * u;                                                                                 \
+                if (c >= nw) break;                                                                                  \
+                _Pragma("unroll") for (int t = 0; t < MAXT; ++t) {                                                   \
+                    if (t >= n_tok) break;                                                                           \
+                    int a = __ldg((const int*)(qa + (u64)t * k) + c);                                                \
+                    float dv = __ldg(da + (u64)t * nb + ((4 * c) >> ab));                                            \
+                    acc[t] += paired_word(w[u], a, sc[u], orw ? of[u] : 0.0f, dv, orw != nullptr);                   \
+                }                                                                                                    \
             }                                                                                                        \
         }                                                                                                            \
         store_row(acc, min(n_tok, MAXT), lane, row, out, out_stride, res);                                           \

@@ -308,7 +308,8 @@ kernel_args! {
     Q6KGemv1Q8(Q6KGemv1Q8Args) for [Q6KGemv1Q8] {
         base: u64 => ptr, io: GemvIo => io, nw: u64 => ptr, eps: f32 => f32,
     }
-    F16Gemv(F16GemvArgs) for [F16Gemv] {
+    /// `f16_gemv` and `f32_gemv`: float weights, 16-byte loads.
+    F16Gemv(F16GemvArgs) for [F16Gemv, F32Gemv] {
         w: u64 => ptr, io: GemvIo => io,
     }
     /// `act_q8` (paired.cu): x [k, n] → q, d in blocks of 2^ab (5: Q8_0, 8: Q8_K).

@@ -112,6 +112,7 @@ pub enum Kernel {
     /// (`Precision::Paired`); its blocks walk the rows.
     Q6KGemv1Q8,
     F16Gemv,
+    F32Gemv,
     GetRowsQ8,
     GetRowsQ6K,
     /// A batch's (token, slot) pairs grouped by chosen expert (experts.cu).
@@ -171,7 +172,7 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 64] = [
+    pub const ALL: [Kernel; 65] = [
         Kernel::GetRows,
         Kernel::RmsNorm,
         Kernel::Binary,
@@ -199,6 +200,7 @@ impl Kernel {
         Kernel::Q6KGemv1,
         Kernel::Q6KGemv1Q8,
         Kernel::F16Gemv,
+        Kernel::F32Gemv,
         Kernel::GetRowsQ8,
         Kernel::GetRowsQ6K,
         Kernel::MoePlan,
@@ -265,6 +267,7 @@ impl Kernel {
             Kernel::Q8pGemv => ("fmat", "q8p_gemv"),
             Kernel::Q8pGemv1 => ("fmat", "q8p_gemv1"),
             Kernel::F16Gemv => ("fmat", "f16_gemv"),
+            Kernel::F32Gemv => ("fmat", "f32_gemv"),
             Kernel::GetRowsQ8 => ("fmat", "get_rows_q8"),
             Kernel::Q6KGemv => ("fmat", "q6k_gemv"),
             Kernel::Q6KGemv1 => ("fmat", "q6k_gemv1"),

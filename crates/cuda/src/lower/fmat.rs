@@ -171,6 +171,8 @@ impl Lower<'_> {
                 Launch::new(kernel, grid1(rows, 8), 256, Q6KGemvArgs { base: w.ptr_codes, io })
             } else if w.ty == GgmlType::F16 && k % 8 == 0 {
                 Launch::new(Kernel::F16Gemv, grid1(rows, 8), 256, F16GemvArgs { w: w.ptr_codes, io })
+            } else if w.ty == GgmlType::F32 && k % 4 == 0 {
+                Launch::new(Kernel::F32Gemv, grid1(rows, 8), 256, F16GemvArgs { w: w.ptr_codes, io })
             } else {
                 let args = FmatGemvArgs { w: w.ptr_codes, row_bytes, ty: w.ty.id() as i32, io };
                 Launch::new(Kernel::FmatGemv, grid1(rows, 8), 256, args)
