@@ -7,18 +7,13 @@
 // only the f32 scaling and summing of those integers runs in another order
 // than the CPU's. Compiled after fmat.cu (its `store_row`).
 
-// x: f32 [k, n] → q: i8 [k, n], d: f32 [k / 2^ab, n], blocks of 2^ab (5: Q8_0,
-// whose d is then rounded to f16 as its block stores it; 8: Q8_K). A warp
-// per block: lane i takes elements 2^ab/32 · i ... grid: ceil(blocks / 8),
-// block 256.
-extern "C" __global__ void __launch_bounds__(256) act_q8(const float* x, i8* q, float* d, u64 blocks, int ab) {
-    pdl_wait();
-    pdl_launch();
-    u64 b = (u64)blockIdx.x * 8 + (threadIdx.x >> 5);
-    int lane = threadIdx.x & 31;
-    if (b >= blocks) return;
+// One block of 2^ab activations (xb) quantized into qb and *d by one warp:
+// lane i takes elements 2^ab/32 · i ..; 5: Q8_0, whose d is then rounded to
+// f16 as its block stores it; 8: Q8_K.
+__device__ __forceinline__ void quant_block(const float* xb, i8* qb, float* d, int ab, int lane) {
     int per = (1 << ab) >> 5;
-    const float* xb = x + (b << ab) + lane * per;
+    xb += lane * per;
+    qb += lane * per;
     float v[8];
     float am = 0.0f;
 #pragma unroll
@@ -28,11 +23,20 @@ extern "C" __global__ void __launch_bounds__(256) act_q8(const float* x, i8* q, 
     }
     am = warp_max(am);
     float dq = am / 127.0f, id = dq != 0.0f ? 1.0f / dq : 0.0f;
-    i8* qb = q + (b << ab) + lane * per;
 #pragma unroll
     for (int i = 0; i < 8; ++i)
         if (i < per) qb[i] = (i8)max(-128, min(127, (int)roundf(v[i] * id)));
-    if (lane == 0) d[b] = ab == 5 ? h2f(f2h(dq)) : dq;
+    if (lane == 0) *d = ab == 5 ? h2f(f2h(dq)) : dq;
+}
+
+// x: f32 [k, n] → q: i8 [k, n], d: f32 [k / 2^ab, n], blocks of 2^ab. A warp
+// per block. grid: ceil(blocks / 8), block 256.
+extern "C" __global__ void __launch_bounds__(256) act_q8(const float* x, i8* q, float* d, u64 blocks, int ab) {
+    pdl_wait();
+    pdl_launch();
+    u64 b = (u64)blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (b >= blocks) return;
+    quant_block(x + (b << ab), q + (b << ab), d + b, ab, threadIdx.x & 31);
 }
 
 // Σ over one level word: its dp4a with the activation word, scaled by the
@@ -85,3 +89,45 @@ __device__ __forceinline__ float paired_word(u32 w, int a, float sc, float of, f
 
 Q8P_KERNEL(q8p_gemv, FMAT_MAXT, 1)
 Q8P_KERNEL(q8p_gemv1, 1, 4)
+
+// One token's product, x quantized by each block itself into shared memory
+// (dynamic: k levels, then k / 2^ab scales), so a decoding step's paired
+// products need no act_q8 launch: the block's 8 warps take x's blocks in
+// turn (k/2^ab warp passes over at most a few KB from L2), then each its
+// row. The first level words are loaded before `pdl_wait`.
+extern "C" __global__ void __launch_bounds__(256, 4) q8p_gemv1x(const i8* q, const float* s, const float* o, int rows,
+                                                                 int k, const float* x, int ab, float* out,
+                                                                 const float* res) {
+    extern __shared__ __align__(16) u8 q8p_sm[];
+    i8* xq = (i8*)q8p_sm;
+    float* xd = (float*)(q8p_sm + k);
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int row = blockIdx.x * 8 + warp;
+    bool live = row < rows;
+    int nw = k >> 2;
+    const u32* qr = (const u32*)(q + (u64)row * k);
+    const float* sr = s + (u64)row * (k >> 4);
+    const float* orw = o ? o + (u64)row * (k >> 4) : nullptr;
+    u32 w[Q8_UNROLL];
+    float sc[Q8_UNROLL], of[Q8_UNROLL];
+    if (live) q8_fetch(qr, sr, orw, lane, nw, w, sc, of);
+    pdl_wait();
+    pdl_launch();
+    for (int b = warp; b < (k >> ab); b += 8) quant_block(x + (b << ab), xq + (b << ab), xd + b, ab, lane);
+    __syncthreads();
+    if (!live) return;
+    float acc[FMAT_MAXT];
+#pragma unroll
+    for (int t = 0; t < FMAT_MAXT; ++t) acc[t] = 0.0f;
+    for (int c0 = lane; c0 < nw; c0 += 32 * Q8_UNROLL) {
+        if (c0 != lane) q8_fetch(qr, sr, orw, c0, nw, w, sc, of);
+#pragma unroll
+        for (int u = 0; u < Q8_UNROLL; ++u) {
+            int c = c0 + 32 * u;
+            if (c >= nw) break;
+            int a = ((const int*)xq)[c];
+            acc[0] += paired_word(w[u], a, sc[u], orw ? of[u] : 0.0f, xd[(4 * c) >> ab], orw != nullptr);
+        }
+    }
+    store_row(acc, 1, lane, row, out, rows, res);
+}

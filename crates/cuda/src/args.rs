@@ -322,6 +322,11 @@ kernel_args! {
         da: u64 => ptr, ab: i32 => i32, n_tok: i32 => i32, out: u64 => ptr, out_stride: u64 => u64,
         res: u64 => ptr,
     }
+    /// One token's `Q8pGemv` quantizing x itself (`x`: f32, blocks of 2^ab).
+    Q8pGemv1x(Q8pGemv1xArgs) for [Q8pGemv1x] {
+        q: u64 => ptr, s: u64 => ptr, o: u64 => ptr, rows: i32 => i32, k: i32 => i32, x: u64 => ptr,
+        ab: i32 => i32, out: u64 => ptr, res: u64 => ptr,
+    }
     /// `o` 0: no offsets.
     GetRowsQ8(GetRowsQ8Args) for [GetRowsQ8] {
         q: u64 => ptr, s: u64 => ptr, o: u64 => ptr, k: i32 => i32, ids: u64 => ptr, out: u64 => ptr,

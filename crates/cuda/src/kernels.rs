@@ -104,6 +104,8 @@ pub enum Kernel {
     /// Levels (with or without offsets) times int8 activations (`Precision::Paired`).
     Q8pGemv,
     Q8pGemv1,
+    /// `Q8pGemv1` quantizing x in each block's shared memory (no `ActQ8`).
+    Q8pGemv1x,
     /// Q6_K planes (`qlayout.rs`) times f32 activations, up to 8 tokens.
     Q6KGemv,
     /// `Q6KGemv` for one token (the decoding head), with fewer registers.
@@ -172,7 +174,7 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 65] = [
+    pub const ALL: [Kernel; 66] = [
         Kernel::GetRows,
         Kernel::RmsNorm,
         Kernel::Binary,
@@ -196,6 +198,7 @@ impl Kernel {
         Kernel::ActQ8,
         Kernel::Q8pGemv,
         Kernel::Q8pGemv1,
+        Kernel::Q8pGemv1x,
         Kernel::Q6KGemv,
         Kernel::Q6KGemv1,
         Kernel::Q6KGemv1Q8,
@@ -266,6 +269,7 @@ impl Kernel {
             Kernel::ActQ8 => ("fmat", "act_q8"),
             Kernel::Q8pGemv => ("fmat", "q8p_gemv"),
             Kernel::Q8pGemv1 => ("fmat", "q8p_gemv1"),
+            Kernel::Q8pGemv1x => ("fmat", "q8p_gemv1x"),
             Kernel::F16Gemv => ("fmat", "f16_gemv"),
             Kernel::F32Gemv => ("fmat", "f32_gemv"),
             Kernel::GetRowsQ8 => ("fmat", "get_rows_q8"),

@@ -6,7 +6,9 @@ use tern_graph::{Node, NodeId, Op, Precision};
 use tern_quant::{ActType, GgmlType};
 
 use super::{grid1, Lower, Need, FMAT_TOKENS};
-use crate::args::{ActQ8Args, F16GemvArgs, FmatGemvArgs, GemvIo, Q6KGemv1Q8Args, Q6KGemvArgs, Q8GemvArgs, Q8pGemvArgs};
+use crate::args::{
+    ActQ8Args, F16GemvArgs, FmatGemvArgs, GemvIo, Q6KGemv1Q8Args, Q6KGemvArgs, Q8GemvArgs, Q8pGemv1xArgs, Q8pGemvArgs,
+};
 use crate::kernels::Kernel;
 use crate::launch::Launch;
 use crate::qlayout::QLayout;
@@ -29,6 +31,10 @@ pub(crate) fn is_q6k_q8(n: &Node, w: Option<&Weight>) -> bool {
         && n.ne[1] == 1
         && w.is_some_and(|w| w.ternary.is_none() && w.quant == Some(QLayout::Q6K))
 }
+
+/// The most shared memory `q8p_gemv1x` takes for x's levels and scales (the
+/// default limit without opting in; k up to 43k).
+const PAIRED_X_SMEM: usize = 48 << 10;
 
 /// The block shift of the int8 activations a weight of `ty` in an int8
 /// layout pairs with on the CPU (`tern_quant::act_type`): Q8_0's blocks of
@@ -110,11 +116,29 @@ impl Lower<'_> {
         };
         let row_bytes = w.ty.row_bytes(k as u64).unwrap_or(0);
         let q6k_q8 = self.is_q6k_q8(id);
-        // A quantized model's levels pair int8 activations (the CPU's integers).
+        // A quantized model's levels pair int8 activations (the CPU's
+        // integers): one token's quantized by the GEMV's blocks themselves
+        // (x's levels and scales in shared memory), a batch's by `act_q8`.
         let levels = matches!(w.quant, Some(QLayout::Levels | QLayout::LevelsOffset));
-        let paired = (levels && matches!(node.op, Op::MulMat { precision: Precision::Paired }) && norm.is_none())
-            .then(|| self.acts_q8(node.srcs[1], k, act_shift(w.ty)))
-            .transpose()?;
+        let pairs = levels && matches!(node.op, Op::MulMat { precision: Precision::Paired }) && norm.is_none();
+        let ab = act_shift(w.ty);
+        let x_smem = (k + 4 * (k >> ab)).next_multiple_of(16);
+        if pairs && n_tok == 1 && x_smem <= PAIRED_X_SMEM {
+            let args = Q8pGemv1xArgs {
+                q: w.ptr_codes,
+                s: w.ptr_scales,
+                o: w.ptr_offsets,
+                rows: rows as i32,
+                k: k as i32,
+                x,
+                ab,
+                out,
+                res,
+            };
+            self.out.push(Launch::new(Kernel::Q8pGemv1x, grid1(rows, 8), 256, args).smem(x_smem));
+            return Ok(consumed);
+        }
+        let paired = pairs.then(|| self.acts_q8(node.srcs[1], k, ab)).transpose()?;
         for t0 in (0..n_tok).step_by(FMAT_TOKENS) {
             let nt = (n_tok - t0).min(FMAT_TOKENS);
             let off = (t0 * rows * 4) as u64;
@@ -129,7 +153,6 @@ impl Lower<'_> {
                 res: res_t,
             };
             let l = if let Some((qa, da)) = paired {
-                let ab = act_shift(w.ty);
                 let args = Q8pGemvArgs {
                     q: w.ptr_codes,
                     s: w.ptr_scales,
