@@ -115,13 +115,16 @@ impl Plan {
                 }
                 // The embedding is read one row per token, a token's experts
                 // k of n_expert, every other weight whole.
-                // Bytes as the backend holds them: a CPU's repacked ternary layout.
+                // Bytes as the backend holds them: a CPU's repacked ternary
+                // layout, a GPU's (ternary codes, int8 levels, Q6_K planes).
                 let e = &entries[i];
+                let ne = e.ne.map(|v| v as usize);
                 let held = match a.backend.kind {
-                    BackendKind::Cpu => {
-                        tern_engine::cpu_weight_read_bytes(e.ty, e.ne.map(|v| v as usize), e.nbytes, opts.cpu_isa)
+                    BackendKind::Cpu => tern_engine::cpu_weight_read_bytes(e.ty, ne, e.nbytes, opts.cpu_isa),
+                    BackendKind::Cuda => {
+                        let desc = tern_backend::WeightDesc { ty: e.ty, ne };
+                        tern_cuda::weight_bytes(desc, e.nbytes as usize) as u64
                     }
-                    BackendKind::Cuda => e.nbytes,
                 };
                 let bytes = if i == model.weights.token_embd.index && i != model.weights.output.index {
                     e.nbytes / e.ne[1].max(1)
