@@ -26,8 +26,9 @@ pub enum Error {
     Perplexity(String),
     #[error("{0}")]
     Device(String),
-    #[error("the plan does not fit: {backend} needs {need} bytes ({:.2} GiB) but has {have} ({:.2} GiB); lower -ngl or move tensors to the CPU with -ot", *need as f64 / (1u64 << 30) as f64, *have as f64 / (1u64 << 30) as f64)]
-    DoesNotFit { backend: String, need: u64, have: u64 },
+    /// `hint`: what would fit (`planning::fit_hint`).
+    #[error("the plan does not fit: {backend} needs {need} bytes ({:.2} GiB) but has {have} ({:.2} GiB); {hint}", *need as f64 / (1u64 << 30) as f64, *have as f64 / (1u64 << 30) as f64)]
+    DoesNotFit { backend: String, need: u64, have: u64, hint: String },
     #[error("nothing to evaluate: the token list is empty")]
     Empty,
 }

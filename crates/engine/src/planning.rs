@@ -215,23 +215,85 @@ pub(crate) fn check_memory(
     // Attention runs where its layer's cache lives; a fallback elsewhere would
     // update a copy of the cache and lose the new rows.
     for (node, a) in built.graph.nodes.iter().zip(&schedule.assigned) {
-        if let (Op::Attention(p), NodeReason::Fallback) = (&node.op, a.reason) {
-            let home = placement.kv_homes[p.layer];
-            return Err(Error::Device(format!(
-                "{home} cannot run the attention of layer {} (head_dim {}, {} heads over {} KV heads); keep that \
-                 layer on the CPU (lower -ngl)",
-                p.layer, p.head_dim, p.n_head, p.n_head_kv
-            )));
-        }
+        let (layer, what) = match (&node.op, a.reason) {
+            (Op::Attention(p), NodeReason::Fallback) => {
+                (p.layer, format!("head_dim {}, {} heads over {} KV heads", p.head_dim, p.n_head, p.n_head_kv))
+            }
+            (Op::LatentAttention(p), NodeReason::Fallback) => {
+                (p.layer, format!("latent rank {}, rope {}, {} heads", p.rank, p.rope, p.n_head))
+            }
+            _ => continue,
+        };
+        let home = placement.kv_homes[layer];
+        return Err(Error::Device(format!(
+            "{home} cannot run the attention of layer {layer} ({what}); keep that layer on the CPU (lower -ngl)"
+        )));
     }
     let mut memory = memory_use(model, placement, kv, &schedule);
     for m in &mut memory {
         m.capacity = capacity(m.backend);
         if let Some(have) = m.capacity.filter(|&have| m.need() > have) {
-            return Err(Error::DoesNotFit { backend: m.backend.to_string(), need: m.need(), have });
+            let hint = "lower -ngl or move tensors to the CPU with -ot".to_string();
+            return Err(Error::DoesNotFit { backend: m.backend.to_string(), need: m.need(), have, hint });
         }
     }
     Ok(memory)
+}
+
+/// `e` with what would fit when it is a plan that does not (else `e`): for a
+/// MoE model, the fewest first layers whose routed experts stay on the CPU
+/// (`--n-cpu-moe N`), else the most layers on the device (`-ngl N`). Both
+/// needs shrink as the count moves that way, so each is a binary search of
+/// plans (placement, graph, schedule; no weight is read).
+pub(crate) fn with_fit_hint(
+    e: Error,
+    model: &Model,
+    opts: &LoadOptions,
+    gpus: &[BackendId],
+    capacity: &dyn Fn(BackendId) -> Option<u64>,
+) -> Error {
+    let Error::DoesNotFit { backend, need, have, .. } = e else { return e };
+    let fits = |o: &LoadOptions| {
+        let Ok((ids, placement)) = place(model, o, gpus) else { return false };
+        check_memory(model, &placement, &kv_spec(model, o), &planning_backends(&ids), o.n_batch, capacity).is_ok()
+    };
+    // The smallest n in lo..=hi with ok(n), if ok(hi).
+    let least = |lo: usize, hi: usize, ok: &dyn Fn(usize) -> bool| -> Option<usize> {
+        if lo > hi || !ok(hi) {
+            return None;
+        }
+        let (mut lo, mut hi) = (lo, hi);
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            if ok(mid) {
+                hi = mid
+            } else {
+                lo = mid + 1
+            }
+        }
+        Some(lo)
+    };
+    let n_layer = model.config.n_layer;
+    let cpu_moe = |n: usize| {
+        let mut o = opts.clone();
+        o.overrides.extend(tern_sched::moe_overrides(Some(n)));
+        fits(&o)
+    };
+    let hint = if let Some(n) = model.config.moe.and_then(|_| least(1, n_layer, &cpu_moe)) {
+        format!("keep the routed experts of the first {n} layers on the CPU (--n-cpu-moe {n})")
+    } else {
+        // The most layers: the least number of layers left on the CPU.
+        let top = opts.n_gpu_layers.min(n_layer + 1);
+        let off = |cpu: usize| {
+            let o = LoadOptions { n_gpu_layers: top - cpu, ..opts.clone() };
+            top - cpu == 0 || fits(&o)
+        };
+        match least(1, top, &off).map(|cpu| top - cpu) {
+            Some(ngl) if ngl > 0 => format!("lower -ngl to {ngl}"),
+            _ => "move tensors to the CPU with -ot".to_string(),
+        }
+    };
+    Error::DoesNotFit { backend, need, have, hint }
 }
 
 /// A plan: the model's placement, the graph and schedule of a decoding step,
@@ -290,7 +352,8 @@ pub fn plan_for(path: impl AsRef<std::path::Path>, opts: &LoadOptions, devices: 
     let backends = planning_backends(&ids);
     let kv = kv_spec(&model, opts);
     let capacity = |b: BackendId| devices.iter().find(|d| d.id == b).map(|d| d.bytes);
-    let memory = check_memory(&model, &placement, &kv, &backends, opts.n_batch, capacity)?;
+    let memory = check_memory(&model, &placement, &kv, &backends, opts.n_batch, capacity)
+        .map_err(|e| with_fit_hint(e, &model, opts, &gpus, &capacity))?;
     let step = model.build_graph(&Batch { n_tokens: 1, kv_pos: 0, n_outputs: 1 }, &kv);
     let schedule = Schedule::new(&step.graph, &placement, &backends);
     let prompt_tokens = opts.n_batch.min(kv.n_ctx).max(1);

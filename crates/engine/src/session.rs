@@ -192,7 +192,8 @@ impl Session {
             let capacity = |b: BackendId| {
                 gpu_info.iter().find(|d| BackendId::cuda(d.index as u8) == b).map(|d| d.total_mem as u64)
             };
-            planning::check_memory(&model, &placement, &kv, &backends, opts.n_batch, capacity)?;
+            planning::check_memory(&model, &placement, &kv, &backends, opts.n_batch, capacity)
+                .map_err(|e| planning::with_fit_hint(e, &model, opts, &gpus, &capacity))?;
         }
 
         let owner: Arc<dyn AsRef<[u8]> + Send + Sync> = Arc::new(FileBytes(file.clone()));

@@ -287,3 +287,36 @@ fn moe_experts_stay_on_the_host() {
         }
     }
 }
+
+/// The CUDA0 bytes a plan needs, with room for all of it.
+fn need(model: &str, o: &LoadOptions) -> u64 {
+    let p = plan_for(fixture(model), o, &parse_devices(GPU).unwrap()).unwrap();
+    p.memory.iter().find(|m| m.backend == BackendId::cuda(0)).map_or(0, |m| m.need())
+}
+
+/// A plan that does not fit says what would: for a MoE model the fewest
+/// first layers whose routed experts stay on the host (`--n-cpu-moe N`),
+/// else the most layers on the device (`-ngl N`); each hint is the boundary
+/// (it fits, one step less does not).
+#[test]
+fn a_plan_that_does_not_fit_says_what_would() {
+    for model in ["q3moe-e128-q8_0.gguf", "ds3-e128-q8_0.gguf"] {
+        let with_moe = |n: usize| {
+            let ot = tern_sched::moe_overrides(Some(n));
+            opts(99, &ot.iter().map(|s| s.as_str()).collect::<Vec<_>>())
+        };
+        let needs: Vec<u64> = (0..=2).map(|n| need(model, &with_moe(n))).collect();
+        // (DeepSeek's first layer is dense: its experts start at layer 1.)
+        assert!(needs[0] >= needs[1] && needs[1] > needs[2], "{model}: {needs:?}");
+        let devices = parse_devices(&format!("CUDA0={}", needs[2])).unwrap();
+        let e = plan_for(fixture(model), &opts(99, &[]), &devices).err().expect("must not fit").to_string();
+        assert!(e.contains("--n-cpu-moe 2"), "{model}: {e}");
+        assert!(plan_for(fixture(model), &with_moe(2), &devices).is_ok(), "{model}");
+    }
+    let model = "b158-e512-tq2_0.gguf";
+    let n_layer = plan(0, &[], GPU).unwrap().model.config.n_layer;
+    let ngl = n_layer - 1;
+    let devices = parse_devices(&format!("CUDA0={}", need(model, &opts(ngl, &[])))).unwrap();
+    let e = plan_for(fixture(model), &opts(99, &[]), &devices).err().expect("must not fit").to_string();
+    assert!(e.contains(&format!("lower -ngl to {ngl}")), "{e}");
+}
