@@ -121,3 +121,42 @@ fn hybrid_decoding_steps(dev: Device) {
     assert_like_cpu(dev, &format!("{} decoding steps, FFN on the host", ids.len()), &want, &got, cpu.n_vocab());
 }
 test_device!(hybrid_decoding_steps);
+
+/// Issue 36's placement: a MoE model's routed experts on the host
+/// (`-ot exps=CPU`), everything else on `dev` (`-ngl 99` on a GPU; on CPU1
+/// the same by `-ot` rules): the router's ids and weights and the
+/// activations cross to the host and the experts' outputs back, every
+/// layer. A prompt, then decoding steps (the latent cache of DeepSeek's MLA
+/// stays on `dev`), against one CPU.
+fn host_experts(dev: Device) {
+    for name in ["q3moe-e128-q8_0.gguf", "ds2-e128-q8_0.gguf"] {
+        let model = compact_model(name);
+        let (prompt, steps) = ([510u32, 296, 387, 388, 44, 322, 361, 380], [295u32, 301, 440, 24, 199, 87]);
+        let mut cpu = load(&model, &opts());
+        let mut o = with_device(dev, LoadOptions { overrides: vec!["exps=CPU".into()], ..opts() });
+        match dev {
+            Device::Cuda0 => o.n_gpu_layers = 99,
+            _ => o.overrides.extend(["token_embd=CPU".to_string(), format!(".*={dev}")]),
+        }
+        let mut split = load(&model, &o);
+        if dev != Device::Cpu {
+            let (built, schedule) = split.plan(1, 1);
+            let host_experts = built
+                .graph
+                .nodes
+                .iter()
+                .zip(&schedule.assigned)
+                .filter(|(n, a)| matches!(n.op, Op::MulMatId { .. } | Op::MoeUpGate { .. }) && a.backend.is_host())
+                .count();
+            assert!(host_experts >= 2, "{name}: {host_experts} expert products on the host");
+            assert!(schedule.splits.len() >= 5, "{name}: the layers alternate: {}", schedule.splits.len());
+        }
+        let (mut want, mut got) = (cpu.eval(&prompt, Logits::All).unwrap(), split.eval(&prompt, Logits::All).unwrap());
+        for &t in &steps {
+            want.extend(cpu.eval(&[t], Logits::Last).unwrap());
+            got.extend(split.eval(&[t], Logits::Last).unwrap());
+        }
+        assert_like_cpu(dev, &format!("{name}, experts on the host"), &want, &got, cpu.n_vocab());
+    }
+}
+test_device!(host_experts);
