@@ -197,6 +197,7 @@ impl SamplingArgs {
             repeat_penalty: self.repeat_penalty,
             repeat_last_n: self.repeat_last_n,
             seed: self.seed,
+            ..SamplerConfig::default()
         })
     }
 }

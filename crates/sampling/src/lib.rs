@@ -1,6 +1,7 @@
 //! Logit processing and seeded sampling.
 //!
-//! The chain follows llama.cpp's default order: repetition penalty → top-k →
+//! The chain follows llama.cpp's default order: penalties (repetition,
+//! then OpenAI's presence and frequency, as llama.cpp's penalties sampler) → top-k →
 //! top-p → min-p → temperature → softmax → draw. Because temperature comes
 //! after the filters, top-p and min-p judge the temperature-1 distribution,
 //! as llama.cpp does. Everything is deterministic: the same config (seed
@@ -35,8 +36,14 @@ pub struct SamplerConfig {
     /// Penalty for tokens seen in the last `repeat_last_n` of the history;
     /// 1 = off (and so is a value <= 0 or NaN, which has no sensible meaning).
     pub repeat_penalty: f32,
-    /// How much history the penalty looks at; 0 = off.
+    /// How much history the penalties look at (all three); 0 = off.
     pub repeat_last_n: usize,
+    /// OpenAI's `presence_penalty`: subtracted once from the logit of every
+    /// token present in the window; 0 = off.
+    pub presence_penalty: f32,
+    /// OpenAI's `frequency_penalty`: subtracted from a token's logit once per
+    /// occurrence in the window; 0 = off.
+    pub frequency_penalty: f32,
     pub seed: u64,
 }
 
@@ -51,6 +58,8 @@ impl Default for SamplerConfig {
             min_p: 0.05,
             repeat_penalty: 1.0,
             repeat_last_n: 64,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
             seed: 0,
         }
     }
@@ -67,8 +76,17 @@ impl SamplerConfig {
         self.temperature.partial_cmp(&0.0) != Some(Ordering::Greater)
     }
 
+    fn repeat_active(&self) -> bool {
+        self.repeat_penalty > 0.0 && self.repeat_penalty != 1.0
+    }
+
+    /// Written so that NaN is off.
+    fn additive_active(&self) -> bool {
+        self.presence_penalty.abs() > 0.0 || self.frequency_penalty.abs() > 0.0
+    }
+
     fn penalty_active(&self) -> bool {
-        self.repeat_last_n > 0 && self.repeat_penalty > 0.0 && self.repeat_penalty != 1.0
+        self.repeat_last_n > 0 && (self.repeat_active() || self.additive_active())
     }
 }
 
@@ -254,17 +272,23 @@ impl Sampler {
     }
 }
 
-/// llama.cpp's repetition penalty: each distinct token among the last
-/// `repeat_last_n` of the history has its logit divided by the penalty if
-/// positive, multiplied by it otherwise — once, however often it occurred.
+/// llama.cpp's penalties over the last `repeat_last_n` of the history: each
+/// distinct token has its logit divided by the repetition penalty if
+/// positive, multiplied by it otherwise (once, however often it occurred);
+/// then `count × frequency + presence` is subtracted (OpenAI's definition).
 fn penalize(vals: &mut [f32], history: &[u32], cfg: &SamplerConfig, recent: &mut Vec<u32>) {
     recent.clear();
     recent.extend_from_slice(&history[history.len().saturating_sub(cfg.repeat_last_n)..]);
     recent.sort_unstable();
-    recent.dedup();
-    for &t in recent.iter() {
-        if let Some(v) = vals.get_mut(t as usize) {
+    let (repeat, additive) = (cfg.repeat_active(), cfg.additive_active());
+    // After the sort, equal ids are adjacent: one run per distinct token, its length the count.
+    for run in recent.chunk_by(|a, b| a == b) {
+        let Some(v) = vals.get_mut(run[0] as usize) else { continue };
+        if repeat {
             *v = if *v > 0.0 { *v / cfg.repeat_penalty } else { *v * cfg.repeat_penalty };
+        }
+        if additive {
+            *v -= run.len() as f32 * cfg.frequency_penalty + cfg.presence_penalty;
         }
     }
 }
@@ -335,4 +359,29 @@ fn top_p(cands: &mut Vec<Cand>, mut sorted: usize, max: f32, p: f32) {
         sort_prefix(cands, sorted, next);
         sorted = next;
     }
+}
+
+/// The natural log-probabilities of the model's own distribution (the raw
+/// logits' softmax, before any filter or temperature), as OpenAI's
+/// `logprobs` report them: the chosen token's and the `n` most likely
+/// (most likely first, lower id first among equals). NaN counts as -inf.
+///
+/// # Panics
+/// If `logits` is empty.
+pub fn log_probs(logits: &[f32], chosen: u32, n: usize) -> (f32, Vec<(u32, f32)>) {
+    assert!(!logits.is_empty(), "log_probs of empty logits");
+    let clean = |x: f32| if x.is_nan() { f32::NEG_INFINITY } else { x };
+    let max = logits.iter().copied().map(clean).fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits.iter().map(|&x| ((clean(x) - max) as f64).exp()).sum();
+    let lse = max as f64 + sum.ln();
+    let lp = |x: f32| (clean(x) as f64 - lse) as f32;
+    let own = logits.get(chosen as usize).map_or(f32::NEG_INFINITY, |&x| lp(x));
+    let mut top = Vec::new();
+    if n > 0 {
+        let mut cands = Vec::new();
+        let vals: Vec<f32> = logits.iter().copied().map(clean).collect();
+        top_k_heap(&vals, n.min(vals.len()), &mut cands);
+        top = cands.into_iter().map(|c| (c.id, lp(c.v))).collect();
+    }
+    (own, top)
 }

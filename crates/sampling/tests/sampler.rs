@@ -344,3 +344,46 @@ fn matches_a_full_sort_reference_on_a_128k_vocab() {
         }
     }
 }
+
+#[test]
+fn presence_and_frequency_penalties_math() {
+    // Token 1 occurs twice, token 0 once: logit -= count × frequency + presence.
+    let l = [2.0f32, -1.0, 0.5, 3.0];
+    let cfg = SamplerConfig { presence_penalty: 0.5, frequency_penalty: 0.25, ..plain() };
+    let got = Sampler::new(cfg.clone()).probabilities(&l, &[0, 1, 1, 99]);
+    let want = softmax(&[2.0 - 0.75, -1.0 - 1.0, 0.5, 3.0]);
+    for (id, p) in got {
+        assert!((p as f64 - want[id as usize]).abs() < 1e-6, "token {id}: {p} vs {}", want[id as usize]);
+    }
+    // Negative values encourage repetition; with the repetition penalty, it applies first.
+    let cfg2 = SamplerConfig { presence_penalty: -1.0, frequency_penalty: 0.0, repeat_penalty: 2.0, ..plain() };
+    let got = Sampler::new(cfg2).probabilities(&l, &[0]);
+    let want = softmax(&[2.0 / 2.0 + 1.0, -1.0, 0.5, 3.0]);
+    for (id, p) in got {
+        assert!((p as f64 - want[id as usize]).abs() < 1e-6);
+    }
+    // Only the window counts, and greedy sees the penalties.
+    let got = Sampler::new(SamplerConfig { repeat_last_n: 1, ..cfg }).probabilities(&l, &[1, 1, 0]);
+    let want = softmax(&[2.0 - 0.75, -1.0, 0.5, 3.0]);
+    for (id, p) in got {
+        assert!((p as f64 - want[id as usize]).abs() < 1e-6);
+    }
+    let mut g = Sampler::new(SamplerConfig { frequency_penalty: 0.2, ..SamplerConfig::greedy() });
+    assert_eq!(g.sample(&[3.0, 2.9], &[0]), 1);
+    assert_eq!(g.sample(&[3.0, 2.9], &[]), 0);
+}
+
+#[test]
+fn log_probs_are_the_raw_distribution() {
+    let l = [1.0f32, 3.0, f32::NAN, 2.0];
+    let p = softmax(&[1.0, 3.0, f64::NEG_INFINITY, 2.0]);
+    let (own, top) = tern_sampling::log_probs(&l, 3, 2);
+    assert!((own as f64 - p[3].ln()).abs() < 1e-6);
+    assert_eq!(ids(&top), [1, 3]);
+    assert!((top[0].1 as f64 - p[1].ln()).abs() < 1e-6);
+    let (own, top) = tern_sampling::log_probs(&l, 2, 0);
+    assert_eq!(own, f32::NEG_INFINITY);
+    assert!(top.is_empty());
+    // More asked than there are tokens: all of them, an out-of-range id is -inf.
+    assert_eq!(tern_sampling::log_probs(&l, 9, 10).1.len(), 3);
+}
