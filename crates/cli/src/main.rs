@@ -15,6 +15,7 @@ mod profile;
 mod quantize;
 mod quantize_presets;
 mod run;
+mod serve;
 
 use std::process::ExitCode;
 
@@ -48,6 +49,8 @@ enum Command {
     Perplexity(perplexity::Args),
     /// Measure prompt and generation speed (llama-bench's tests and output), a depth sweep, or memory bandwidth.
     Bench(bench::Args),
+    /// Serve the model over HTTP with OpenAI's API (chat, completions, models, metrics).
+    Serve(serve::Args),
 }
 
 /// The error a subcommand reports: already a full sentence.
@@ -61,7 +64,7 @@ impl<E: std::fmt::Display> From<E> for CliError {
 
 /// llama.cpp spells some long options with one dash (`-ot`, `-ctk`); clap's
 /// short flags are one letter, so those spellings are rewritten first.
-const SINGLE_DASH_LONG: [(&str, &str); 8] = [
+const SINGLE_DASH_LONG: [(&str, &str); 9] = [
     ("-ot", "--override-tensor"),
     ("-op", "--offload-policy"),
     ("-ngl", "--n-gpu-layers"),
@@ -70,6 +73,7 @@ const SINGLE_DASH_LONG: [(&str, &str); 8] = [
     ("-ctv", "--cache-type-v"),
     ("-pg", "--pg"),
     ("-ub", "--ubatch-size"),
+    ("-np", "--parallel"),
 ];
 
 fn args() -> Vec<String> {
@@ -106,6 +110,7 @@ fn main() -> ExitCode {
         Command::Quantize(a) => quantize::main(a),
         Command::Perplexity(a) => perplexity::main(a),
         Command::Bench(a) => bench::main(a),
+        Command::Serve(a) => serve::main(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,189 @@
+//! Request bodies, as serde types. Unknown fields are ignored (serde's
+//! default), as llama-server does; a wrong type is a 400 naming it.
+
+use serde::Deserialize;
+use tern_sampling::SamplerConfig;
+
+use crate::engine::GenParams;
+use crate::error::ApiError;
+
+/// One string or several (`stop`, a completion's `prompt`).
+#[derive(Deserialize, Debug, Clone)]
+#[serde(untagged)]
+pub enum OneOrMany<T> {
+    One(T),
+    Many(Vec<T>),
+}
+
+impl<T> OneOrMany<T> {
+    pub fn into_vec(self) -> Vec<T> {
+        match self {
+            OneOrMany::One(t) => vec![t],
+            OneOrMany::Many(v) => v,
+        }
+    }
+}
+
+/// A message's content: a string, or OpenAI's list of parts (text parts only).
+#[derive(Deserialize, Debug)]
+#[serde(untagged)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<Part>),
+}
+
+#[derive(Deserialize, Debug)]
+pub struct Part {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub text: Option<String>,
+}
+
+impl Content {
+    pub fn text(self) -> Result<String, ApiError> {
+        match self {
+            Content::Text(s) => Ok(s),
+            Content::Parts(parts) => parts
+                .into_iter()
+                .map(|p| match (p.kind.as_str(), p.text) {
+                    ("text", Some(t)) => Ok(t),
+                    (kind, _) => {
+                        Err(ApiError::bad_request(format!("content parts of type {kind:?} are not supported"))
+                            .param("messages"))
+                    }
+                })
+                .collect(),
+        }
+    }
+}
+
+#[derive(Deserialize, Debug)]
+pub struct ChatMessage {
+    pub role: String,
+    #[serde(default)]
+    pub content: Option<Content>,
+}
+
+#[derive(Deserialize, Debug, Default)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// The sampling and length fields chat and completions share.
+#[derive(Deserialize, Debug, Default)]
+pub struct Sampling {
+    pub max_tokens: Option<u64>,
+    pub max_completion_tokens: Option<u64>,
+    /// llama-server's name for the same.
+    pub n_predict: Option<i64>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<u32>,
+    pub min_p: Option<f32>,
+    pub seed: Option<u64>,
+    pub stop: Option<OneOrMany<String>>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub repeat_penalty: Option<f32>,
+    pub repeat_last_n: Option<u32>,
+    pub n: Option<u32>,
+    #[serde(default)]
+    pub stream: bool,
+    #[serde(default)]
+    pub stream_options: Option<StreamOptions>,
+}
+
+impl Sampling {
+    /// The generation parameters; `logprobs` is the number of alternatives
+    /// to report per token when log-probabilities are asked for.
+    pub fn params(&self, logprobs: Option<usize>, default_seed: u64) -> Result<GenParams, ApiError> {
+        if self.n.is_some_and(|n| n != 1) {
+            return Err(ApiError::bad_request("only n = 1 is supported").param("n"));
+        }
+        let range = |v: Option<f32>, name: &'static str, lo: f32, hi: f32| match v {
+            Some(x) if !(lo..=hi).contains(&x) => {
+                Err(ApiError::bad_request(format!("{name} must be between {lo} and {hi}")).param(name))
+            }
+            _ => Ok(()),
+        };
+        range(self.temperature, "temperature", 0.0, 100.0)?;
+        range(self.top_p, "top_p", 0.0, 1.0)?;
+        range(self.min_p, "min_p", 0.0, 1.0)?;
+        range(self.presence_penalty, "presence_penalty", -2.0, 2.0)?;
+        range(self.frequency_penalty, "frequency_penalty", -2.0, 2.0)?;
+        range(self.repeat_penalty, "repeat_penalty", 0.0, 100.0)?;
+        let d = SamplerConfig::default();
+        let sampler = SamplerConfig {
+            temperature: self.temperature.unwrap_or(d.temperature),
+            top_k: self.top_k.map_or(d.top_k, |k| k as usize),
+            top_p: self.top_p.unwrap_or(d.top_p),
+            min_p: self.min_p.unwrap_or(d.min_p),
+            repeat_penalty: self.repeat_penalty.unwrap_or(d.repeat_penalty),
+            repeat_last_n: self.repeat_last_n.map_or(d.repeat_last_n, |n| n as usize),
+            presence_penalty: self.presence_penalty.unwrap_or(0.0),
+            frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
+            seed: self.seed.unwrap_or(default_seed),
+        };
+        let max_tokens = self
+            .max_completion_tokens
+            .or(self.max_tokens)
+            .or(self.n_predict.and_then(|n| u64::try_from(n).ok()))
+            .map(|n| usize::try_from(n).unwrap_or(usize::MAX));
+        let stop = self.stop.clone().map(OneOrMany::into_vec).unwrap_or_default();
+        Ok(GenParams { sampler, max_tokens, stop, logprobs })
+    }
+
+    pub fn include_usage(&self) -> bool {
+        self.stream_options.as_ref().is_some_and(|o| o.include_usage)
+    }
+}
+
+#[derive(Deserialize, Debug)]
+pub struct ChatRequest {
+    pub messages: Vec<ChatMessage>,
+    #[serde(default)]
+    pub logprobs: bool,
+    pub top_logprobs: Option<u32>,
+    #[serde(flatten)]
+    pub sampling: Sampling,
+}
+
+/// A completion prompt: text, token ids, or a list of one of either.
+#[derive(Deserialize, Debug)]
+#[serde(untagged)]
+pub enum Prompt {
+    Text(String),
+    Tokens(Vec<u32>),
+    Texts(Vec<String>),
+    TokenLists(Vec<Vec<u32>>),
+}
+
+#[derive(Deserialize, Debug)]
+pub struct CompletionRequest {
+    pub prompt: Prompt,
+    /// The legacy API's count of alternatives per token.
+    pub logprobs: Option<u32>,
+    #[serde(flatten)]
+    pub sampling: Sampling,
+}
+
+#[derive(Deserialize, Debug)]
+pub struct TokenizeRequest {
+    pub content: String,
+    #[serde(default)]
+    pub add_special: bool,
+    #[serde(default)]
+    pub with_pieces: bool,
+}
+
+#[derive(Deserialize, Debug)]
+pub struct DetokenizeRequest {
+    pub tokens: Vec<u32>,
+}
+
+/// The body as `T`: malformed JSON and wrong types are a 400 that says where.
+pub fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))
+}
