@@ -13,31 +13,32 @@ use serde_json::{json, Value};
 struct Serve {
     child: Child,
     port: u16,
-    _stderr: BufReader<ChildStderr>,
+    /// Kept open: the server's later warnings must not meet a closed pipe.
+    stderr: Option<BufReader<ChildStderr>>,
 }
 
 impl Serve {
     /// Starts `tern serve --port 0 -t 1 ARGS` and waits for its address line.
     fn start(args: &[&str]) -> Serve {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_tern"))
+        let command = Command::new(env!("CARGO_BIN_EXE_tern"))
             .args(["serve", "--port", "0", "-t", "1"])
             .args(args)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
-            .spawn()
-            .expect("start tern serve");
-        let mut stderr = BufReader::new(child.stderr.take().unwrap());
+            .spawn();
+        let mut child = command.expect("start tern serve");
+        let stderr = child.stderr.take().map(BufReader::new);
+        // Owned by the guard from here on: a failed read below still kills and reaps it.
+        let mut s = Serve { child, port: 0, stderr };
         let mut line = String::new();
         loop {
             line.clear();
-            if stderr.read_line(&mut line).unwrap() == 0 {
-                let _ = child.kill();
-                panic!("tern serve ended before listening");
-            }
+            let read = s.stderr.as_mut().map_or(0, |e| e.read_line(&mut line).unwrap_or(0));
+            assert!(read > 0, "tern serve ended before listening");
             if let Some(at) = line.find("http://127.0.0.1:") {
                 let rest = &line[at + "http://127.0.0.1:".len()..];
-                let port = rest[..rest.find(|c: char| !c.is_ascii_digit()).unwrap()].parse().unwrap();
-                return Serve { child, port, _stderr: stderr };
+                s.port = rest[..rest.find(|c: char| !c.is_ascii_digit()).unwrap()].parse().unwrap();
+                return s;
             }
         }
     }
