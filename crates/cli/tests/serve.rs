@@ -155,9 +155,16 @@ fn greedy_output_is_what_tern_run_generates() {
     let stdout = String::from_utf8(out.stdout).unwrap();
     let want = stdout.strip_prefix(prompt).unwrap().strip_suffix('\n').unwrap();
 
-    let s = Serve::start(&[]);
+    let s = Serve::start(&["-np", "2", "-c", "1024"]);
+    // Alone, and while another stream holds the other slot.
     let v = s.ok("/v1/completions", &json!({"prompt": prompt, "max_tokens": 40, "temperature": 0}));
     assert_eq!(v["choices"][0]["text"], want);
+    let mut other = long_stream(&s);
+    let beside = s.ok("/v1/completions", &json!({"prompt": prompt, "max_tokens": 40, "temperature": 0}));
+    assert_eq!(beside["choices"][0]["text"], want);
+    let mut rest = String::new();
+    other.read_to_string(&mut rest).unwrap();
+    assert!(rest.trim_end().ends_with("data: [DONE]"), "{rest}");
     assert_eq!(v["choices"][0]["finish_reason"], "length");
     assert_eq!(v["usage"]["completion_tokens"], 40);
     assert_eq!(v["object"], "text_completion");
@@ -294,8 +301,11 @@ fn bad_requests_are_openai_errors_and_the_server_stays_up() {
     let v = s.ok("/v1/completions", &json!({"prompt": "And", "max_tokens": 1000, "temperature": 0}));
     assert_eq!(v["choices"][0]["finish_reason"], "length");
     assert_eq!(v["usage"]["total_tokens"], 64 + 1);
-    // Unknown fields are ignored; unknown paths are 404 objects.
+    // Unknown fields are ignored, null means not given; unknown paths are 404 objects.
     s.ok("/v1/completions", &json!({"prompt": "And", "max_tokens": 2, "frobnicate": {"x": 1}}));
+    let nulls = json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}], "max_tokens": 2,
+        "stream": null, "stream_options": null, "logprobs": null, "seed": -5, "stop": null, "temperature": null});
+    s.ok("/v1/chat/completions", &nulls);
     let (got, text) = s.call("GET", "/v1/nothing", None, &[]);
     assert_eq!(got, 404);
     error_message(&serde_json::from_str(&text).unwrap());
@@ -365,6 +375,8 @@ fn a_client_that_disconnects_frees_its_slot() {
 fn sigterm_stops_the_server_with_exit_0() {
     let mut s = Serve::start(&[]);
     s.ok("/v1/completions", &json!({"prompt": "And", "max_tokens": 2}));
+    // A stream running at SIGTERM is finished, then the process exits.
+    let mut running = long_stream(&s);
     let kill = Command::new("kill").args(["-TERM", &s.child.id().to_string()]).status().unwrap();
     assert!(kill.success());
     let t0 = Instant::now();
@@ -376,6 +388,9 @@ fn sigterm_stops_the_server_with_exit_0() {
         std::thread::sleep(Duration::from_millis(20));
     };
     assert_eq!(status.code(), Some(0));
+    let mut rest = String::new();
+    running.read_to_string(&mut rest).unwrap();
+    assert!(rest.trim_end().ends_with("data: [DONE]"), "the running stream was cut: {rest}");
 }
 
 #[test]

@@ -67,8 +67,7 @@ pub struct ChatMessage {
 
 #[derive(Deserialize, Debug, Default)]
 pub struct StreamOptions {
-    #[serde(default)]
-    pub include_usage: bool,
+    pub include_usage: Option<bool>,
 }
 
 /// The sampling and length fields chat and completions share.
@@ -82,16 +81,16 @@ pub struct Sampling {
     pub top_p: Option<f32>,
     pub top_k: Option<u32>,
     pub min_p: Option<f32>,
-    pub seed: Option<u64>,
+    /// Any integer: a negative one is taken as its two's-complement bits.
+    pub seed: Option<i64>,
     pub stop: Option<OneOrMany<String>>,
     pub presence_penalty: Option<f32>,
     pub frequency_penalty: Option<f32>,
     pub repeat_penalty: Option<f32>,
     pub repeat_last_n: Option<u32>,
     pub n: Option<u32>,
-    #[serde(default)]
-    pub stream: bool,
-    #[serde(default)]
+    /// Options are `Option`s throughout: clients send `null` for "not given".
+    pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
 }
 
@@ -124,7 +123,7 @@ impl Sampling {
             repeat_last_n: self.repeat_last_n.map_or(d.repeat_last_n, |n| n as usize),
             presence_penalty: self.presence_penalty.unwrap_or(0.0),
             frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
-            seed: self.seed.unwrap_or(default_seed),
+            seed: self.seed.map_or(default_seed, |s| s as u64),
         };
         let max_tokens = self
             .max_completion_tokens
@@ -136,15 +135,18 @@ impl Sampling {
     }
 
     pub fn include_usage(&self) -> bool {
-        self.stream_options.as_ref().is_some_and(|o| o.include_usage)
+        self.stream_options.as_ref().is_some_and(|o| o.include_usage == Some(true))
+    }
+
+    pub fn stream(&self) -> bool {
+        self.stream == Some(true)
     }
 }
 
 #[derive(Deserialize, Debug)]
 pub struct ChatRequest {
     pub messages: Vec<ChatMessage>,
-    #[serde(default)]
-    pub logprobs: bool,
+    pub logprobs: Option<bool>,
     pub top_logprobs: Option<u32>,
     #[serde(flatten)]
     pub sampling: Sampling,
@@ -172,10 +174,8 @@ pub struct CompletionRequest {
 #[derive(Deserialize, Debug)]
 pub struct TokenizeRequest {
     pub content: String,
-    #[serde(default)]
-    pub add_special: bool,
-    #[serde(default)]
-    pub with_pieces: bool,
+    pub add_special: Option<bool>,
+    pub with_pieces: Option<bool>,
 }
 
 #[derive(Deserialize, Debug)]

@@ -44,7 +44,7 @@ pub async fn chat(State(st): St, b: Result<Bytes, BytesRejection>) -> Response {
     let r = async {
         let req: ChatRequest = api::parse(&body(b)?)?;
         let (prompt, extra_stops) = st.format.tokens(&st.tokenizer, req.messages)?;
-        let n = req.logprobs.then(|| req.top_logprobs.unwrap_or(0).min(20) as usize);
+        let n = (req.logprobs == Some(true)).then(|| req.top_logprobs.unwrap_or(0).min(20) as usize);
         let mut params = req.sampling.params(n, fresh_seed())?;
         params.stop.extend(extra_stops);
         start(&st, Kind::Chat, prompt, params, &req.sampling).await
@@ -119,7 +119,7 @@ async fn start(
         state: st.clone(),
         logprobs,
     };
-    if s.stream {
+    if s.stream() {
         Ok(ctx.stream(rx, s.include_usage()))
     } else {
         ctx.collect(rx).await

@@ -119,8 +119,8 @@ async fn metrics(State(st): St) -> impl IntoResponse {
 
 async fn tokenize(State(st): St, b: Result<Bytes, BytesRejection>) -> Result<Json<serde_json::Value>, ApiError> {
     let req: TokenizeRequest = api::parse(&body(b)?)?;
-    let ids = st.tokenizer.encode(&req.content, req.add_special, true);
-    if !req.with_pieces {
+    let ids = st.tokenizer.encode(&req.content, req.add_special == Some(true), true);
+    if req.with_pieces != Some(true) {
         return Ok(Json(json!({ "tokens": ids })));
     }
     let pieces: Vec<_> = ids
