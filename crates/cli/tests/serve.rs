@@ -402,3 +402,33 @@ fn a_slot_context_past_the_trained_one_is_refused() {
     assert_eq!(lines.len(), 1, "{err}");
     assert!(lines[0].starts_with("error: ") && lines[0].contains("trained context of 512"), "{err}");
 }
+
+#[test]
+fn a_model_with_a_chat_template_is_prompted_through_it() {
+    use std::borrow::Cow;
+    use tern_gguf::{File, Value as GgufValue, Writer, WriterTensor};
+    // The demo model with a template added.
+    let demo = File::open(concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/tern-demo-kjv.gguf")).unwrap();
+    let mut md = demo.metadata.clone();
+    let template = "{{ bos_token }}{% for m in messages %}{{ m.role | upper }}> {{ m.content }}\n{% endfor %}\
+                    {% if add_generation_prompt %}ASSISTANT>{% endif %}";
+    md.set("tokenizer.chat_template", GgufValue::String(template.into()));
+    let mut w = Writer::new(md);
+    for t in &demo.tensors {
+        w.tensors.push(WriterTensor { name: t.name.clone(), ty: t.ty, dims: t.dims().to_vec() });
+    }
+    let path = std::env::temp_dir().join(format!("tern-serve-template-{}.gguf", std::process::id()));
+    w.write_to_path(&path, |i| Ok(Cow::Borrowed(demo.tensor_data(&demo.tensors[i])))).unwrap();
+
+    let s = Serve::start(&["-m", path.to_str().unwrap()]);
+    let _ = std::fs::remove_file(&path); // mapped by the server: removing the name is enough
+    let msgs = json!([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Who made the earth?"}]);
+    let chat = s.ok("/v1/chat/completions", &json!({"messages": msgs, "max_tokens": 20, "temperature": 0}));
+    // The same text as a completion prompt (the completion adds the BOS the template wrote).
+    let text = "SYSTEM> Be brief.\nUSER> Who made the earth?\nASSISTANT>";
+    let comp = s.ok("/v1/completions", &json!({"prompt": text, "max_tokens": 20, "temperature": 0}));
+    assert_eq!(chat["usage"]["prompt_tokens"], comp["usage"]["prompt_tokens"]);
+    assert_eq!(chat["choices"][0]["message"]["content"], comp["choices"][0]["text"]);
+    let (_, models) = s.call("GET", "/v1/models", None, &[]);
+    assert!(models.contains(r#""chat_template":true"#), "{models}");
+}
