@@ -366,8 +366,19 @@ fn a_client_that_disconnects_frees_its_slot() {
         assert!(t0.elapsed() < Duration::from_secs(10), "the slot stayed busy");
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert!(s.metric("tern_generated_tokens_total") < 480.0, "the request ran to its end instead of being cancelled");
+    let after_stream = s.metric("tern_generated_tokens_total");
+    assert!(after_stream < 480.0, "the request ran to its end instead of being cancelled");
     assert_eq!(s.metric("tern_queue_depth"), 0.0);
+    // A whole-answer request whose client gives up is cancelled too.
+    let impatient = ureq::AgentBuilder::new().timeout_read(Duration::from_millis(30)).build();
+    let body = json!({"prompt": "And God said", "max_tokens": 480, "temperature": 0}).to_string();
+    assert!(impatient.post(&s.url("/v1/completions")).send_string(&body).is_err(), "answered within 30 ms");
+    let t0 = Instant::now();
+    while s.metric("tern_slots_busy") != 0.0 {
+        assert!(t0.elapsed() < Duration::from_secs(10), "the slot stayed busy");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(s.metric("tern_generated_tokens_total") - after_stream < 480.0, "not cancelled");
     s.ok("/v1/completions", &json!({"prompt": "And", "max_tokens": 2}));
 }
 

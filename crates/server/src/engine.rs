@@ -215,31 +215,35 @@ struct Engine {
 }
 
 impl Engine {
-    /// Serves jobs in arrival order until every handle is dropped.
+    /// Serves jobs in arrival order until every handle is dropped. A job's
+    /// slot is released before its last event is sent, so a client that has
+    /// its answer sees the slot free in `/metrics`.
     fn run(mut self, mut jobs: mpsc::UnboundedReceiver<Job>) {
         while let Some(job) = jobs.blocking_recv() {
-            if self.shared.shutting_down.load(SeqCst) {
-                let _ = job.events.send(Event::Failed("the server is shutting down".into()));
-            } else if !job.events.is_closed() {
-                let events = job.events.clone();
-                let r = std::panic::catch_unwind(AssertUnwindSafe(|| self.serve(job)));
-                let failed = match r {
-                    Ok(Ok(())) => None,
-                    Ok(Err(e)) => Some(e),
-                    Err(_) => Some("internal error: generation panicked".to_string()),
-                };
-                if let Some(e) = failed {
-                    self.shared.metrics.requests_failed.fetch_add(1, SeqCst);
-                    let _ = events.send(Event::Failed(e));
+            let events = job.events.clone();
+            let last = if self.shared.shutting_down.load(SeqCst) {
+                Some(Event::Failed("the server is shutting down".into()))
+            } else if events.is_closed() {
+                None
+            } else {
+                match std::panic::catch_unwind(AssertUnwindSafe(|| self.serve(job))) {
+                    Ok(Ok(done)) => done,
+                    // The handler counts the failure when it answers with it.
+                    Ok(Err(e)) => Some(Event::Failed(e)),
+                    Err(_) => Some(Event::Failed("internal error: generation panicked".into())),
                 }
-            }
+            };
             self.shared.release();
+            if let Some(ev) = last {
+                let _ = events.send(ev);
+            }
         }
     }
 
-    /// One request, from its prompt to its last token. Stops early when the
-    /// client has gone (the receiver is dropped): its slot frees within one step.
-    fn serve(&mut self, job: Job) -> Result<(), String> {
+    /// One request, from its prompt to its last token; returns the final
+    /// event (`Done`), none when the client has gone (the receiver is
+    /// dropped, checked every token: its slot frees within one step).
+    fn serve(&mut self, job: Job) -> Result<Option<Event>, String> {
         let m = &self.shared.metrics;
         let tok = self.session.tokenizer().map_err(|e| e.to_string())?;
         let Job { prompt, params, events, arrived } = job;
@@ -284,7 +288,7 @@ impl Engine {
             if !text.is_empty() || hit {
                 let logprobs = std::mem::take(&mut pending_lp);
                 if events.send(Event::Text { text, logprobs }).is_err() {
-                    return Ok(()); // the client is gone
+                    return Ok(None); // the client is gone
                 }
             }
             if hit {
@@ -292,7 +296,7 @@ impl Engine {
                 break Finish::Stop;
             }
             if events.is_closed() {
-                return Ok(());
+                return Ok(None);
             }
             // The next step would not fit: the answer is cut here, as `tern run` does.
             if self.session.pos() >= n_ctx {
@@ -307,7 +311,6 @@ impl Engine {
                 let _ = events.send(Event::Text { text: rest, logprobs: pending_lp });
             }
         }
-        let _ = events.send(Event::Done { finish, prompt_tokens: prompt.len(), completion_tokens: n_gen });
-        Ok(())
+        Ok(Some(Event::Done { finish, prompt_tokens: prompt.len(), completion_tokens: n_gen }))
     }
 }

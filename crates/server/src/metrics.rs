@@ -73,7 +73,11 @@ impl Metrics {
         let mut out = String::new();
         let counters = [
             ("tern_requests_total", "Completion requests accepted.", &self.requests),
-            ("tern_requests_failed_total", "Completion requests answered with an error.", &self.requests_failed),
+            (
+                "tern_requests_failed_total",
+                "Completion requests answered with an error, refused ones included.",
+                &self.requests_failed,
+            ),
             ("tern_prompt_tokens_total", "Prompt tokens evaluated.", &self.prompt_tokens),
             ("tern_generated_tokens_total", "Tokens generated.", &self.generated_tokens),
         ];
