@@ -187,3 +187,37 @@ pub struct DetokenizeRequest {
 pub fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sampling(v: &str) -> Sampling {
+        parse(v.as_bytes()).unwrap_or_else(|e| panic!("{v}: {}", e.message))
+    }
+
+    #[test]
+    fn lengths_and_defaults() {
+        let p = sampling(r#"{"max_tokens": 5, "max_completion_tokens": 7}"#).params(None, 9).ok().unwrap();
+        assert_eq!(p.max_tokens, Some(7), "the newer name wins");
+        assert_eq!(p.sampler.seed, 9);
+        assert_eq!(p.sampler.temperature, SamplerConfig::default().temperature);
+        let p = sampling(r#"{"n_predict": -1, "seed": -1, "stop": "x"}"#).params(None, 0).ok().unwrap();
+        assert_eq!(p.max_tokens, None);
+        assert_eq!(p.sampler.seed, u64::MAX);
+        assert_eq!(p.stop, ["x"]);
+        let e = sampling(r#"{"top_p": 2}"#).params(None, 0).err().unwrap();
+        assert_eq!(e.param, Some("top_p"));
+    }
+
+    #[test]
+    fn prompts_of_every_shape() {
+        let p = |s: &str| parse::<CompletionRequest>(s.as_bytes()).map(|r| r.prompt);
+        assert!(matches!(p(r#"{"prompt": "a"}"#), Ok(Prompt::Text(_))));
+        assert!(matches!(p(r#"{"prompt": [1, 2]}"#), Ok(Prompt::Tokens(_))));
+        assert!(matches!(p(r#"{"prompt": ["a"]}"#), Ok(Prompt::Texts(_))));
+        assert!(matches!(p(r#"{"prompt": [[1]]}"#), Ok(Prompt::TokenLists(_))));
+        assert!(p(r#"{"prompt": [-1]}"#).is_err());
+        assert!(p(r#"{}"#).is_err());
+    }
+}
