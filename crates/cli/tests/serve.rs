@@ -443,3 +443,25 @@ fn a_model_with_a_chat_template_is_prompted_through_it() {
     let (_, models) = s.call("GET", "/v1/models", None, &[]);
     assert!(models.contains(r#""chat_template":true"#), "{models}");
 }
+
+/// The official `openai` Python package, unmodified, against the server
+/// (`openai_client.py`): models, chat, a streamed chat with usage,
+/// completions, an error. Skipped with the reason when python3 cannot
+/// import `openai`, unless `TERN_REQUIRE_OPENAI=1` (`.ci/run` installs it).
+#[test]
+fn the_openai_package_talks_to_it() {
+    let probe = Command::new("python3").args(["-c", "import openai"]).output();
+    if !probe.as_ref().is_ok_and(|o| o.status.success()) {
+        assert!(
+            std::env::var("TERN_REQUIRE_OPENAI").as_deref() != Ok("1"),
+            "TERN_REQUIRE_OPENAI=1 but python3 cannot import openai (PYTHONPATH?)"
+        );
+        eprintln!("skipped: python3 cannot import the openai package (pip install openai)");
+        return;
+    }
+    let s = Serve::start(&[]);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/openai_client.py");
+    let out = Command::new("python3").arg(script).arg(s.url("")).output().expect("run python3");
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && stdout.trim() == "ok", "openai client failed:\n{stdout}\n{stderr}");
+}
