@@ -1,6 +1,7 @@
-// Matrix products of float and block-quantized weights (F32, F16, BF16,
-// Q8_0, Q4_0, Q6_K: output heads, embeddings, non-ternary models) with f32
-// activations. Memory-bound at the batch sizes where it runs, so one warp per
+// Matrix products of float weights and of block-quantized ones in their
+// int8 layouts (qlayout.rs; Q6_K matrices in planes) with f32 activations:
+// float models, and the prompts of Q6_K matrices (paired.cu has the int8
+// activations of quantized models). Memory-bound at the batch sizes where it runs, so one warp per
 // row dequantizes each element once and reuses it for up to 8 tokens.
 
 #define FMAT_MAXT 8

@@ -21,8 +21,9 @@ pub(crate) enum Held {
     /// (`q8_gemv*`, `q6k_gemv*`, the experts' `moe_gemv*`) and row lookups
     /// (`get_rows_q8`, `get_rows_q6k`) read.
     Quant(QLayout),
-    /// The file's bytes, read element by element by `dq` (prelude.cuh) in
-    /// `fmat_gemv` and `get_rows` (F16 matrices by `f16_gemv`).
+    /// The file's bytes (F32, F16, BF16), read element by element by `dq`
+    /// (prelude.cuh) in `fmat_gemv`, `get_rows` and the experts' `moe_dq*`
+    /// (F16 and F32 matrices by `f16_gemv`, `f32_gemv`).
     Stored,
 }
 
