@@ -11,12 +11,14 @@
 #define MOE_MAXT FMAT_MAXT
 
 // ids: i32 [k_used, n] (n_pairs of them) → items[0..*n_items] as (expert,
-// first, count) into `sorted`, the pair indices ordered by expert. One block;
+// first, count ≤ per_item) into `sorted`, the pair indices ordered by
+// expert: items of MOE_MAXT for the GEMVs, of levels_mma.cu's 64 columns for
+// the tensor-core products. One block;
 // shared memory: 2 · n_expert ints. Ids outside 0..n_expert are skipped
 // (the router makes none). Within an expert the pairs' order depends on
 // atomics, which changes no value: each pair's sums are its own.
-extern "C" __global__ void __launch_bounds__(1024) moe_plan(const int* ids, int n_pairs, int n_expert, int4* items,
-                                                            int* n_items, int* sorted) {
+extern "C" __global__ void __launch_bounds__(1024) moe_plan(const int* ids, int n_pairs, int n_expert, int per_item,
+                                                            int4* items, int* n_items, int* sorted) {
     pdl_wait();
     pdl_launch();
     extern __shared__ int moe_sh[];
@@ -33,7 +35,7 @@ extern "C" __global__ void __launch_bounds__(1024) moe_plan(const int* ids, int 
         for (int e = 0; e < n_expert; ++e) {
             int c = count[e];
             start[e] = at;
-            for (int j = 0; j < c; j += MOE_MAXT) items[ni++] = make_int4(e, at + j, min(MOE_MAXT, c - j), 0);
+            for (int j = 0; j < c; j += per_item) items[ni++] = make_int4(e, at + j, min(per_item, c - j), 0);
             at += c;
             count[e] = 0;
         }

@@ -333,8 +333,8 @@ kernel_args! {
     }
     /// `moe_plan` (experts.cu): `ids` [k_used, n] → `items`, `n_items`, `sorted`.
     MoePlan(MoePlanArgs) for [MoePlan] {
-        ids: u64 => ptr, n_pairs: i32 => i32, n_expert: i32 => i32, items: u64 => ptr, n_items: u64 => ptr,
-        sorted: u64 => ptr,
+        ids: u64 => ptr, n_pairs: i32 => i32, n_expert: i32 => i32, per_item: i32 => i32, items: u64 => ptr,
+        n_items: u64 => ptr, sorted: u64 => ptr,
     }
     /// The expert GEMVs: matrix (q, s, o), and for a gated pair the up
     /// matrix (q2, s2, o2) and `act`; stored weights in `q`/`q2` with
@@ -347,6 +347,15 @@ kernel_args! {
         row_bytes: u64 => u64, ty: i32 => i32, rows: i32 => i32, k: i32 => i32, x: u64 => ptr,
         qa: u64 => ptr, da: u64 => ptr, ab: i32 => i32, x_pair: i32 => i32, k_used: i32 => i32, items: u64 => ptr, n_items: u64 => ptr, sorted: u64 => ptr,
         out: u64 => ptr, act: Act => act,
+    }
+    /// The tensor-core products of levels with int8 activations
+    /// (levels_mma.cu): dense over `n_tok` tokens (`items` 0) or experts
+    /// over a plan's items; (q2, s2, o2) and `act` for a gated pair.
+    Mma(MmaArgs) for [Q8pMma, Q8pMmaO, Q8pMmaPair, Q8pMmaOPair] {
+        q: u64 => ptr, s: u64 => ptr, o: u64 => ptr, q2: u64 => ptr, s2: u64 => ptr, o2: u64 => ptr,
+        rows: i32 => i32, k: i32 => i32, qa: u64 => ptr, da: u64 => ptr, ab: i32 => i32, n_tok: i32 => i32,
+        out_stride: u64 => u64, res: u64 => ptr, items: u64 => ptr, n_items: u64 => ptr, sorted: u64 => ptr,
+        x_pair: i32 => i32, k_used: i32 => i32, out: u64 => ptr, act: Act => act,
     }
     GetRowsQ6K(GetRowsQ6KArgs) for [GetRowsQ6K] {
         base: u64 => ptr, rows: i32 => i32, k: i32 => i32, ids: u64 => ptr, out: u64 => ptr,

@@ -45,6 +45,7 @@ pub const SOURCES: &[(&str, &str)] = &[
             include_str!("../kernels/fmat.cu"),
             include_str!("../kernels/paired.cu"),
             include_str!("../kernels/experts.cu"),
+            include_str!("../kernels/levels_mma.cu"),
             include_str!("../kernels/mla.cu")
         ),
     ),
@@ -133,6 +134,13 @@ pub enum Kernel {
     MoeQ8pPair,
     MoeQ8op,
     MoeQ8opPair,
+    /// Levels times int8 activations on tensor cores, dense or over a
+    /// plan's expert items: levels, levels with offsets, each also as a
+    /// gated pair (levels_mma.cu).
+    Q8pMma,
+    Q8pMmaO,
+    Q8pMmaPair,
+    Q8pMmaOPair,
     KvStore,
     RopeStore,
     Attention,
@@ -174,7 +182,7 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 66] = [
+    pub const ALL: [Kernel; 70] = [
         Kernel::GetRows,
         Kernel::RmsNorm,
         Kernel::Binary,
@@ -217,6 +225,10 @@ impl Kernel {
         Kernel::MoeQ8pPair,
         Kernel::MoeQ8op,
         Kernel::MoeQ8opPair,
+        Kernel::Q8pMma,
+        Kernel::Q8pMmaO,
+        Kernel::Q8pMmaPair,
+        Kernel::Q8pMmaOPair,
         Kernel::KvStore,
         Kernel::RopeStore,
         Kernel::Attention,
@@ -288,6 +300,10 @@ impl Kernel {
             Kernel::MoeQ8pPair => ("fmat", "moe_q8p_pair"),
             Kernel::MoeQ8op => ("fmat", "moe_q8op"),
             Kernel::MoeQ8opPair => ("fmat", "moe_q8op_pair"),
+            Kernel::Q8pMma => ("fmat", "q8p_mma"),
+            Kernel::Q8pMmaO => ("fmat", "q8p_mma_o"),
+            Kernel::Q8pMmaPair => ("fmat", "q8p_mma_pair"),
+            Kernel::Q8pMmaOPair => ("fmat", "q8p_mma_opair"),
             Kernel::KvStore => ("attention", "kv_store"),
             Kernel::RopeStore => ("attention", "rope_store"),
             Kernel::Attention => ("attention", "attention"),

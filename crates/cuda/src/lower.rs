@@ -61,6 +61,13 @@ pub const GEMV_MAX_TOKENS: usize = 8;
 const PAIR_MAX_K_PAD: usize = 4096;
 /// Tokens per `fmat_gemv` launch.
 const FMAT_TOKENS: usize = 8;
+
+/// levels_mma.cu's block: `MMA_ROWS` rows, k in whole chunks of `MMA_K`,
+/// two stages of `MmaStage` in shared memory.
+const MMA_ROWS: usize = 64;
+const MMA_COLS: usize = 64;
+const MMA_K: usize = 64;
+const MMA_SMEM: usize = 2 * (3 * 64 * 80 + 6 * 64 * 16);
 /// Rows a block of the prompt GEMM computes: one scale a row, and a scale
 /// per 256-chunk (`ternary_gemm` and `ternary_gemm_grouped`); 32 tokens each.
 const GEMM_ROWS: usize = 256;
@@ -165,7 +172,7 @@ struct Lower<'a> {
     /// Activations quantized by `act_q8` (node, block shift) → (q, d).
     acts: HashMap<(NodeId, i32), (u64, u64)>,
     /// Each router output's pairs grouped by expert, made once.
-    moe_plans: HashMap<NodeId, experts::MoePlan>,
+    moe_plans: HashMap<(NodeId, usize), experts::MoePlan>,
     /// Normed rows that no launch writes: the head that reads them norms
     /// its input itself.
     head_norm: HashMap<NodeId, fmat::HeadNorm>,

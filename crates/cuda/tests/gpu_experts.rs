@@ -67,8 +67,15 @@ fn expert_products_match_cpu() {
         (GgmlType::Q4_K, GgmlType::Q8_0),
     ];
     // (k, m, n_expert, k_used, tokens, piled)
-    let shapes =
-        [(256usize, 96usize, 16usize, 4usize, 1usize, false), (512, 130, 64, 6, 5, false), (256, 72, 16, 8, 40, true)];
+    // Past 8 tokens the paired products run on tensor cores in items of up
+    // to 64 pairs: 40 piled tokens fill some experts' items, 150 tokens over
+    // 32 experts give most experts two items and a partial row tile.
+    let shapes = [
+        (256usize, 96usize, 16usize, 4usize, 1usize, false),
+        (512, 130, 64, 6, 5, false),
+        (256, 72, 16, 8, 40, true),
+        (1024, 80, 32, 8, 150, false),
+    ];
     for (tg, tu) in pairs {
         let floats = matches!(tg, GgmlType::F32 | GgmlType::F16);
         let precisions: &[Precision] =

@@ -11,15 +11,18 @@
 use tern_graph::{NodeId, Op, Precision};
 
 use super::fmat::act_shift;
-use super::{grid1, Lower, Need};
-use crate::args::{Act, MoeGemvArgs, MoePlanArgs};
+use super::{grid1, Lower, Need, MMA_K, MMA_ROWS, MMA_SMEM};
+use crate::args::{Act, MmaArgs, MoeGemvArgs, MoePlanArgs};
 use crate::kernels::Kernel;
 use crate::launch::Launch;
 use crate::qlayout::QLayout;
 use crate::Weight;
 
-/// Pairs an item of the plan holds (`MOE_MAXT` in experts.cu).
+/// Pairs an item of the plan holds for the GEMVs (`MOE_MAXT` in
+/// experts.cu), and for the tensor-core products (a block's 64 columns,
+/// levels_mma.cu `MMA_BN`).
 const ITEM_PAIRS: usize = 8;
+const MMA_ITEM_PAIRS: usize = 64;
 
 /// A plan in the workspace (`moe_plan`'s outputs) and its most items.
 #[derive(Clone, Copy)]
@@ -49,15 +52,26 @@ fn gemv_kernel(w: &Weight, up: Option<&Weight>, paired: bool) -> Kernel {
     }
 }
 
+/// The tensor-core kernel for levels `w` (and the up matrix of a gated pair).
+pub(super) fn mma_kernel(w: &Weight, up: Option<&Weight>) -> Kernel {
+    let offsets = w.quant == Some(QLayout::LevelsOffset) || up.is_some_and(|u| u.quant == Some(QLayout::LevelsOffset));
+    match (offsets, up.is_some()) {
+        (false, false) => Kernel::Q8pMma,
+        (true, false) => Kernel::Q8pMmaO,
+        (false, true) => Kernel::Q8pMmaPair,
+        (true, true) => Kernel::Q8pMmaOPair,
+    }
+}
+
 impl Lower<'_> {
     /// The plan of the pairs of `ids` (i32 `[k_used, n]`), made by the first
     /// expert product that reads them.
-    fn moe_plan(&mut self, ids: NodeId, n_expert: usize) -> Result<MoePlan, Need> {
-        if let Some(p) = self.moe_plans.get(&ids) {
+    fn moe_plan(&mut self, ids: NodeId, n_expert: usize, per_item: usize) -> Result<MoePlan, Need> {
+        if let Some(p) = self.moe_plans.get(&(ids, per_item)) {
             return Ok(*p);
         }
         let n_pairs = self.node_ref(ids).n_elements();
-        let max_items = n_pairs.min(n_pairs.div_ceil(ITEM_PAIRS) + n_expert).max(1);
+        let max_items = n_pairs.min(n_pairs.div_ceil(per_item) + n_expert).max(1);
         let plan = MoePlan {
             items: self.take(16 * max_items),
             n_items: self.take(4),
@@ -68,12 +82,13 @@ impl Lower<'_> {
             ids: self.ptr(ids)?,
             n_pairs: n_pairs as i32,
             n_expert: n_expert as i32,
+            per_item: per_item as i32,
             items: plan.items,
             n_items: plan.n_items,
             sorted: plan.sorted,
         };
         self.out.push(Launch::new(Kernel::MoePlan, (1, 1, 1), 1024, args).smem(8 * n_expert));
-        self.moe_plans.insert(ids, plan);
+        self.moe_plans.insert((ids, per_item), plan);
         Ok(plan)
     }
 
@@ -100,11 +115,43 @@ impl Lower<'_> {
         let ab = act_shift(w.ty);
         let paired = w.quant.is_some() && precision == Precision::Paired;
         let (qa, da) = if paired { self.acts_q8(x, k, ab)? } else { (0, 0) };
-        let plan = self.moe_plan(ids, n_expert)?;
+        // A prompt's int8 levels go to the tensor cores, a block per 64 rows
+        // of an item of up to 64 pairs.
+        let n_tok = self.node_ref(ids).ne[1];
+        let mma = paired && n_tok > super::FMAT_TOKENS && k % MMA_K == 0;
+        let plan = self.moe_plan(ids, n_expert, if mma { MMA_ITEM_PAIRS } else { ITEM_PAIRS })?;
         if plan.max_items > 65535 {
             return super::fail(format!("{} expert items exceed a grid's rows", plan.max_items));
         }
         let up_w = up.as_ref();
+        if mma {
+            let args = MmaArgs {
+                q: w.ptr_codes,
+                s: w.ptr_scales,
+                o: w.ptr_offsets,
+                q2: up_w.map_or(0, |u| u.ptr_codes),
+                s2: up_w.map_or(0, |u| u.ptr_scales),
+                o2: up_w.map_or(0, |u| u.ptr_offsets),
+                rows: rows as i32,
+                k: k as i32,
+                qa,
+                da,
+                ab,
+                n_tok: 0,
+                out_stride: 0,
+                res: 0,
+                items: plan.items,
+                n_items: plan.n_items,
+                sorted: plan.sorted,
+                x_pair: x_pair as i32,
+                k_used: node.ne[1] as i32,
+                out: self.ptr(id)?,
+                act,
+            };
+            let grid = (rows.div_ceil(MMA_ROWS) as u32, plan.max_items as u32, 1);
+            self.out.push(Launch::new(mma_kernel(&w, up_w), grid, 128, args).smem(MMA_SMEM));
+            return Ok(1);
+        }
         let args = MoeGemvArgs {
             q: w.ptr_codes,
             s: w.ptr_scales,
@@ -140,7 +187,7 @@ mod tests {
     use tern_graph::{Activation, DType, Gating, Graph, Op, Precision, RouteParams};
     use tern_quant::GgmlType;
 
-    use crate::args::{Args, MoeGemvArgs};
+    use crate::args::Args;
     use crate::buffers::{Backing, Buffers, DevBuf};
     use crate::kernels::Kernel;
     use crate::lower::{lower, Scratch};
@@ -216,25 +263,31 @@ mod tests {
         lower(&g, &nodes, &locs, &bufs, SCRATCH, 132, true).unwrap_or_else(|e| panic!("{e:?}")).launches
     }
 
-    fn gemv_args(l: &crate::launch::Launch) -> MoeGemvArgs {
+    /// What the tests read of an expert launch: (qa, ab, o, x_pair, items).
+    fn expert_args(l: &crate::launch::Launch) -> (u64, i32, u64, i32, u64) {
         match l.args {
-            Args::MoeGemv(a) => a,
-            _ => panic!("{:?} is not an expert GEMV", l.kernel),
+            Args::MoeGemv(a) => (a.qa, a.ab, a.o, a.x_pair, a.items),
+            Args::Mma(a) => (a.qa, a.ab, a.o, a.x_pair, a.items),
+            _ => panic!("{:?} is not an expert product", l.kernel),
         }
     }
 
     /// One plan for the router's ids serves both expert products; a
     /// quantized model's products quantize each input once, in the blocks
     /// the type pairs with (Q4_K: Q8_K's 256; Q8_0: 32), and take the
-    /// offset kernels only for a type with offsets. The grid has a row of
-    /// blocks per possible item: min(pairs, ⌈pairs / 8⌉ + experts).
+    /// offset kernels only for a type with offsets; past 8 tokens they run
+    /// on tensor cores. The grid has a row of blocks per possible item:
+    /// min(pairs, ⌈pairs / per item⌉ + experts), 8 pairs an item for the
+    /// GEMVs and 64 for the tensor cores.
     #[test]
     fn expert_products_share_one_plan_and_pick_their_kernels() {
-        for (ty, n, precision, pair, single, ab) in [
-            (GgmlType::Q4_K, 1, Precision::Paired, Kernel::MoeQ8opPair, Kernel::MoeQ8op, 8),
-            (GgmlType::Q8_0, 37, Precision::Paired, Kernel::MoeQ8pPair, Kernel::MoeQ8p, 5),
-            (GgmlType::Q4_K, 37, Precision::Float, Kernel::MoeQ8oPair, Kernel::MoeQ8o, 8),
-            (GgmlType::F16, 5, Precision::Paired, Kernel::MoeDqPair, Kernel::MoeDq, 8),
+        for (ty, n, precision, pair, single, ab, per_item) in [
+            (GgmlType::Q4_K, 1, Precision::Paired, Kernel::MoeQ8opPair, Kernel::MoeQ8op, 8, 8),
+            (GgmlType::Q8_0, 5, Precision::Paired, Kernel::MoeQ8pPair, Kernel::MoeQ8p, 5, 8),
+            (GgmlType::Q8_0, 37, Precision::Paired, Kernel::Q8pMmaPair, Kernel::Q8pMma, 5, 64),
+            (GgmlType::Q4_K, 300, Precision::Paired, Kernel::Q8pMmaOPair, Kernel::Q8pMmaO, 8, 64),
+            (GgmlType::Q4_K, 37, Precision::Float, Kernel::MoeQ8oPair, Kernel::MoeQ8o, 8, 8),
+            (GgmlType::F16, 5, Precision::Paired, Kernel::MoeDqPair, Kernel::MoeDq, 8, 8),
         ] {
             let l = lowered(ty, n, precision);
             let kernels: Vec<Kernel> = l.iter().map(|l| l.kernel).collect();
@@ -242,18 +295,22 @@ mod tests {
             assert_eq!(kernels.iter().filter(|&&k| k == Kernel::MoePlan).count(), 1, "{ty}: {kernels:?}");
             let (plan, up_gate, down) = (at(Kernel::MoePlan), at(pair), at(single));
             assert!(plan < up_gate && up_gate < down, "{ty}: {kernels:?}");
+            match l[plan].args {
+                Args::MoePlan(p) => assert_eq!(p.per_item, per_item as i32, "{ty} n={n}"),
+                _ => panic!("not a plan"),
+            }
             let quantized = precision == Precision::Paired && ty != GgmlType::F16;
             assert_eq!(kernels.iter().filter(|&&k| k == Kernel::ActQ8).count(), 2 * quantized as usize, "{ty}");
             let pairs = 4 * n;
-            let items = pairs.min(pairs.div_ceil(8) + 16) as u32;
+            let items = pairs.min(pairs.div_ceil(per_item) + 16) as u32;
             for i in [up_gate, down] {
-                let a = gemv_args(&l[i]);
+                let (qa, a_ab, o, _, _) = expert_args(&l[i]);
                 assert_eq!(l[i].grid.1, items, "{ty} n={n}");
-                assert_eq!((a.qa != 0, a.ab), (quantized, ab), "{ty}");
-                assert_eq!(a.o != 0, ty == GgmlType::Q4_K, "{ty}");
+                assert_eq!((qa != 0, a_ab), (quantized, ab), "{ty}");
+                assert_eq!(o != 0, ty == GgmlType::Q4_K, "{ty}");
             }
-            assert_eq!((gemv_args(&l[up_gate]).x_pair, gemv_args(&l[down]).x_pair), (0, 1), "{ty}");
-            assert_eq!(gemv_args(&l[up_gate]).items, gemv_args(&l[down]).items, "{ty}: one plan");
+            assert_eq!((expert_args(&l[up_gate]).3, expert_args(&l[down]).3), (0, 1), "{ty}");
+            assert_eq!(expert_args(&l[up_gate]).4, expert_args(&l[down]).4, "{ty}: one plan");
         }
     }
 }

@@ -5,9 +5,10 @@
 use tern_graph::{Node, NodeId, Op, Precision};
 use tern_quant::{ActType, GgmlType};
 
-use super::{grid1, Lower, Need, FMAT_TOKENS};
+use super::{grid1, Lower, Need, FMAT_TOKENS, MMA_COLS, MMA_K, MMA_ROWS, MMA_SMEM};
 use crate::args::{
-    ActQ8Args, F16GemvArgs, FmatGemvArgs, GemvIo, Q6KGemv1Q8Args, Q6KGemvArgs, Q8GemvArgs, Q8pGemv1xArgs, Q8pGemvArgs,
+    Act, ActQ8Args, F16GemvArgs, FmatGemvArgs, GemvIo, MmaArgs, Q6KGemv1Q8Args, Q6KGemvArgs, Q8GemvArgs, Q8pGemv1xArgs,
+    Q8pGemvArgs,
 };
 use crate::kernels::Kernel;
 use crate::launch::Launch;
@@ -139,6 +140,35 @@ impl Lower<'_> {
             return Ok(consumed);
         }
         let paired = pairs.then(|| self.acts_q8(node.srcs[1], k, ab)).transpose()?;
+        if let Some((qa, da)) = paired.filter(|_| n_tok > FMAT_TOKENS && k % MMA_K == 0) {
+            // A prompt's levels go to the tensor cores: 64 rows × 64 tokens a block.
+            let args = MmaArgs {
+                q: w.ptr_codes,
+                s: w.ptr_scales,
+                o: w.ptr_offsets,
+                q2: 0,
+                s2: 0,
+                o2: 0,
+                rows: rows as i32,
+                k: k as i32,
+                qa,
+                da,
+                ab,
+                n_tok: n_tok as i32,
+                out_stride: rows as u64,
+                res,
+                items: 0,
+                n_items: 0,
+                sorted: 0,
+                x_pair: 0,
+                k_used: 0,
+                out,
+                act: Act::None,
+            };
+            let grid = (rows.div_ceil(MMA_ROWS) as u32, n_tok.div_ceil(MMA_COLS) as u32, 1);
+            self.out.push(Launch::new(super::experts::mma_kernel(w, None), grid, 128, args).smem(MMA_SMEM));
+            return Ok(consumed);
+        }
         for t0 in (0..n_tok).step_by(FMAT_TOKENS) {
             let nt = (n_tok - t0).min(FMAT_TOKENS);
             let off = (t0 * rows * 4) as u64;

@@ -1,0 +1,263 @@
+// Prompt products of int8 levels (qlayout.rs: a scale, and maybe an offset,
+// per 16 elements) with int8 activations (`act_q8`'s, a quantized model's
+// `Precision::Paired`) on tensor cores: dense matrices over a batch's tokens,
+// and the experts of a mixture over the (token, slot) pairs `moe_plan` grouped
+// by expert. Compiled after experts.cu (its plan and `gated`).
+//
+// Why m16n8k16: a level group is 16 elements, so one `mma` of 16 rows × 8
+// columns × 16 k gives each (row, column) the exact integer Σ q·a of one
+// group, which the epilogue scales by the group's scale and the activation
+// block's d, as the GEMVs' dp4a words do (paired.cu `paired_word`); an offset
+// adds o · d · Σa, Σa over the group's 16 activations.
+//
+// A block: 64 rows × 64 columns, 4 warps of 32 × 32 (2 × 4 mma tiles), k in
+// chunks of 64 (4 groups) through two shared-memory stages filled by
+// cp.async. A stage's rows are 80 bytes apart: a fragment's 8 rows × 4 words
+// then fall in 32 distinct banks.
+
+#define MMA_BM 64
+#define MMA_BN 64
+#define MMA_BK 64
+#define MMA_LD 80
+
+struct MmaArgs {
+    // The (gate) matrix: levels [rows · experts, k], scales and offsets
+    // [rows · experts, k / 16] (o null: none).
+    const i8* q;
+    const float* s;
+    const float* o;
+    // The up matrix of a gated pair (q2 null: not a pair).
+    const i8* q2;
+    const float* s2;
+    const float* o2;
+    int rows, k;
+    // act_q8's levels [k, columns] and d [k / 2^ab, columns].
+    const i8* qa;
+    const float* da;
+    int ab;
+    // Dense: columns are tokens 0..n_tok, out[t · out_stride + row] (+ res).
+    int n_tok;
+    u64 out_stride;
+    const float* res;
+    // Experts (items not null): block row y is item y of the plan, (expert,
+    // first, count) into `sorted`; pair p's activations are column p
+    // (x_pair) or p / k_used, its output out[p · rows + row].
+    const int4* items;
+    const int* n_items;
+    const int* sorted;
+    int x_pair, k_used;
+    float* out;
+    int act;
+};
+
+// One stage: levels of the block's rows (and the up matrix's), the columns'
+// activation levels, the rows' scales and offsets for the chunk's 4 groups,
+// the columns' d and Σa per group.
+struct MmaStage {
+    i8 a[MMA_BM * MMA_LD];
+    i8 a2[MMA_BM * MMA_LD];
+    i8 b[MMA_BN * MMA_LD];
+    float sw[MMA_BM][4], ow[MMA_BM][4], sw2[MMA_BM][4], ow2[MMA_BM][4];
+    float d[MMA_BN][4];
+    float sa[MMA_BN][4];
+};
+
+__device__ __forceinline__ void cp16(void* dst, const void* src, bool ok) {
+    u32 d = (u32)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(ok ? 16 : 0));
+}
+
+__device__ __forceinline__ void cp4(void* dst, const void* src, bool ok) {
+    u32 d = (u32)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(d), "l"(src), "r"(ok ? 4 : 0));
+}
+
+__device__ __forceinline__ void mma_s8(int* c, u32 a0, u32 a1, u32 b) {
+    asm(
+        "mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%7, %8, %9, %10};"
+        : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+        : "r"(a0), "r"(a1), "r"(b), "r"(0), "r"(0), "r"(0), "r"(0));
+}
+
+// Fills stage `st` with chunk k0: thread i copies rows/columns (i + 128j) / 4,
+// 16-byte part (i + 128j) % 4, for j = 0, 1; rows past the matrix and
+// columns past the item are zero-filled (a zero d and scale add nothing).
+template <bool PAIR, bool OFFS>
+__device__ __forceinline__ void mma_fill(MmaStage& st, const MmaArgs& a, u64 row0, int n_rows, const u64* col_off,
+                                         const bool* col_ok, int k0) {
+    int tid = threadIdx.x, nb = a.k >> a.ab;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        int c = tid + 128 * j, r = c >> 2, part = c & 3;
+        bool ok = r < n_rows;
+        u64 at = (row0 + (ok ? r : 0)) * a.k + k0 + 16 * part;
+        cp16(st.a + r * MMA_LD + 16 * part, a.q + at, ok);
+        if (PAIR) cp16(st.a2 + r * MMA_LD + 16 * part, a.q2 + at, ok);
+        cp16(st.b + r * MMA_LD + 16 * part, a.qa + col_off[j] * a.k + k0 + 16 * part, col_ok[j]);
+        cp4(&st.d[r][part], a.da + col_off[j] * nb + ((k0 + 16 * part) >> a.ab), col_ok[j]);
+    }
+    if (tid < MMA_BM) {
+        bool ok = tid < n_rows;
+        u64 g = (row0 + (ok ? tid : 0)) * (a.k >> 4) + (k0 >> 4);
+        cp16(st.sw[tid], a.s + g, ok);
+        if (OFFS) cp16(st.ow[tid], a.o + g, ok && a.o);
+        if (PAIR) cp16(st.sw2[tid], a.s2 + g, ok);
+        if (PAIR && OFFS) cp16(st.ow2[tid], a.o2 + g, ok && a.o2);
+    }
+}
+
+template <bool PAIR, bool OFFS>
+__device__ __forceinline__ void levels_mma(const MmaArgs& a) {
+    extern __shared__ __align__(16) u8 mma_sm[];
+    MmaStage* st = (MmaStage*)mma_sm;
+    int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gid = lane >> 2, tq = lane & 3;
+    int row_base = blockIdx.x * MMA_BM;
+    int expert = 0, first = 0, n_cols;
+    pdl_wait();
+    pdl_launch();
+    if (a.items) {
+        if ((int)blockIdx.y >= *a.n_items) return;
+        int4 it = a.items[blockIdx.y];
+        expert = it.x;
+        first = it.y;
+        n_cols = it.z;
+    } else {
+        first = blockIdx.y * MMA_BN;
+        n_cols = min(MMA_BN, a.n_tok - first);
+    }
+    int n_rows = min(MMA_BM, a.rows - row_base);
+    u64 row0 = (u64)expert * a.rows + row_base;
+    // The activation columns this thread copies (fill's j = 0, 1).
+    u64 col_off[2];
+    bool col_ok[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        int c = (tid + 128 * j) >> 2;
+        col_ok[j] = c < n_cols;
+        int p = col_ok[j] ? (a.items ? a.sorted[first + c] : first + c) : 0;
+        col_off[j] = (u64)(a.items && !a.x_pair ? p / a.k_used : p);
+    }
+    float acc[2][4][4], acc2[2][4][4];
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+        for (int n = 0; n < 4; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                acc[m][n][i] = 0.0f;
+                if (PAIR) acc2[m][n][i] = 0.0f;
+            }
+    int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;
+    int chunks = a.k / MMA_BK;
+    mma_fill<PAIR, OFFS>(st[0], a, row0, n_rows, col_off, col_ok, 0);
+    asm volatile("cp.async.commit_group;");
+    for (int kc = 0; kc < chunks; ++kc) {
+        MmaStage& s = st[kc & 1];
+        if (kc + 1 < chunks) {
+            mma_fill<PAIR, OFFS>(st[(kc + 1) & 1], a, row0, n_rows, col_off, col_ok, (kc + 1) * MMA_BK);
+            asm volatile("cp.async.commit_group;");
+            asm volatile("cp.async.wait_group 1;" ::: "memory");
+        } else {
+            asm volatile("cp.async.wait_group 0;" ::: "memory");
+        }
+        __syncthreads();
+        if (OFFS) {
+            // Σa of each column's 4 groups: thread i takes column i / 2, groups 2 (i % 2) ..
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                int c = tid >> 1, g = 2 * (tid & 1) + h;
+                const int* w = (const int*)(s.b + c * MMA_LD + 16 * g);
+                int sum = 0;
+#pragma unroll
+                for (int u = 0; u < 4; ++u) sum = __dp4a(w[u], 0x01010101, sum);
+                s.sa[c][g] = (float)sum;
+            }
+            __syncthreads();
+        }
+#pragma unroll
+        for (int g = 0; g < 4; ++g) {
+            u32 af[2][2], af2[2][2], bf[4];
+            float sw[2][2], ow[2][2], sw2[2][2], ow2[2][2];
+#pragma unroll
+            for (int m = 0; m < 2; ++m)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    int r = wm + 16 * m + gid + 8 * h;
+                    af[m][h] = *(const u32*)(s.a + r * MMA_LD + 16 * g + 4 * tq);
+                    sw[m][h] = s.sw[r][g];
+                    if (OFFS) ow[m][h] = s.ow[r][g];
+                    if (PAIR) {
+                        af2[m][h] = *(const u32*)(s.a2 + r * MMA_LD + 16 * g + 4 * tq);
+                        sw2[m][h] = s.sw2[r][g];
+                        if (OFFS) ow2[m][h] = s.ow2[r][g];
+                    }
+                }
+#pragma unroll
+            for (int n = 0; n < 4; ++n) bf[n] = *(const u32*)(s.b + (wn + 8 * n + gid) * MMA_LD + 16 * g + 4 * tq);
+#pragma unroll
+            for (int n = 0; n < 4; ++n) {
+                int c = wn + 8 * n + 2 * tq;
+                float d[2] = {s.d[c][g], s.d[c + 1][g]};
+                float sa[2] = {OFFS ? s.sa[c][g] : 0.0f, OFFS ? s.sa[c + 1][g] : 0.0f};
+#pragma unroll
+                for (int m = 0; m < 2; ++m) {
+                    int ci[4];
+                    mma_s8(ci, af[m][0], af[m][1], bf[n]);
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        float y = (float)ci[i] * sw[m][i >> 1];
+                        if (OFFS) y += ow[m][i >> 1] * sa[i & 1];
+                        acc[m][n][i] += y * d[i & 1];
+                    }
+                    if (PAIR) {
+                        mma_s8(ci, af2[m][0], af2[m][1], bf[n]);
+#pragma unroll
+                        for (int i = 0; i < 4; ++i) {
+                            float y = (float)ci[i] * sw2[m][i >> 1];
+                            if (OFFS) y += ow2[m][i >> 1] * sa[i & 1];
+                            acc2[m][n][i] += y * d[i & 1];
+                        }
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+    // c0, c1: row gid, columns 2tq, 2tq + 1; c2, c3: row gid + 8.
+#pragma unroll
+    for (int n = 0; n < 4; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            int c = wn + 8 * n + 2 * tq + (i & 1);
+            if (c >= n_cols) continue;
+            int p = a.items ? a.sorted[first + c] : first + c;
+#pragma unroll
+            for (int m = 0; m < 2; ++m) {
+                int r = wm + 16 * m + gid + 8 * (i >> 1);
+                if (r >= n_rows) continue;
+                float y = acc[m][n][i];
+                if (PAIR) y = gated(y, acc2[m][n][i], a.act);
+                if (a.items) {
+                    a.out[(u64)p * a.rows + row_base + r] = y;
+                } else {
+                    u64 o = (u64)p * a.out_stride + row_base + r;
+                    a.out[o] = a.res ? y + a.res[o] : y;
+                }
+            }
+        }
+}
+
+#define MMA_KERNEL(NAME, PAIR, OFFS)                                                                                 \
+    extern "C" __global__ void __launch_bounds__(128) NAME(                                                          \
+        const i8* q, const float* s, const float* o, const i8* q2, const float* s2, const float* o2, int rows, int k, \
+        const i8* qa, const float* da, int ab, int n_tok, u64 out_stride, const float* res, const int4* items,       \
+        const int* n_items, const int* sorted, int x_pair, int k_used, float* out, int act) {                        \
+        MmaArgs a = {q,  s,          o,   q2,    s2,      o2,     rows,   k,      qa,  da,  ab,                      \
+                     n_tok, out_stride, res, items, n_items, sorted, x_pair, k_used, out, act};                      \
+        levels_mma<PAIR, OFFS>(a);                                                                                   \
+    }
+
+MMA_KERNEL(q8p_mma, false, false)
+MMA_KERNEL(q8p_mma_o, false, true)
+MMA_KERNEL(q8p_mma_pair, true, false)
+MMA_KERNEL(q8p_mma_opair, true, true)
