@@ -517,6 +517,66 @@ extern "C" __global__ void __launch_bounds__(256) f16_gemv(const u16* w, int row
     store_row(acc, n_tok, lane, row, out, out_stride, res);
 }
 
+// Float weights (f32, or f16 when HALF) times f32 activations for a batch
+// past 8 tokens (a MoE router's prompt: few rows, long k). A block of 256
+// threads takes 16 rows × 16 tokens, one output a thread, so that even 64
+// rows give a grid of hundreds of blocks; k in chunks of 32 staged in shared
+// memory transposed: threads 0..127 copy the rows' chunk, 128..255 the
+// tokens' (a float4 each), and thread (tx, ty) sums row tx of token ty in k
+// order, a warp storing 16 consecutive rows of two tokens. k % 32 == 0.
+template <bool HALF>
+__device__ __forceinline__ void float_gemm(const void* w, int rows, int k, const float* x, int n_tok, float* out,
+                                           u64 out_stride, const float* res) {
+    __shared__ float ws[32][17], xs[32][17];
+    pdl_wait();
+    pdl_launch();
+    int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+    int r0 = blockIdx.x * 16, t0 = blockIdx.y * 16;
+    // The copier: row (or token) lr of the tile, elements lk .. lk + 3 of the chunk.
+    bool copies_w = tid < 128;
+    int lr = (tid & 127) >> 3, lk = (tid & 7) * 4;
+    bool ok = copies_w ? r0 + lr < rows : t0 + lr < n_tok;
+    float acc = 0.0f;
+    for (int k0 = 0; k0 < k; k0 += 32) {
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (ok && copies_w) {
+            u64 at = (u64)(r0 + lr) * k + k0 + lk;
+            if (HALF) {
+                uint2 h = __ldg((const uint2*)((const u16*)w + at));
+                v = make_float4(h2f(h.x & 0xffff), h2f(h.x >> 16), h2f(h.y & 0xffff), h2f(h.y >> 16));
+            } else {
+                v = __ldg((const float4*)((const float*)w + at));
+            }
+        } else if (ok) {
+            v = __ldg((const float4*)(x + (u64)(t0 + lr) * k + k0 + lk));
+        }
+        __syncthreads();
+        float(*dst)[17] = copies_w ? ws : xs;
+        dst[lk][lr] = v.x;
+        dst[lk + 1][lr] = v.y;
+        dst[lk + 2][lr] = v.z;
+        dst[lk + 3][lr] = v.w;
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < 32; ++kk) acc += ws[kk][tx] * xs[kk][ty];
+    }
+    int r = r0 + tx, t = t0 + ty;
+    if (r >= rows || t >= n_tok) return;
+    u64 o = (u64)t * out_stride + r;
+    out[o] = res ? acc + res[o] : acc;
+}
+
+// grid: (⌈rows / 16⌉, ⌈n_tok / 16⌉), block 256.
+extern "C" __global__ void __launch_bounds__(256) f32_gemm(const float* w, int rows, int k, const float* x, int n_tok,
+                                                          float* out, u64 out_stride, const float* res) {
+    float_gemm<false>(w, rows, k, x, n_tok, out, out_stride, res);
+}
+
+extern "C" __global__ void __launch_bounds__(256) f16_gemm(const u16* w, int rows, int k, const float* x, int n_tok,
+                                                          float* out, u64 out_stride, const float* res) {
+    float_gemm<true>(w, rows, k, x, n_tok, out, out_stride, res);
+}
+
 // Rows of the int8 layout, dequantized (plus the offsets `o`, when not
 // null: s·q + o, the CPU's values exactly). grid: rows, block: 256.
 extern "C" __global__ void get_rows_q8(const i8* __restrict__ q, const float* __restrict__ s,

@@ -309,7 +309,7 @@ kernel_args! {
         base: u64 => ptr, io: GemvIo => io, nw: u64 => ptr, eps: f32 => f32,
     }
     /// `f16_gemv` and `f32_gemv`: float weights, 16-byte loads.
-    F16Gemv(F16GemvArgs) for [F16Gemv, F32Gemv] {
+    F16Gemv(F16GemvArgs) for [F16Gemv, F32Gemv, F16Gemm, F32Gemm] {
         w: u64 => ptr, io: GemvIo => io,
     }
     /// `act_q8` (paired.cu): x [k, n] → q, d in blocks of 2^ab (5: Q8_0, 8: Q8_K).
@@ -351,11 +351,15 @@ kernel_args! {
     /// The tensor-core products of levels with int8 activations
     /// (levels_mma.cu): dense over `n_tok` tokens (`items` 0) or experts
     /// over a plan's items; (q2, s2, o2) and `act` for a gated pair.
-    Mma(MmaArgs) for [Q8pMma, Q8pMmaO, Q8pMmaPair, Q8pMmaOPair] {
+    /// `n_head` > 0: per-head products, head h's rows from h · stride + offset.
+    Mma(MmaArgs) for [
+        Q8pMma, Q8pMmaO, Q8pMmaPair, Q8pMmaOPair, Q8pMma32, Q8pMmaO32, Q8pMmaPair32, Q8pMmaOPair32, Q6KMma
+    ] {
         q: u64 => ptr, s: u64 => ptr, o: u64 => ptr, q2: u64 => ptr, s2: u64 => ptr, o2: u64 => ptr,
         rows: i32 => i32, k: i32 => i32, qa: u64 => ptr, da: u64 => ptr, ab: i32 => i32, n_tok: i32 => i32,
         out_stride: u64 => u64, res: u64 => ptr, items: u64 => ptr, n_items: u64 => ptr, sorted: u64 => ptr,
-        x_pair: i32 => i32, k_used: i32 => i32, out: u64 => ptr, act: Act => act,
+        x_pair: i32 => i32, k_used: i32 => i32, n_head: i32 => i32, stride: i32 => i32, offset: i32 => i32,
+        out: u64 => ptr, act: Act => act,
     }
     GetRowsQ6K(GetRowsQ6KArgs) for [GetRowsQ6K] {
         base: u64 => ptr, rows: i32 => i32, k: i32 => i32, ids: u64 => ptr, out: u64 => ptr,

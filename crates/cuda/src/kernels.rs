@@ -141,6 +141,16 @@ pub enum Kernel {
     Q8pMmaO,
     Q8pMmaPair,
     Q8pMmaOPair,
+    /// The four for scales that span 32 elements: a k32 mma per two groups.
+    Q8pMma32,
+    Q8pMmaO32,
+    Q8pMmaPair32,
+    Q8pMmaOPair32,
+    /// Q6_K planes decoded to levels as they are staged (dense only).
+    Q6KMma,
+    /// Float weights times a batch past 8 tokens (64 × 64 tiles).
+    F32Gemm,
+    F16Gemm,
     KvStore,
     RopeStore,
     Attention,
@@ -182,7 +192,7 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 70] = [
+    pub const ALL: [Kernel; 77] = [
         Kernel::GetRows,
         Kernel::RmsNorm,
         Kernel::Binary,
@@ -229,6 +239,13 @@ impl Kernel {
         Kernel::Q8pMmaO,
         Kernel::Q8pMmaPair,
         Kernel::Q8pMmaOPair,
+        Kernel::Q8pMma32,
+        Kernel::Q8pMmaO32,
+        Kernel::Q8pMmaPair32,
+        Kernel::Q8pMmaOPair32,
+        Kernel::Q6KMma,
+        Kernel::F32Gemm,
+        Kernel::F16Gemm,
         Kernel::KvStore,
         Kernel::RopeStore,
         Kernel::Attention,
@@ -304,6 +321,13 @@ impl Kernel {
             Kernel::Q8pMmaO => ("fmat", "q8p_mma_o"),
             Kernel::Q8pMmaPair => ("fmat", "q8p_mma_pair"),
             Kernel::Q8pMmaOPair => ("fmat", "q8p_mma_opair"),
+            Kernel::Q8pMma32 => ("fmat", "q8p_mma_32"),
+            Kernel::Q8pMmaO32 => ("fmat", "q8p_mma_o_32"),
+            Kernel::Q8pMmaPair32 => ("fmat", "q8p_mma_pair_32"),
+            Kernel::Q8pMmaOPair32 => ("fmat", "q8p_mma_opair_32"),
+            Kernel::Q6KMma => ("fmat", "q6k_mma"),
+            Kernel::F32Gemm => ("fmat", "f32_gemm"),
+            Kernel::F16Gemm => ("fmat", "f16_gemm"),
             Kernel::KvStore => ("attention", "kv_store"),
             Kernel::RopeStore => ("attention", "rope_store"),
             Kernel::Attention => ("attention", "attention"),

@@ -128,6 +128,25 @@ pub fn of(ty: GgmlType, matrix: bool) -> Option<QLayout> {
     }
 }
 
+/// Elements that share one scale (and offset) in the file's blocks of a
+/// type held as levels: 32 for the types whose blocks or sub-blocks are 32
+/// wide, else 16 (the layout's group). The tensor-core products take one
+/// k32 step per scale where it spans 32.
+pub fn scale_span(ty: GgmlType) -> usize {
+    match ty {
+        GgmlType::Q8_0
+        | GgmlType::Q4_0
+        | GgmlType::Q5_0
+        | GgmlType::Q4_1
+        | GgmlType::Q5_1
+        | GgmlType::IQ4_NL
+        | GgmlType::Q4_K
+        | GgmlType::Q5_K
+        | GgmlType::IQ4_XS => 32,
+        _ => GROUP,
+    }
+}
+
 /// Converts a tensor of `k`-wide rows (any number: a 3-D tensor's rows are
 /// consecutive) to [`QLayout::Levels`] or [`QLayout::LevelsOffset`]
 /// ([`of`]). The rows are converted on up to `threads` threads.

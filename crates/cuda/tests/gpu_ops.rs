@@ -316,18 +316,33 @@ fn float_and_block_matmuls_and_get_rows_match_cpu() {
 /// (levels_mma.cu): the CPU's integers per 16-element group, so only the f32
 /// sums differ (1e-5). Shapes: partial row and token tiles, several of each,
 /// k of one chunk and of many; a residual added in the same launch; every
-/// layout (levels, with offsets; Q8_0's and Q8_K's activation blocks).
+/// layout (levels, with offsets; Q8_0's and Q8_K's activation blocks; Q6_K
+/// planes decoded as they are staged). Float weights take the tiled f32
+/// GEMM (1e-4, f32 summation order).
 #[test]
 fn paired_prompt_products_on_tensor_cores_match_cpu() {
     let Some(mut gpu) = gpu() else { return };
     let mut rng = Rng::new(29);
-    for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q2_K, GgmlType::IQ4_XS] {
+    let types = [
+        GgmlType::Q8_0,
+        GgmlType::Q4_0,
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q2_K,
+        GgmlType::IQ4_XS,
+        GgmlType::Q6_K,
+        GgmlType::F32,
+        GgmlType::F16,
+    ];
+    for ty in types {
+        let float = matches!(ty, GgmlType::F32 | GgmlType::F16);
+        let (precision, bound) = if float { (Precision::Float, 1e-4) } else { (Precision::Paired, 1e-5) };
         for &(k, rows, n) in &[(256usize, 200usize, 150usize), (1536, 64, 64), (768, 37, 9), (2048, 130, 70)] {
             let mut g = Graph::new();
             let w = g.weight(0, "w", ty, [k, rows, 1, 1]);
             let x = g.weight(1, "x", GgmlType::F32, [k, n, 1, 1]);
             let r = g.weight(2, "r", GgmlType::F32, [rows, n, 1, 1]);
-            let y = g.mul_mat(w, x, Precision::Paired);
+            let y = g.mul_mat(w, x, precision);
             let sum = g.add(y, r);
             let data = HashMap::from([
                 (w, float_weight(ty, k, rows, &mut rng)),
@@ -335,7 +350,7 @@ fn paired_prompt_products_on_tensor_cores_match_cpu() {
                 (r, bytes_f32(&rng.vec(rows * n))),
             ]);
             let what = format!("tensor-core {ty} k={k} rows={rows} n={n}");
-            let e = compare(&mut gpu, &g, &data, &[sum], 1e-5, &what);
+            let e = compare(&mut gpu, &g, &data, &[sum], bound, &what);
             eprintln!("{what}: {e:.1e}");
         }
     }

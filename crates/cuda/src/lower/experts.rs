@@ -15,7 +15,7 @@ use super::{grid1, Lower, Need, MMA_K, MMA_ROWS, MMA_SMEM};
 use crate::args::{Act, MmaArgs, MoeGemvArgs, MoePlanArgs};
 use crate::kernels::Kernel;
 use crate::launch::Launch;
-use crate::qlayout::QLayout;
+use crate::qlayout::{self, QLayout};
 use crate::Weight;
 
 /// Pairs an item of the plan holds for the GEMVs (`MOE_MAXT` in
@@ -52,14 +52,20 @@ fn gemv_kernel(w: &Weight, up: Option<&Weight>, paired: bool) -> Kernel {
     }
 }
 
-/// The tensor-core kernel for levels `w` (and the up matrix of a gated pair).
+/// The tensor-core kernel for levels `w` (and the up matrix of a gated
+/// pair): a k32 step per scale where both types' scales span 32.
 pub(super) fn mma_kernel(w: &Weight, up: Option<&Weight>) -> Kernel {
     let offsets = w.quant == Some(QLayout::LevelsOffset) || up.is_some_and(|u| u.quant == Some(QLayout::LevelsOffset));
-    match (offsets, up.is_some()) {
-        (false, false) => Kernel::Q8pMma,
-        (true, false) => Kernel::Q8pMmaO,
-        (false, true) => Kernel::Q8pMmaPair,
-        (true, true) => Kernel::Q8pMmaOPair,
+    let g32 = qlayout::scale_span(w.ty) == 32 && up.is_none_or(|u| qlayout::scale_span(u.ty) == 32);
+    match (offsets, up.is_some(), g32) {
+        (false, false, false) => Kernel::Q8pMma,
+        (true, false, false) => Kernel::Q8pMmaO,
+        (false, true, false) => Kernel::Q8pMmaPair,
+        (true, true, false) => Kernel::Q8pMmaOPair,
+        (false, false, true) => Kernel::Q8pMma32,
+        (true, false, true) => Kernel::Q8pMmaO32,
+        (false, true, true) => Kernel::Q8pMmaPair32,
+        (true, true, true) => Kernel::Q8pMmaOPair32,
     }
 }
 
@@ -145,6 +151,9 @@ impl Lower<'_> {
                 sorted: plan.sorted,
                 x_pair: x_pair as i32,
                 k_used: node.ne[1] as i32,
+                n_head: 0,
+                stride: 0,
+                offset: 0,
                 out: self.ptr(id)?,
                 act,
             };
@@ -284,8 +293,9 @@ mod tests {
         for (ty, n, precision, pair, single, ab, per_item) in [
             (GgmlType::Q4_K, 1, Precision::Paired, Kernel::MoeQ8opPair, Kernel::MoeQ8op, 8, 8),
             (GgmlType::Q8_0, 5, Precision::Paired, Kernel::MoeQ8pPair, Kernel::MoeQ8p, 5, 8),
-            (GgmlType::Q8_0, 37, Precision::Paired, Kernel::Q8pMmaPair, Kernel::Q8pMma, 5, 64),
-            (GgmlType::Q4_K, 300, Precision::Paired, Kernel::Q8pMmaOPair, Kernel::Q8pMmaO, 8, 64),
+            (GgmlType::Q8_0, 37, Precision::Paired, Kernel::Q8pMmaPair32, Kernel::Q8pMma32, 5, 64),
+            (GgmlType::Q4_K, 300, Precision::Paired, Kernel::Q8pMmaOPair32, Kernel::Q8pMmaO32, 8, 64),
+            (GgmlType::Q2_K, 300, Precision::Paired, Kernel::Q8pMmaOPair, Kernel::Q8pMmaO, 8, 64),
             (GgmlType::Q4_K, 37, Precision::Float, Kernel::MoeQ8oPair, Kernel::MoeQ8o, 8, 8),
             (GgmlType::F16, 5, Precision::Paired, Kernel::MoeDqPair, Kernel::MoeDq, 8, 8),
         ] {
@@ -307,7 +317,7 @@ mod tests {
                 let (qa, a_ab, o, _, _) = expert_args(&l[i]);
                 assert_eq!(l[i].grid.1, items, "{ty} n={n}");
                 assert_eq!((qa != 0, a_ab), (quantized, ab), "{ty}");
-                assert_eq!(o != 0, ty == GgmlType::Q4_K, "{ty}");
+                assert_eq!(o != 0, matches!(ty, GgmlType::Q4_K | GgmlType::Q2_K), "{ty}");
             }
             assert_eq!((expert_args(&l[up_gate]).3, expert_args(&l[down]).3), (0, 1), "{ty}");
             assert_eq!(expert_args(&l[up_gate]).4, expert_args(&l[down]).4, "{ty}: one plan");

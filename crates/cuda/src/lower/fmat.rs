@@ -37,6 +37,10 @@ pub(crate) fn is_q6k_q8(n: &Node, w: Option<&Weight>) -> bool {
 /// default limit without opting in; k up to 43k).
 const PAIRED_X_SMEM: usize = 48 << 10;
 
+/// The most rows of a float matrix whose batched products take the tiled
+/// GEMM (`f32_gemm`, `f16_gemm`): a router's.
+const FLOAT_GEMM_ROWS: usize = 1024;
+
 /// The block shift of the int8 activations a weight of `ty` in an int8
 /// layout pairs with on the CPU (`tern_quant::act_type`): Q8_0's blocks of
 /// 32 (5), Q8_K's of 256 (8).
@@ -139,9 +143,20 @@ impl Lower<'_> {
             self.out.push(Launch::new(Kernel::Q8pGemv1x, grid1(rows, 8), 256, args).smem(x_smem));
             return Ok(consumed);
         }
-        let paired = pairs.then(|| self.acts_q8(node.srcs[1], k, ab)).transpose()?;
-        if let Some((qa, da)) = paired.filter(|_| n_tok > FMAT_TOKENS && k % MMA_K == 0) {
-            // A prompt's levels go to the tensor cores: 64 rows × 64 tokens a block.
+        // A prompt's int8 levels, and a quantized model's Q6_K planes, go to
+        // the tensor cores (64 rows × 64 tokens a block); float matrices of
+        // few rows (routers) to a tiled GEMM, whose grid the GEMVs' 8 rows a
+        // block cannot fill (larger float matrices keep the GEMVs, which
+        // stream their weights near the memory's speed).
+        let batch = n_tok > FMAT_TOKENS;
+        let q6_mma = batch
+            && w.quant == Some(QLayout::Q6K)
+            && matches!(node.op, Op::MulMat { precision: Precision::Paired })
+            && norm.is_none()
+            && k % 256 == 0;
+        if (pairs || q6_mma) && batch && k % MMA_K == 0 {
+            let (qa, da) = self.acts_q8(node.srcs[1], k, ab)?;
+            let kernel = if q6_mma { Kernel::Q6KMma } else { super::experts::mma_kernel(w, None) };
             let args = MmaArgs {
                 q: w.ptr_codes,
                 s: w.ptr_scales,
@@ -162,13 +177,28 @@ impl Lower<'_> {
                 sorted: 0,
                 x_pair: 0,
                 k_used: 0,
+                n_head: 0,
+                stride: 0,
+                offset: 0,
                 out,
                 act: Act::None,
             };
             let grid = (rows.div_ceil(MMA_ROWS) as u32, n_tok.div_ceil(MMA_COLS) as u32, 1);
-            self.out.push(Launch::new(super::experts::mma_kernel(w, None), grid, 128, args).smem(MMA_SMEM));
+            self.out.push(Launch::new(kernel, grid, 128, args).smem(MMA_SMEM));
             return Ok(consumed);
         }
+        let float_gemm = match w.ty {
+            GgmlType::F32 => Some(Kernel::F32Gemm),
+            GgmlType::F16 => Some(Kernel::F16Gemm),
+            _ => None,
+        };
+        if let Some(kernel) = float_gemm.filter(|_| batch && rows <= FLOAT_GEMM_ROWS && k % 32 == 0 && norm.is_none()) {
+            let io = GemvIo { rows: rows as i32, k: k as i32, x, n_tok: n_tok as i32, out, out_stride: rows as u64, res };
+            let grid = (rows.div_ceil(16) as u32, n_tok.div_ceil(16) as u32, 1);
+            self.out.push(Launch::new(kernel, grid, 256, F16GemvArgs { w: w.ptr_codes, io }));
+            return Ok(consumed);
+        }
+        let paired = pairs.then(|| self.acts_q8(node.srcs[1], k, ab)).transpose()?;
         for t0 in (0..n_tok).step_by(FMAT_TOKENS) {
             let nt = (n_tok - t0).min(FMAT_TOKENS);
             let off = (t0 * rows * 4) as u64;
