@@ -107,20 +107,42 @@ __device__ __forceinline__ void moe_row(const MoeArgs& a, int e, int row, int la
     const u32* qr2 = (const u32*)(a.q2 + grow * a.k);
     bool offs = KIND == MOE_OFFSET && a.o, offs2 = KIND == MOE_OFFSET && a.o2;
     if constexpr (PAIRED) {
+        // A lane takes whole level groups, 16 bytes a load (a warp's loads
+        // read 512 contiguous bytes), up to 4 groups of each matrix in
+        // flight: the group's exact Σ q·a by four dp4a, then its scale, d and
+        // offset, as `paired_word` takes them per word.
+        const uint4* gr = (const uint4*)qr;
+        const uint4* gr2 = (const uint4*)qr2;
+        int ng = a.k >> 4;
 #pragma unroll 4
-        for (int c = lane; c < nw; c += 32) {
-            u32 w = __ldg(qr + c);
-            float sc = __ldg(a.s + g0 + (c >> 2)), of = offs ? __ldg(a.o + g0 + (c >> 2)) : 0.0f;
-            u32 w2 = PAIR ? __ldg(qr2 + c) : 0u;
-            float sc2 = PAIR ? __ldg(a.s2 + g0 + (c >> 2)) : 0.0f;
-            float of2 = PAIR && offs2 ? __ldg(a.o2 + g0 + (c >> 2)) : 0.0f;
+        for (int g = lane; g < ng; g += 32) {
+            uint4 w = __ldg(gr + g);
+            float sc = __ldg(a.s + g0 + g), of = offs ? __ldg(a.o + g0 + g) : 0.0f;
+            uint4 w2 = PAIR ? __ldg(gr2 + g) : make_uint4(0, 0, 0, 0);
+            float sc2 = PAIR ? __ldg(a.s2 + g0 + g) : 0.0f;
+            float of2 = PAIR && offs2 ? __ldg(a.o2 + g0 + g) : 0.0f;
 #pragma unroll
             for (int t = 0; t < MOE_MAXT; ++t) {
                 if (t >= cnt) break;
-                int av = __ldg((const int*)(a.qa + xo[t]) + c);
-                float dv = __ldg(a.da + (xo[t] >> a.ab) + ((4 * c) >> a.ab));
-                acc[t] += paired_word(w, av, sc, of, dv, offs);
-                if (PAIR) acc2[t] += paired_word(w2, av, sc2, of2, dv, offs2);
+                uint4 av = __ldg((const uint4*)(a.qa + xo[t]) + g);
+                float dv = __ldg(a.da + (xo[t] >> a.ab) + ((16 * g) >> a.ab));
+                int sa = 0;
+                if (offs || offs2) {
+                    sa = __dp4a((int)av.x, 0x01010101, __dp4a((int)av.y, 0x01010101, 0));
+                    sa = __dp4a((int)av.z, 0x01010101, __dp4a((int)av.w, 0x01010101, sa));
+                }
+                int s1 = __dp4a((int)w.x, (int)av.x, __dp4a((int)w.y, (int)av.y, 0));
+                s1 = __dp4a((int)w.z, (int)av.z, __dp4a((int)w.w, (int)av.w, s1));
+                float y = (float)s1 * (sc * dv);
+                if (offs) y += of * dv * (float)sa;
+                acc[t] += y;
+                if (PAIR) {
+                    int s2 = __dp4a((int)w2.x, (int)av.x, __dp4a((int)w2.y, (int)av.y, 0));
+                    s2 = __dp4a((int)w2.z, (int)av.z, __dp4a((int)w2.w, (int)av.w, s2));
+                    float y2 = (float)s2 * (sc2 * dv);
+                    if (offs2) y2 += of2 * dv * (float)sa;
+                    acc2[t] += y2;
+                }
             }
         }
     } else {
