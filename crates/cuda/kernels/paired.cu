@@ -94,10 +94,14 @@ Q8P_KERNEL(q8p_gemv1, 1, 4)
 // (dynamic: k levels, then k / 2^ab scales), so a decoding step's paired
 // products need no act_q8 launch: the block's 8 warps take x's blocks in
 // turn (k/2^ab warp passes over at most a few KB from L2), then each its
-// row. The first level words are loaded before `pdl_wait`.
-extern "C" __global__ void __launch_bounds__(256, 4) q8p_gemv1x(const i8* q, const float* s, const float* o, int rows,
-                                                                 int k, const float* x, int ab, float* out,
-                                                                 const float* res) {
+// row. The first level words are loaded before `pdl_wait`. PAIR: each warp
+// takes row `row` of both the gate (q, s, o) and the up matrix (q2, s2, o2)
+// and writes act(gate) · up, so a gated FFN's two products and its
+// activation are one launch.
+template <bool PAIR>
+__device__ __forceinline__ void q8p_gemv1x_rows(const i8* q, const float* s, const float* o, const i8* q2,
+                                                const float* s2, const float* o2, int rows, int k, const float* x,
+                                                int ab, float* out, const float* res, int act) {
     extern __shared__ __align__(16) u8 q8p_sm[];
     i8* xq = (i8*)q8p_sm;
     float* xd = (float*)(q8p_sm + k);
@@ -129,5 +133,37 @@ extern "C" __global__ void __launch_bounds__(256, 4) q8p_gemv1x(const i8* q, con
             acc[0] += paired_word(w[u], a, sc[u], orw ? of[u] : 0.0f, xd[(4 * c) >> ab], orw != nullptr);
         }
     }
+    if (PAIR) {
+        // The up row, in the same walk over x's levels in shared memory.
+        const u32* qr2 = (const u32*)(q2 + (u64)row * k);
+        const float* sr2 = s2 + (u64)row * (k >> 4);
+        const float* orw2 = o2 ? o2 + (u64)row * (k >> 4) : nullptr;
+        for (int c0 = lane; c0 < nw; c0 += 32 * Q8_UNROLL) {
+            q8_fetch(qr2, sr2, orw2, c0, nw, w, sc, of);
+#pragma unroll
+            for (int u = 0; u < Q8_UNROLL; ++u) {
+                int c = c0 + 32 * u;
+                if (c >= nw) break;
+                int a = ((const int*)xq)[c];
+                acc[1] += paired_word(w[u], a, sc[u], orw2 ? of[u] : 0.0f, xd[(4 * c) >> ab], orw2 != nullptr);
+            }
+        }
+        float g = warp_sum(acc[0]), up = warp_sum(acc[1]);
+        if (lane == 0) out[row] = gated(g, up, act);
+        return;
+    }
     store_row(acc, 1, lane, row, out, rows, res);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 4) q8p_gemv1x(const i8* q, const float* s, const float* o, int rows,
+                                                                 int k, const float* x, int ab, float* out,
+                                                                 const float* res) {
+    q8p_gemv1x_rows<false>(q, s, o, nullptr, nullptr, nullptr, rows, k, x, ab, out, res, 0);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 4) q8p_gemv1x_pair(const i8* q, const float* s, const float* o,
+                                                                      const i8* q2, const float* s2, const float* o2,
+                                                                      int rows, int k, const float* x, int ab,
+                                                                      float* out, int act) {
+    q8p_gemv1x_rows<true>(q, s, o, q2, s2, o2, rows, k, x, ab, out, nullptr, act);
 }

@@ -327,6 +327,12 @@ kernel_args! {
         q: u64 => ptr, s: u64 => ptr, o: u64 => ptr, rows: i32 => i32, k: i32 => i32, x: u64 => ptr,
         ab: i32 => i32, out: u64 => ptr, res: u64 => ptr,
     }
+    /// One token's gate (q, s, o) and up (q2, s2, o2) products and
+    /// act(gate) · up in one launch, x quantized as `Q8pGemv1x` does.
+    Q8pGemv1xPair(Q8pGemv1xPairArgs) for [Q8pGemv1xPair] {
+        q: u64 => ptr, s: u64 => ptr, o: u64 => ptr, q2: u64 => ptr, s2: u64 => ptr, o2: u64 => ptr,
+        rows: i32 => i32, k: i32 => i32, x: u64 => ptr, ab: i32 => i32, out: u64 => ptr, act: Act => act,
+    }
     /// `o` 0: no offsets.
     GetRowsQ8(GetRowsQ8Args) for [GetRowsQ8] {
         q: u64 => ptr, s: u64 => ptr, o: u64 => ptr, k: i32 => i32, ids: u64 => ptr, out: u64 => ptr,
@@ -429,6 +435,12 @@ kernel_args! {
         q_lat: u64 => ptr, q_pe: u64 => ptr, cache: u64 => ptr, pos: u64 => ptr, out: u64 => ptr, part: u64 => ptr,
         n_head: i32 => i32, rank: i32 => i32, rope: i32 => i32, ty: i32 => i32, scale: f32 => f32,
         split: i32 => i32, n_split: i32 => i32,
+    }
+    /// `mla_attention_mma` (mla_mma.cu): a prompt's latent attention on
+    /// tensor cores over an F16 cache.
+    MlaMma(MlaMmaArgs) for [MlaAttentionMma] {
+        q_lat: u64 => ptr, q_pe: u64 => ptr, cache: u64 => ptr, pos: u64 => ptr, out: u64 => ptr,
+        n_tok: i32 => i32, n_head: i32 => i32, rank: i32 => i32, rope: i32 => i32, scale: f32 => f32,
     }
     /// `mla_merge`: the splits' states in `part` → the output.
     MlaMerge(MlaMergeArgs) for [MlaMerge] {

@@ -49,7 +49,14 @@ pub const SOURCES: &[(&str, &str)] = &[
             include_str!("../kernels/mla.cu")
         ),
     ),
-    ("attention", concat!(include_str!("../kernels/attention.cu"), include_str!("../kernels/flash_attn.cu"))),
+    (
+        "attention",
+        concat!(
+            include_str!("../kernels/attention.cu"),
+            include_str!("../kernels/flash_attn.cu"),
+            include_str!("../kernels/mla_mma.cu")
+        ),
+    ),
     ("route", include_str!("../kernels/route.cu")),
     // The persistent decoding kernel calls into the three files before it.
     (DECODE_MODULE, decode_sources!()),
@@ -107,6 +114,8 @@ pub enum Kernel {
     Q8pGemv1,
     /// `Q8pGemv1` quantizing x in each block's shared memory (no `ActQ8`).
     Q8pGemv1x,
+    /// `Q8pGemv1x` of a gate/up pair with the activation (paired.cu).
+    Q8pGemv1xPair,
     /// Q6_K planes (`qlayout.rs`) times f32 activations, up to 8 tokens.
     Q6KGemv,
     /// `Q6KGemv` for one token (the decoding head), with fewer registers.
@@ -177,6 +186,8 @@ pub enum Kernel {
     HeadsDqT,
     MlaStore,
     MlaAttention,
+    /// A prompt's latent attention on tensor cores (F16 caches).
+    MlaAttentionMma,
     MlaMerge,
     CopyIn,
     /// A small copy from the device into mapped host memory, run as this
@@ -192,7 +203,7 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 77] = [
+    pub const ALL: [Kernel; 79] = [
         Kernel::GetRows,
         Kernel::RmsNorm,
         Kernel::Binary,
@@ -217,6 +228,7 @@ impl Kernel {
         Kernel::Q8pGemv,
         Kernel::Q8pGemv1,
         Kernel::Q8pGemv1x,
+        Kernel::Q8pGemv1xPair,
         Kernel::Q6KGemv,
         Kernel::Q6KGemv1,
         Kernel::Q6KGemv1Q8,
@@ -264,6 +276,7 @@ impl Kernel {
         Kernel::HeadsDqT,
         Kernel::MlaStore,
         Kernel::MlaAttention,
+        Kernel::MlaAttentionMma,
         Kernel::MlaMerge,
         Kernel::CopyIn,
         Kernel::HostWrite,
@@ -299,6 +312,7 @@ impl Kernel {
             Kernel::Q8pGemv => ("fmat", "q8p_gemv"),
             Kernel::Q8pGemv1 => ("fmat", "q8p_gemv1"),
             Kernel::Q8pGemv1x => ("fmat", "q8p_gemv1x"),
+            Kernel::Q8pGemv1xPair => ("fmat", "q8p_gemv1x_pair"),
             Kernel::F16Gemv => ("fmat", "f16_gemv"),
             Kernel::F32Gemv => ("fmat", "f32_gemv"),
             Kernel::GetRowsQ8 => ("fmat", "get_rows_q8"),
@@ -346,6 +360,7 @@ impl Kernel {
             Kernel::HeadsDqT => ("fmat", "heads_dq_t"),
             Kernel::MlaStore => ("fmat", "mla_store"),
             Kernel::MlaAttention => ("fmat", "mla_attention"),
+            Kernel::MlaAttentionMma => ("attention", "mla_attention_mma"),
             Kernel::MlaMerge => ("fmat", "mla_merge"),
             Kernel::CopyIn | Kernel::HostWrite => ("elementwise", "copy_in"),
             Kernel::DecodeRun => (DECODE_MODULE, "decode_run"),

@@ -551,7 +551,8 @@ fn plan_keys_change_with_every_location_and_shape() {
 /// DeepSeek's MLA (16 heads, rank 512, rope 64, F16 per-head weights:
 /// stored, `heads_dq`) in a cache of 2048 rows: its YaRN ropes run as rope
 /// launches carrying the ramp; decoding cuts the cache into 32 splits of 64
-/// rows and merges them, a prompt takes one split and no merge.
+/// rows and merges them; a prompt over this F16 cache runs on tensor cores,
+/// two tokens × 16 heads a block, with no merge.
 #[test]
 fn latent_attention_lowers_to_store_splits_and_merge() {
     use tern_graph::{HeadMatMul, LatentAttentionParams, Yarn};
@@ -568,7 +569,7 @@ fn latent_attention_lowers_to_store_splits_and_merge() {
     };
     for (n, want) in [
         (1, &[Columns, Columns, Columns, Columns, Rope, Rope, HeadsDq, MlaStore, MlaAttention, MlaMerge][..]),
-        (70, &[Columns, Columns, Columns, Columns, Rope, Rope, HeadsDq, MlaStore, MlaAttention][..]),
+        (70, &[Columns, Columns, Columns, Columns, Rope, Rope, HeadsDq, MlaStore, MlaAttentionMma][..]),
     ] {
         let mut g = Graph::new();
         let q = g.weight(0, "x", GgmlType::F32, [(nope + rope) * nh, n, 1, 1]);
@@ -592,10 +593,14 @@ fn latent_attention_lowers_to_store_splits_and_merge() {
         let Args::Rope(ra) = ls[4].args else { panic!("{:?}", ls[4].args) };
         assert_eq!((ra.y_low, ra.y_high, ra.y_ext, ra.y_mag), (10.0, 23.0, 1.0, 1.0));
         assert_eq!(ls[6].grid, (64, nh as u32, n.div_ceil(8) as u32), "a warp a row, 8 tokens a block");
-        let Args::MlaAttention(aa) = ls[8].args else { panic!("{:?}", ls[8].args) };
-        let splits = if n == 1 { 32 } else { 1 };
-        assert_eq!((aa.n_split, ls[8].grid), (splits, (splits as u32, n as u32, 1)), "{n} tokens");
-        assert_eq!(aa.part != 0, n == 1, "only splits leave states");
+        match ls[8].args {
+            Args::MlaAttention(aa) => {
+                assert_eq!((n, aa.n_split, ls[8].grid), (1, 32, (32, 1, 1)), "decoding splits");
+                assert!(aa.part != 0, "splits leave states");
+            }
+            Args::MlaMma(aa) => assert_eq!((aa.n_tok, ls[8].grid), (n as i32, (35, 1, 1)), "{n} tokens"),
+            ref a => panic!("{a:?}"),
+        }
     }
 }
 

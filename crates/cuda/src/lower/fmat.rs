@@ -8,7 +8,7 @@ use tern_quant::{ActType, GgmlType};
 use super::{grid1, Lower, Need, FMAT_TOKENS, MMA_COLS, MMA_K, MMA_ROWS, MMA_SMEM};
 use crate::args::{
     Act, ActQ8Args, F16GemvArgs, FmatGemvArgs, GemvIo, MmaArgs, Q6KGemv1Q8Args, Q6KGemvArgs, Q8GemvArgs, Q8pGemv1xArgs,
-    Q8pGemvArgs,
+    Q8pGemv1xPairArgs, Q8pGemvArgs,
 };
 use crate::kernels::Kernel;
 use crate::launch::Launch;
@@ -104,6 +104,28 @@ impl Lower<'_> {
         Ok(true)
     }
 
+    /// A one-token gate product at `nodes[i]` of levels `w`, followed by the
+    /// up product of the same x and shape and the activation that alone
+    /// reads both: the up weight, the activation node and its `Act`.
+    fn levels_pair(&self, nodes: &[NodeId], i: usize, w: &Weight) -> Result<Option<(Weight, NodeId, Act)>, Need> {
+        let (Some(&u), Some(&a)) = (nodes.get(i + 1), nodes.get(i + 2)) else { return Ok(None) };
+        let (gn, un, an) = (self.node_ref(nodes[i]), self.node_ref(u), self.node_ref(a));
+        let Op::GatedAct(act) = an.op else { return Ok(None) };
+        let same = matches!(un.op, Op::MulMat { precision: Precision::Paired })
+            && un.srcs[1] == gn.srcs[1]
+            && un.ne == gn.ne
+            && an.srcs == [nodes[i], u]
+            && self.uses[nodes[i].index()] == 1
+            && self.uses[u.index()] == 1
+            && self.node_ref(un.srcs[0]).ne == self.node_ref(gn.srcs[0]).ne;
+        let up = self.weight(un.srcs[0]).filter(|up| {
+            same && matches!(up.quant, Some(QLayout::Levels | QLayout::LevelsOffset))
+                && up.staged.is_none()
+                && act_shift(up.ty) == act_shift(w.ty)
+        });
+        Ok(up.map(|up| (up.clone(), a, Act::of(act))))
+    }
+
     pub(super) fn fmat(&mut self, nodes: &[NodeId], i: usize, w: &Weight) -> Result<usize, Need> {
         let id = nodes[i];
         let node = self.node_ref(id).clone();
@@ -129,6 +151,24 @@ impl Lower<'_> {
         let ab = act_shift(w.ty);
         let x_smem = (k + 4 * (k >> ab)).next_multiple_of(16);
         if pairs && n_tok == 1 && x_smem <= PAIRED_X_SMEM {
+            if let Some((up, a, act)) = self.levels_pair(nodes, i, w)? {
+                let args = Q8pGemv1xPairArgs {
+                    q: w.ptr_codes,
+                    s: w.ptr_scales,
+                    o: w.ptr_offsets,
+                    q2: up.ptr_codes,
+                    s2: up.ptr_scales,
+                    o2: up.ptr_offsets,
+                    rows: rows as i32,
+                    k: k as i32,
+                    x,
+                    ab,
+                    out: self.ptr(a)?,
+                    act,
+                };
+                self.out.push(Launch::new(Kernel::Q8pGemv1xPair, grid1(rows, 8), 256, args).smem(x_smem));
+                return Ok(3);
+            }
             let args = Q8pGemv1xArgs {
                 q: w.ptr_codes,
                 s: w.ptr_scales,
@@ -193,7 +233,8 @@ impl Lower<'_> {
             _ => None,
         };
         if let Some(kernel) = float_gemm.filter(|_| batch && rows <= FLOAT_GEMM_ROWS && k % 32 == 0 && norm.is_none()) {
-            let io = GemvIo { rows: rows as i32, k: k as i32, x, n_tok: n_tok as i32, out, out_stride: rows as u64, res };
+            let io =
+                GemvIo { rows: rows as i32, k: k as i32, x, n_tok: n_tok as i32, out, out_stride: rows as u64, res };
             let grid = (rows.div_ceil(16) as u32, n_tok.div_ceil(16) as u32, 1);
             self.out.push(Launch::new(kernel, grid, 256, F16GemvArgs { w: w.ptr_codes, io }));
             return Ok(consumed);

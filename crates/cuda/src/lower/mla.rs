@@ -18,7 +18,9 @@ use tern_quant::GgmlType;
 
 use super::fmat::act_shift;
 use super::{fail, grid1, Lower, Need, GEMV_MAX_TOKENS, MMA_COLS, MMA_K, MMA_ROWS, MMA_SMEM};
-use crate::args::{Act, ColumnsArgs, MlaAttentionArgs, MlaMergeArgs, MlaStoreArgs, MmaArgs, MulMatHeadsArgs};
+use crate::args::{
+    Act, ColumnsArgs, MlaAttentionArgs, MlaMergeArgs, MlaMmaArgs, MlaStoreArgs, MmaArgs, MulMatHeadsArgs,
+};
 use crate::kernels::Kernel;
 use crate::launch::Launch;
 use crate::qlayout::QLayout;
@@ -26,6 +28,11 @@ use crate::weights::Held;
 
 /// Tokens a block of the per-head products takes (`HEADS_MAXT`).
 const HEADS_TOKENS: usize = 8;
+/// Keys a tile of the tensor-core prompt attention, and the widest cache row
+/// its warps' query fragments hold (mla_mma.cu `MLA_MMA_KEYS`, 9 k-steps of
+/// 16 a warp).
+const MLA_MMA_KEYS: usize = 32;
+const MLA_MMA_MAX_WIDTH: usize = 576;
 /// The longest head slice a transposed product stages (8 tokens' worth,
 /// 64 KiB of shared memory).
 const HEADS_MAX_STAGED: usize = 2048;
@@ -235,6 +242,34 @@ impl Lower<'_> {
             ty,
         };
         self.out.push(Launch::new(Kernel::MlaStore, (n_tok as u32, 1, 1), 256, store));
+        let width = p.rank + p.rope;
+        let tensor_cores = n_tok > GEMV_MAX_TOKENS
+            && ty == GgmlType::F16.id() as i32
+            && p.rank.is_multiple_of(64)
+            && p.rank <= 512
+            && p.rope.is_multiple_of(16)
+            && width <= MLA_MMA_MAX_WIDTH;
+        if tensor_cores {
+            // A prompt over an F16 cache: two tokens × 16 heads a block, on
+            // tensor cores (mla_mma.cu): two K tiles of 32 rows and the
+            // warps' partial scores in shared memory.
+            let args = MlaMmaArgs {
+                q_lat: self.ptr(s[0])?,
+                q_pe: self.ptr(s[1])?,
+                cache,
+                pos,
+                out,
+                n_tok: n_tok as i32,
+                n_head: p.n_head as i32,
+                rank: p.rank as i32,
+                rope: p.rope as i32,
+                scale: p.scale,
+            };
+            let smem = 2 * MLA_MMA_KEYS * (width + 8) * 2 + 8 * 16 * 32 * 4;
+            let grid = (n_tok.div_ceil(2) as u32, p.n_head.div_ceil(16) as u32, 1);
+            self.out.push(Launch::new(Kernel::MlaAttentionMma, grid, 256, args).smem(smem));
+            return Ok(());
+        }
         // A split's states for every (token, head): rank + 4 floats each.
         let per_split = n_tok * p.n_head * (p.rank + 4) * 4;
         let (split, n_split) = if n_tok <= GEMV_MAX_TOKENS {
