@@ -13,14 +13,16 @@
 // adds o · d · Σa, Σa over the group's 16 activations.
 //
 // A block: 64 rows × 64 columns, 4 warps of 32 × 32 (2 × 4 mma tiles), k in
-// chunks of 64 (4 groups) through two shared-memory stages filled by
-// cp.async. A stage's rows are 80 bytes apart: a fragment's 8 rows × 4 words
-// then fall in 32 distinct banks.
+// chunks of 64 (4 groups) through MMA_STAGES shared-memory stages filled by
+// cp.async, two chunks in flight while one is multiplied. A stage's rows
+// are 80 bytes apart: a fragment's 8 rows × 4 words then fall in 32
+// distinct banks.
 
 #define MMA_BM 64
 #define MMA_BN 64
 #define MMA_BK 64
 #define MMA_LD 80
+#define MMA_STAGES 3
 
 struct MmaArgs {
     // The (gate) matrix: levels [rows · experts, k], scales and offsets
@@ -229,18 +231,23 @@ __device__ __forceinline__ void levels_mma(const MmaArgs& a) {
             }
     int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;
     int chunks = a.k / MMA_BK;
-    mma_fill<PAIR, OFFS, Q6>(st[0], a, row0, n_rows, col_off, col_ok, 0);
-    asm volatile("cp.async.commit_group;");
+    // MMA_STAGES − 1 chunks in flight ahead of the one multiplied; a group
+    // is committed every round, empty past the last chunk, so that
+    // `wait_group` counts the same in every round.
+#pragma unroll
+    for (int c = 0; c < MMA_STAGES - 1; ++c) {
+        if (c < chunks) mma_fill<PAIR, OFFS, Q6>(st[c], a, row0, n_rows, col_off, col_ok, c * MMA_BK);
+        asm volatile("cp.async.commit_group;");
+    }
     for (int kc = 0; kc < chunks; ++kc) {
-        MmaStage& s = st[kc & 1];
-        if (kc + 1 < chunks) {
-            mma_fill<PAIR, OFFS, Q6>(st[(kc + 1) & 1], a, row0, n_rows, col_off, col_ok, (kc + 1) * MMA_BK);
-            asm volatile("cp.async.commit_group;");
-            asm volatile("cp.async.wait_group 1;" ::: "memory");
-        } else {
-            asm volatile("cp.async.wait_group 0;" ::: "memory");
-        }
+        MmaStage& s = st[kc % MMA_STAGES];
+        asm volatile("cp.async.wait_group %0;" ::"n"(MMA_STAGES - 2) : "memory");
+        // Chunk kc has landed, and every warp is done with chunk kc − 1,
+        // whose stage the next fill takes.
         __syncthreads();
+        int next = kc + MMA_STAGES - 1;
+        if (next < chunks) mma_fill<PAIR, OFFS, Q6>(st[next % MMA_STAGES], a, row0, n_rows, col_off, col_ok, next * MMA_BK);
+        asm volatile("cp.async.commit_group;");
         if (OFFS) {
             // Σa of each column's 4 groups: thread i takes column i / 2, groups 2 (i % 2) ..
 #pragma unroll
@@ -315,7 +322,6 @@ __device__ __forceinline__ void levels_mma(const MmaArgs& a) {
                 }
             }
         }
-        __syncthreads();
     }
     // c0, c1: row gid, columns 2tq, 2tq + 1; c2, c3: row gid + 8.
 #pragma unroll

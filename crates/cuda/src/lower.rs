@@ -63,11 +63,11 @@ const PAIR_MAX_K_PAD: usize = 4096;
 const FMAT_TOKENS: usize = 8;
 
 /// levels_mma.cu's block: `MMA_ROWS` rows, k in whole chunks of `MMA_K`,
-/// two stages of `MmaStage` in shared memory.
+/// three stages (`MMA_STAGES`) of `MmaStage` in shared memory.
 const MMA_ROWS: usize = 64;
 const MMA_COLS: usize = 64;
 const MMA_K: usize = 64;
-const MMA_SMEM: usize = 2 * (3 * 64 * 80 + 6 * 64 * 16);
+const MMA_SMEM: usize = 3 * (3 * 64 * 80 + 6 * 64 * 16);
 /// Rows a block of the prompt GEMM computes: one scale a row, and a scale
 /// per 256-chunk (`ternary_gemm` and `ternary_gemm_grouped`); 32 tokens each.
 const GEMM_ROWS: usize = 256;
