@@ -7,8 +7,10 @@
 // is a whole cache row [c | k_pe] (W = rank + rope dims) and whose value is
 // its first `rank` dims.
 //
-// grid: (⌈n_tok / 2⌉, ⌈n_head / 16⌉), block 256 (8 warps). A block takes two
-// tokens and 16 heads: m-tile i (16 rows) is token 2x + i's heads 16y ..
+// grid: (n_split, ⌈n_tok / 2⌉, ⌈n_head / 16⌉), block 256 (8 warps). A block
+// takes keys s·split .. + split of two tokens for 16 heads (a prompt: one
+// split; decoding: splits whose states `mla_merge` combines, as
+// mla_attention's): m-tile i (16 rows) is token 2x + i's heads 16y ..
 // 16y + 15. Warp w = 4i + u works on m-tile i: it computes S's partial sums
 // over k-steps u, u + 4, ... of each 32-key tile (its Q fragments loaded
 // once, scaled by scale · log2 e and rounded to f16), the four warps of a
@@ -33,8 +35,8 @@ __device__ __forceinline__ void ldsm_x2(u32& b0, u32& b1, const u16* row) {
 
 extern "C" __global__ void __launch_bounds__(256) mla_attention_mma(const float* q_lat, const float* q_pe,
                                                                     const u16* cache, const int* pos, float* out,
-                                                                    int n_tok, int n_head, int rank, int rope,
-                                                                    float scale) {
+                                                                    float* part, int n_tok, int n_head, int rank,
+                                                                    int rope, float scale, int split, int n_split) {
     extern __shared__ __align__(16) u16 mm_sm[];
     const int W = rank + rope, KS = W + 8, nks = W / 16;
     u16* ktile = mm_sm;                                      // [2][MLA_MMA_KEYS][KS]
@@ -43,12 +45,15 @@ extern "C" __global__ void __launch_bounds__(256) mla_attention_mma(const float*
     pdl_launch();
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
     int mt = warp >> 2, u = warp & 3;
-    int t0 = blockIdx.x * 2, t1 = min(t0 + 1, n_tok - 1), h0 = blockIdx.y * 16;
+    int sp = blockIdx.x, t0 = blockIdx.y * 2, t1 = min(t0 + 1, n_tok - 1), h0 = blockIdx.z * 16;
     // A lone last token's partner m-tile computes the same rows again and
     // stores nothing.
     bool t_valid = t0 + mt < n_tok;
     int t = t_valid ? t0 + mt : t1;
     int p_t = pos[t], p_max = max(pos[t0], pos[t1]);
+    // This split's keys: j0 .. j_end (inclusive), none past the pair's last position.
+    int j0 = sp * split, j_end = min(p_max, j0 + split - 1);
+    if (j0 > p_max) return;
     int ha = h0 + g, hb = h0 + g + 8;
     bool va = t_valid && ha < n_head, vb = t_valid && hb < n_head;
 
@@ -80,15 +85,15 @@ extern "C" __global__ void __launch_bounds__(256) mla_attention_mma(const float*
     for (int n = 0; n < 16; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     float ma = -INFINITY, mb = -INFINITY, la = 0.0f, lb = 0.0f;
 
-    int n_tiles = p_max / MLA_MMA_KEYS + 1;
+    int n_tiles = (j_end - j0) / MLA_MMA_KEYS + 1;
     // Copies of tile `i` into buffer i % 2: 16-byte pieces of its rows.
     auto load = [&](int i) {
         u16* dst = ktile + (i & 1) * MLA_MMA_KEYS * KS;
         int per_row = W / 8;
         for (int c = threadIdx.x; c < MLA_MMA_KEYS * per_row; c += 256) {
             int r = c / per_row, col = 8 * (c % per_row);
-            int key = i * MLA_MMA_KEYS + r;
-            bool in = key <= p_max;
+            int key = j0 + i * MLA_MMA_KEYS + r;
+            bool in = key <= j_end;
             cp_async16(dst + r * KS + col, cache + (u64)(in ? key : 0) * W + col, in ? 16 : 0);
         }
         asm volatile("cp.async.commit_group;");
@@ -134,8 +139,8 @@ extern "C" __global__ void __launch_bounds__(256) mla_attention_mma(const float*
                 float v = 0.0f;
 #pragma unroll
                 for (int w = 0; w < 4; ++w) v += base[w * 16 * 32 + (4 * j + e) * 32 + lane];
-                int key = i * MLA_MMA_KEYS + 8 * j + 2 * tig + (e & 1);
-                s[j][e] = key <= p_t ? v : -INFINITY;
+                int key = j0 + i * MLA_MMA_KEYS + 8 * j + 2 * tig + (e & 1);
+                s[j][e] = key <= p_t && key <= j_end ? v : -INFINITY;
             }
         // Online softmax of rows g (e 0, 1) and g + 8 (e 2, 3).
         float ta = -INFINITY, tb = -INFINITY;
@@ -192,6 +197,39 @@ extern "C" __global__ void __launch_bounds__(256) mla_attention_mma(const float*
         }
     }
     if (!t_valid) return;
+    if (n_split > 1) {
+        // A split's state for mla_merge: unnormalised sums, then the max in
+        // natural units (these are log2 units) and the sum of weights.
+#pragma unroll
+        for (int n = 0; n < 16; ++n) {
+            if (n >= nvt) break;
+            int c = v0 + 8 * n + 2 * tig;
+            if (va) {
+                float* d = part + (((u64)t * n_head + ha) * n_split + sp) * (rank + 4) + c;
+                d[0] = o[n][0];
+                d[1] = o[n][1];
+            }
+            if (vb) {
+                float* d = part + (((u64)t * n_head + hb) * n_split + sp) * (rank + 4) + c;
+                d[0] = o[n][2];
+                d[1] = o[n][3];
+            }
+        }
+        if (u == 0 && tig == 0) {
+            const float ln2 = 0.6931471805599453f;
+            if (va) {
+                float* d = part + (((u64)t * n_head + ha) * n_split + sp) * (rank + 4) + rank;
+                d[0] = ma * ln2;
+                d[1] = la;
+            }
+            if (vb) {
+                float* d = part + (((u64)t * n_head + hb) * n_split + sp) * (rank + 4) + rank;
+                d[0] = mb * ln2;
+                d[1] = lb;
+            }
+        }
+        return;
+    }
     float ia = la > 0.0f ? 1.0f / la : 0.0f, ib = lb > 0.0f ? 1.0f / lb : 0.0f;
 #pragma unroll
     for (int n = 0; n < 16; ++n) {

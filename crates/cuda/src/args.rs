@@ -436,11 +436,12 @@ kernel_args! {
         n_head: i32 => i32, rank: i32 => i32, rope: i32 => i32, ty: i32 => i32, scale: f32 => f32,
         split: i32 => i32, n_split: i32 => i32,
     }
-    /// `mla_attention_mma` (mla_mma.cu): a prompt's latent attention on
-    /// tensor cores over an F16 cache.
+    /// `mla_attention_mma` (mla_mma.cu): the latent attention on tensor
+    /// cores over an F16 cache, in `n_split` splits of `split` keys.
     MlaMma(MlaMmaArgs) for [MlaAttentionMma] {
-        q_lat: u64 => ptr, q_pe: u64 => ptr, cache: u64 => ptr, pos: u64 => ptr, out: u64 => ptr,
+        q_lat: u64 => ptr, q_pe: u64 => ptr, cache: u64 => ptr, pos: u64 => ptr, out: u64 => ptr, part: u64 => ptr,
         n_tok: i32 => i32, n_head: i32 => i32, rank: i32 => i32, rope: i32 => i32, scale: f32 => f32,
+        split: i32 => i32, n_split: i32 => i32,
     }
     /// `mla_merge`: the splits' states in `part` → the output.
     MlaMerge(MlaMergeArgs) for [MlaMerge] {

@@ -551,8 +551,9 @@ fn plan_keys_change_with_every_location_and_shape() {
 /// DeepSeek's MLA (16 heads, rank 512, rope 64, F16 per-head weights:
 /// stored, `heads_dq`) in a cache of 2048 rows: its YaRN ropes run as rope
 /// launches carrying the ramp; decoding cuts the cache into 32 splits of 64
-/// rows and merges them; a prompt over this F16 cache runs on tensor cores,
-/// two tokens × 16 heads a block, with no merge.
+/// rows and merges them, a prompt takes one split and no merge. Over an F16
+/// cache the attention runs on tensor cores (two tokens × 16 heads a
+/// block), over an F32 cache on CUDA cores (a token's 16 heads a block).
 #[test]
 fn latent_attention_lowers_to_store_splits_and_merge() {
     use tern_graph::{HeadMatMul, LatentAttentionParams, Yarn};
@@ -567,39 +568,48 @@ fn latent_attention_lowers_to_store_splits_and_merge() {
         freq_scale: 0.025,
         yarn: Some(yarn),
     };
-    for (n, want) in [
-        (1, &[Columns, Columns, Columns, Columns, Rope, Rope, HeadsDq, MlaStore, MlaAttention, MlaMerge][..]),
-        (70, &[Columns, Columns, Columns, Columns, Rope, Rope, HeadsDq, MlaStore, MlaAttentionMma][..]),
-    ] {
-        let mut g = Graph::new();
-        let q = g.weight(0, "x", GgmlType::F32, [(nope + rope) * nh, n, 1, 1]);
-        let kv = g.weight(1, "x", GgmlType::F32, [rank + rope, n, 1, 1]);
-        let wk = g.weight(2, "attn_k_b", GgmlType::F16, [nope, rank, nh, 1]);
-        let cache = g.kv_cache(0, KvKind::K, GgmlType::F16, [rank + rope, 2048, 1, 1]);
-        let pos = g.input(InputKind::Positions, n);
-        let q_nope = g.columns(q, nope + rope, 0, nope);
-        let q_pe = g.columns(q, nope + rope, nope, rope);
-        let c = g.columns(kv, rank + rope, 0, rank);
-        let k_pe = g.columns(kv, rank + rope, rank, rope);
-        let (q_pe, k_pe) = (g.rope(q_pe, pos, None, r), g.rope(k_pe, pos, None, r));
-        let mm = HeadMatMul { n_head: nh, stride: rank, offset: 0, len: rank, transposed: false };
-        let q_lat = g.mul_mat_heads(wk, q_nope, mm, Precision::Float);
-        let p = LatentAttentionParams { layer: 0, n_head: nh, rank, rope, scale: 0.1, kv_pos: 0 };
-        let a = g.latent_attention(q_lat, q_pe, c, k_pe, cache, pos, p);
-        g.mark_output(a);
-        let l = Layer { g, x: q, norm_out: q };
-        let ls = launches(&l, None);
-        assert_eq!(kernels(&ls), want, "{n} tokens");
-        let Args::Rope(ra) = ls[4].args else { panic!("{:?}", ls[4].args) };
-        assert_eq!((ra.y_low, ra.y_high, ra.y_ext, ra.y_mag), (10.0, 23.0, 1.0, 1.0));
-        assert_eq!(ls[6].grid, (64, nh as u32, n.div_ceil(8) as u32), "a warp a row, 8 tokens a block");
-        match ls[8].args {
-            Args::MlaAttention(aa) => {
-                assert_eq!((n, aa.n_split, ls[8].grid), (1, 32, (32, 1, 1)), "decoding splits");
-                assert!(aa.part != 0, "splits leave states");
+    for (cache_ty, attention) in [(GgmlType::F16, MlaAttentionMma), (GgmlType::F32, MlaAttention)] {
+        for n in [1usize, 70] {
+            let mut g = Graph::new();
+            let q = g.weight(0, "x", GgmlType::F32, [(nope + rope) * nh, n, 1, 1]);
+            let kv = g.weight(1, "x", GgmlType::F32, [rank + rope, n, 1, 1]);
+            let wk = g.weight(2, "attn_k_b", GgmlType::F16, [nope, rank, nh, 1]);
+            let cache = g.kv_cache(0, KvKind::K, cache_ty, [rank + rope, 2048, 1, 1]);
+            let pos = g.input(InputKind::Positions, n);
+            let q_nope = g.columns(q, nope + rope, 0, nope);
+            let q_pe = g.columns(q, nope + rope, nope, rope);
+            let c = g.columns(kv, rank + rope, 0, rank);
+            let k_pe = g.columns(kv, rank + rope, rank, rope);
+            let (q_pe, k_pe) = (g.rope(q_pe, pos, None, r), g.rope(k_pe, pos, None, r));
+            let mm = HeadMatMul { n_head: nh, stride: rank, offset: 0, len: rank, transposed: false };
+            let q_lat = g.mul_mat_heads(wk, q_nope, mm, Precision::Float);
+            let p = LatentAttentionParams { layer: 0, n_head: nh, rank, rope, scale: 0.1, kv_pos: 0 };
+            let a = g.latent_attention(q_lat, q_pe, c, k_pe, cache, pos, p);
+            g.mark_output(a);
+            let l = Layer { g, x: q, norm_out: q };
+            let ls = launches(&l, None);
+            let mut want = vec![Columns, Columns, Columns, Columns, Rope, Rope, HeadsDq, MlaStore, attention];
+            if n == 1 {
+                want.push(MlaMerge);
             }
-            Args::MlaMma(aa) => assert_eq!((aa.n_tok, ls[8].grid), (n as i32, (35, 1, 1)), "{n} tokens"),
-            ref a => panic!("{a:?}"),
+            assert_eq!(kernels(&ls), want, "{n} tokens, {cache_ty} cache");
+            let Args::Rope(ra) = ls[4].args else { panic!("{:?}", ls[4].args) };
+            assert_eq!((ra.y_low, ra.y_high, ra.y_ext, ra.y_mag), (10.0, 23.0, 1.0, 1.0));
+            assert_eq!(ls[6].grid, (64, nh as u32, n.div_ceil(8) as u32), "a warp a row, 8 tokens a block");
+            let splits = if n == 1 { 32 } else { 1 };
+            let (n_split, part) = match ls[8].args {
+                Args::MlaAttention(aa) => {
+                    assert_eq!(ls[8].grid, (splits as u32, n as u32, 1), "{n} tokens");
+                    (aa.n_split, aa.part)
+                }
+                Args::MlaMma(aa) => {
+                    assert_eq!(ls[8].grid, (splits as u32, n.div_ceil(2) as u32, 1), "{n} tokens");
+                    (aa.n_split, aa.part)
+                }
+                ref a => panic!("{a:?}"),
+            };
+            assert_eq!(n_split, splits, "{n} tokens, {cache_ty} cache");
+            assert_eq!(part != 0, n == 1, "only splits leave states");
         }
     }
 }

@@ -242,44 +242,49 @@ impl Lower<'_> {
             ty,
         };
         self.out.push(Launch::new(Kernel::MlaStore, (n_tok as u32, 1, 1), 256, store));
+        // A split's states for every (token, head): rank + 4 floats each.
+        let per_split = n_tok * p.n_head * (p.rank + 4) * 4;
         let width = p.rank + p.rope;
-        let tensor_cores = n_tok > GEMV_MAX_TOKENS
-            && ty == GgmlType::F16.id() as i32
+        // Over an F16 cache the attention runs on tensor cores (mla_mma.cu:
+        // two tokens × 16 heads a block, q and P rounded to f16), else on
+        // CUDA cores in f32 (mla.cu); decoding cuts the cache into splits.
+        let tensor_cores = ty == GgmlType::F16.id() as i32
             && p.rank.is_multiple_of(64)
             && p.rank <= 512
             && p.rope.is_multiple_of(16)
             && width <= MLA_MMA_MAX_WIDTH;
+        let tile = if tensor_cores { MLA_MMA_KEYS } else { MLA_ROWS };
+        let (split, n_split) = if n_tok <= GEMV_MAX_TOKENS {
+            let max_splits = (MLA_PART_BYTES / per_split).clamp(1, MLA_MAX_SPLITS);
+            let split = MLA_MIN_SPLIT.max(n_ctx.div_ceil(max_splits).next_multiple_of(tile));
+            (split, n_ctx.div_ceil(split))
+        } else {
+            (n_ctx, 1)
+        };
+        let part = if n_split > 1 { self.take(n_split * per_split) } else { 0 };
         if tensor_cores {
-            // A prompt over an F16 cache: two tokens × 16 heads a block, on
-            // tensor cores (mla_mma.cu): two K tiles of 32 rows and the
-            // warps' partial scores in shared memory.
             let args = MlaMmaArgs {
                 q_lat: self.ptr(s[0])?,
                 q_pe: self.ptr(s[1])?,
                 cache,
                 pos,
                 out,
+                part,
                 n_tok: n_tok as i32,
                 n_head: p.n_head as i32,
                 rank: p.rank as i32,
                 rope: p.rope as i32,
                 scale: p.scale,
+                split: split as i32,
+                n_split: n_split as i32,
             };
+            // Two K tiles of 32 rows and the warps' partial scores.
             let smem = 2 * MLA_MMA_KEYS * (width + 8) * 2 + 8 * 16 * 32 * 4;
-            let grid = (n_tok.div_ceil(2) as u32, p.n_head.div_ceil(16) as u32, 1);
+            let grid = (n_split as u32, n_tok.div_ceil(2) as u32, p.n_head.div_ceil(16) as u32);
             self.out.push(Launch::new(Kernel::MlaAttentionMma, grid, 256, args).smem(smem));
+            self.mla_merge(part, pos, out, p, split, n_split, n_tok);
             return Ok(());
         }
-        // A split's states for every (token, head): rank + 4 floats each.
-        let per_split = n_tok * p.n_head * (p.rank + 4) * 4;
-        let (split, n_split) = if n_tok <= GEMV_MAX_TOKENS {
-            let max_splits = (MLA_PART_BYTES / per_split).clamp(1, MLA_MAX_SPLITS);
-            let split = MLA_MIN_SPLIT.max(n_ctx.div_ceil(max_splits).next_multiple_of(MLA_ROWS));
-            (split, n_ctx.div_ceil(split))
-        } else {
-            (n_ctx, 1)
-        };
-        let part = if n_split > 1 { self.take(n_split * per_split) } else { 0 };
         let args = MlaAttentionArgs {
             q_lat: self.ptr(s[0])?,
             q_pe: self.ptr(s[1])?,
@@ -299,6 +304,22 @@ impl Lower<'_> {
         let smem = ((MLA_ROWS + MLA_HEADS) * wp + MLA_HEADS * MLA_ROWS + 3 * MLA_HEADS) * 4;
         let grid = (n_split as u32, n_tok as u32, p.n_head.div_ceil(MLA_HEADS) as u32);
         self.out.push(Launch::new(Kernel::MlaAttention, grid, 256, args).smem(smem));
+        self.mla_merge(part, pos, out, p, split, n_split, n_tok);
+        Ok(())
+    }
+
+    /// The merge of a latent attention's splits, when there are several.
+    #[allow(clippy::too_many_arguments)]
+    fn mla_merge(
+        &mut self,
+        part: u64,
+        pos: u64,
+        out: u64,
+        p: &LatentAttentionParams,
+        split: usize,
+        n_split: usize,
+        n_tok: usize,
+    ) {
         if n_split > 1 {
             let args = MlaMergeArgs {
                 part,
@@ -311,7 +332,6 @@ impl Lower<'_> {
             };
             self.out.push(Launch::new(Kernel::MlaMerge, (p.n_head as u32, n_tok as u32, 1), 128, args));
         }
-        Ok(())
     }
 }
 
