@@ -52,6 +52,36 @@ fn gemv_kernel(w: &Weight, up: Option<&Weight>, paired: bool) -> Kernel {
     }
 }
 
+/// The arguments every tensor-core product shares: the levels `w` (and the
+/// up matrix of a gated pair), `rows` of `k`, `act_q8`'s (q, d) in blocks of
+/// 2^`ab`, and the output; the rest (which columns, dense, items or heads)
+/// is the caller's.
+pub(super) fn mma_args(
+    w: &Weight,
+    up: Option<&Weight>,
+    rows: usize,
+    k: usize,
+    acts: (u64, u64),
+    ab: i32,
+    out: u64,
+) -> MmaArgs {
+    MmaArgs {
+        q: w.ptr_codes,
+        s: w.ptr_scales,
+        o: w.ptr_offsets,
+        q2: up.map_or(0, |u| u.ptr_codes),
+        s2: up.map_or(0, |u| u.ptr_scales),
+        o2: up.map_or(0, |u| u.ptr_offsets),
+        rows: rows as i32,
+        k: k as i32,
+        qa: acts.0,
+        da: acts.1,
+        ab,
+        out,
+        ..MmaArgs::default()
+    }
+}
+
 /// The tensor-core kernel for levels `w` (and the up matrix of a gated
 /// pair): a k32 step per scale where both types' scales span 32.
 pub(super) fn mma_kernel(w: &Weight, up: Option<&Weight>) -> Kernel {
@@ -132,30 +162,13 @@ impl Lower<'_> {
         let up_w = up.as_ref();
         if mma {
             let args = MmaArgs {
-                q: w.ptr_codes,
-                s: w.ptr_scales,
-                o: w.ptr_offsets,
-                q2: up_w.map_or(0, |u| u.ptr_codes),
-                s2: up_w.map_or(0, |u| u.ptr_scales),
-                o2: up_w.map_or(0, |u| u.ptr_offsets),
-                rows: rows as i32,
-                k: k as i32,
-                qa,
-                da,
-                ab,
-                n_tok: 0,
-                out_stride: 0,
-                res: 0,
                 items: plan.items,
                 n_items: plan.n_items,
                 sorted: plan.sorted,
                 x_pair: x_pair as i32,
                 k_used: node.ne[1] as i32,
-                n_head: 0,
-                stride: 0,
-                offset: 0,
-                out: self.ptr(id)?,
                 act,
+                ..mma_args(&w, up_w, rows, k, (qa, da), ab, self.ptr(id)?)
             };
             let grid = (rows.div_ceil(MMA_ROWS) as u32, plan.max_items as u32, 1);
             self.out.push(Launch::new(mma_kernel(&w, up_w), grid, 128, args).smem(MMA_SMEM));

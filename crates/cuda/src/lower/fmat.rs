@@ -198,30 +198,10 @@ impl Lower<'_> {
             let (qa, da) = self.acts_q8(node.srcs[1], k, ab)?;
             let kernel = if q6_mma { Kernel::Q6KMma } else { super::experts::mma_kernel(w, None) };
             let args = MmaArgs {
-                q: w.ptr_codes,
-                s: w.ptr_scales,
-                o: w.ptr_offsets,
-                q2: 0,
-                s2: 0,
-                o2: 0,
-                rows: rows as i32,
-                k: k as i32,
-                qa,
-                da,
-                ab,
                 n_tok: n_tok as i32,
                 out_stride: rows as u64,
                 res,
-                items: 0,
-                n_items: 0,
-                sorted: 0,
-                x_pair: 0,
-                k_used: 0,
-                n_head: 0,
-                stride: 0,
-                offset: 0,
-                out,
-                act: Act::None,
+                ..super::experts::mma_args(w, None, rows, k, (qa, da), ab, out)
             };
             let grid = (rows.div_ceil(MMA_ROWS) as u32, n_tok.div_ceil(MMA_COLS) as u32, 1);
             self.out.push(Launch::new(kernel, grid, 128, args).smem(MMA_SMEM));

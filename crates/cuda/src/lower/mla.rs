@@ -18,9 +18,7 @@ use tern_quant::GgmlType;
 
 use super::fmat::act_shift;
 use super::{fail, grid1, Lower, Need, GEMV_MAX_TOKENS, MMA_COLS, MMA_K, MMA_ROWS, MMA_SMEM};
-use crate::args::{
-    Act, ColumnsArgs, MlaAttentionArgs, MlaMergeArgs, MlaMmaArgs, MlaStoreArgs, MmaArgs, MulMatHeadsArgs,
-};
+use crate::args::{ColumnsArgs, MlaAttentionArgs, MlaMergeArgs, MlaMmaArgs, MlaStoreArgs, MmaArgs, MulMatHeadsArgs};
 use crate::kernels::Kernel;
 use crate::launch::Launch;
 use crate::qlayout::QLayout;
@@ -154,30 +152,11 @@ impl Lower<'_> {
             // A prompt's heads on the tensor cores: a block per 64 of a
             // head's rows and 64 tokens.
             let args = MmaArgs {
-                q: w.ptr_codes,
-                s: w.ptr_scales,
-                o: w.ptr_offsets,
-                q2: 0,
-                s2: 0,
-                o2: 0,
-                rows: mm.len as i32,
-                k: k as i32,
-                qa,
-                da,
-                ab,
                 n_tok: n_tok as i32,
-                out_stride: 0,
-                res: 0,
-                items: 0,
-                n_items: 0,
-                sorted: 0,
-                x_pair: 0,
-                k_used: 0,
                 n_head: mm.n_head as i32,
                 stride: mm.stride as i32,
                 offset: mm.offset as i32,
-                out: self.ptr(id)?,
-                act: Act::None,
+                ..super::experts::mma_args(&w, None, mm.len, k, (qa, da), ab, self.ptr(id)?)
             };
             let grid = (mm.len.div_ceil(MMA_ROWS) as u32, (mm.n_head * n_tok.div_ceil(MMA_COLS)) as u32, 1);
             self.out.push(Launch::new(super::experts::mma_kernel(&w, None), grid, 128, args).smem(MMA_SMEM));
