@@ -114,7 +114,8 @@ pub(crate) fn place(model: &Model, opts: &LoadOptions, gpus: &[BackendId]) -> Re
 
 /// The weights that matmuls read (the only ones worth staging).
 fn matmul_operands(model: &Model, opts: &LoadOptions) -> std::collections::BTreeSet<usize> {
-    let step = model.build_graph(&Batch { n_tokens: 1, kv_pos: 0, n_outputs: 1 }, &kv_spec(model, opts));
+    let step =
+        model.build_graph(&Batch { n_tokens: 1, kv_pos: 0, n_outputs: 1, multi_seq: false }, &kv_spec(model, opts));
     let g = &step.graph;
     g.nodes
         .iter()
@@ -128,7 +129,7 @@ fn matmul_operands(model: &Model, opts: &LoadOptions) -> std::collections::BTree
 
 pub(crate) fn kv_spec(model: &Model, opts: &LoadOptions) -> KvSpec {
     let n_ctx = if opts.n_ctx == 0 { model.config.n_ctx_train } else { opts.n_ctx };
-    KvSpec { k_type: opts.k_type, v_type: opts.v_type, n_ctx }
+    KvSpec { k_type: opts.k_type, v_type: opts.v_type, n_ctx: n_ctx * opts.n_seqs.max(1) }
 }
 
 fn desc(info: &tern_gguf::TensorInfo) -> WeightDesc {
@@ -209,7 +210,7 @@ pub(crate) fn check_memory(
     n_batch: usize,
     capacity: impl Fn(BackendId) -> Option<u64>,
 ) -> Result<Vec<MemoryUse>> {
-    let batch = Batch { n_tokens: n_batch.min(kv.n_ctx).max(1), kv_pos: 0, n_outputs: 1 };
+    let batch = Batch { n_tokens: n_batch.min(kv.n_ctx).max(1), kv_pos: 0, n_outputs: 1, multi_seq: false };
     let built = model.build_graph(&batch, kv);
     let schedule = Schedule::new(&built.graph, placement, backends);
     // Attention runs where its layer's cache lives; a fallback elsewhere would
@@ -354,10 +355,10 @@ pub fn plan_for(path: impl AsRef<std::path::Path>, opts: &LoadOptions, devices: 
     let capacity = |b: BackendId| devices.iter().find(|d| d.id == b).map(|d| d.bytes);
     let memory = check_memory(&model, &placement, &kv, &backends, opts.n_batch, capacity)
         .map_err(|e| with_fit_hint(e, &model, opts, &gpus, &capacity))?;
-    let step = model.build_graph(&Batch { n_tokens: 1, kv_pos: 0, n_outputs: 1 }, &kv);
+    let step = model.build_graph(&Batch { n_tokens: 1, kv_pos: 0, n_outputs: 1, multi_seq: false }, &kv);
     let schedule = Schedule::new(&step.graph, &placement, &backends);
     let prompt_tokens = opts.n_batch.min(kv.n_ctx).max(1);
-    let prompt = model.build_graph(&Batch { n_tokens: prompt_tokens, kv_pos: 0, n_outputs: 1 }, &kv);
+    let prompt = model.build_graph(&Batch { n_tokens: prompt_tokens, kv_pos: 0, n_outputs: 1, multi_seq: false }, &kv);
     let prompt_schedule = Schedule::new(&prompt.graph, &placement, &backends);
     let offload = offload_estimate(&prompt, &prompt_schedule, &placement);
     Ok(DevicePlan { model, placement, step, schedule, prompt, prompt_schedule, offload, memory })

@@ -79,7 +79,7 @@ fn gpu_layers_take_the_last_layers_then_the_output() {
     assert_eq!(first_on_host.schedule.assigned[lookup].backend, BackendId::CPU);
     // A prompt-sized lookup reads the device copy as well (batch ≥ 32).
     let kv = tern_models::KvSpec { k_type: tern_gguf::GgmlType::F16, v_type: tern_gguf::GgmlType::F16, n_ctx: 256 };
-    let big = p.model.build_graph(&tern_models::Batch { n_tokens: 64, kv_pos: 0, n_outputs: 1 }, &kv);
+    let big = p.model.build_graph(&tern_models::Batch { n_tokens: 64, kv_pos: 0, n_outputs: 1, multi_seq: false }, &kv);
     let backends = tern_sched::Backends::new(vec![
         Box::new(tern_cpu::CpuBackend::new(BackendId::CPU, 1)),
         Box::new(tern_sched::VirtualBackend::new(BackendId::cuda(0), tern_cuda::supports)),
