@@ -261,7 +261,7 @@ impl Session {
         let tokenizer = Tokenizer::from_metadata(&file.metadata).map(Arc::new).map_err(|e| e.to_string());
         let multi_seq = match opts.n_seqs {
             1 => Ok(()),
-            _ => seqs::multi_seq_support(&model, &spec, &placement, &backends),
+            _ => planning::multi_seq_support(&model, &spec, &placement, &backends),
         };
         if let Err(why) = &multi_seq {
             notices.push(format!("{why}: batches of several sequences are refused"));

@@ -105,6 +105,20 @@ fn gpu_layers_take_the_last_layers_then_the_output() {
     assert!(p.schedule.assigned.iter().all(|a| a.backend == BackendId::cuda(0) || a.reason == NodeReason::StepInput));
 }
 
+/// Batches of several sequences run where every attention runs on the CPU;
+/// the CUDA backend takes one sequence at a time, and the plan says which
+/// layer's attention is the first on it.
+#[test]
+fn multi_sequence_batches_need_every_attention_on_the_cpu() {
+    assert_eq!(plan(0, &[], GPU).unwrap().multi_seq, Ok(()));
+    let one = plan(1, &[], GPU).unwrap();
+    let last = one.model.config.n_layer - 1;
+    let e = one.multi_seq.unwrap_err();
+    assert!(e.contains(&format!("CUDA0 runs the attention of layer {last} ")), "{e}");
+    let e = plan(99, &[], GPU).unwrap().multi_seq.unwrap_err();
+    assert!(e.contains("CUDA0 runs the attention of layer 0"), "{e}");
+}
+
 /// The tied head on a second CPU instance (standing in for a GPU): the
 /// lookup reads token_embd on CPU, the head matmul its copy on CPU1, and the
 /// logits are those of one CPU.

@@ -5,10 +5,6 @@
 //! one step. The graph's attention reads each token's region from the
 //! `SeqStarts` input and attends only to its own sequence's rows.
 
-use tern_graph::Op;
-use tern_models::{Batch, KvSpec, Model};
-use tern_sched::{Backends, Placement, Schedule};
-
 use super::Session;
 use crate::error::{Error, Result};
 
@@ -20,31 +16,6 @@ pub struct SeqInput<'a> {
     pub tokens: &'a [u32],
     /// Whether the logits after its last token are wanted.
     pub logits: bool,
-}
-
-/// Whether every layer's attention may run a multi-sequence batch where its
-/// cache lives; if not, which one cannot.
-pub(super) fn multi_seq_support(
-    model: &Model,
-    kv: &KvSpec,
-    placement: &Placement,
-    backends: &Backends,
-) -> std::result::Result<(), String> {
-    let batch = Batch { n_tokens: 2, kv_pos: 0, n_outputs: 2, multi_seq: true };
-    let built = model.build_graph(&batch, kv);
-    let schedule = Schedule::new(&built.graph, placement, backends);
-    for (node, a) in built.graph.nodes.iter().zip(&schedule.assigned) {
-        let layer = match &node.op {
-            Op::Attention(p) => p.layer,
-            Op::LatentAttention(p) => p.layer,
-            _ => continue,
-        };
-        let home = placement.kv_homes[layer];
-        if a.backend != home {
-            return Err(format!("{home} runs the attention of layer {layer} one sequence at a time"));
-        }
-    }
-    Ok(())
 }
 
 impl Session {
