@@ -290,6 +290,11 @@ impl Session {
         self.tokenizer.clone().map_err(Error::Tokenizer)
     }
 
+    /// Largest number of tokens one graph evaluates (`LoadOptions::n_batch`).
+    pub fn n_batch(&self) -> usize {
+        self.n_batch
+    }
+
     /// A sequence's context (with one sequence, the whole cache).
     pub fn n_ctx(&self) -> usize {
         self.n_ctx
