@@ -45,8 +45,8 @@ mod tests {
     fn the_longest_prefix_wins_then_the_least_recent_slot() {
         let slots = [slot(&[1, 2, 3], 5), slot(&[1, 2, 3, 4, 5], 7), slot(&[], 1), slot(&[1, 9], 0)];
         assert_eq!(pick(&slots, &[1, 2, 3, 4, 6], true), Some((1, 4)));
-        // A whole cached prompt still evaluates its last token.
-        assert_eq!(pick(&slots, &[1, 2, 3], true), Some((1, 2)));
+        // A whole cached prompt still evaluates its last token (then a tie: the older slot).
+        assert_eq!(pick(&slots, &[1, 2, 3], true), Some((0, 2)));
         // No common prefix: the least recently used slot.
         assert_eq!(pick(&slots, &[7, 7], true), Some((3, 0)));
         assert_eq!(pick(&slots, &[1, 2, 3, 4, 6], false), Some((3, 0)));
