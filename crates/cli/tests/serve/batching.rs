@@ -205,9 +205,10 @@ fn rss_kib(pid: u32) -> u64 {
 /// after its first chunk. Err on anything but a whole, well-formed answer.
 fn soak_request(s: &Serve, agent: &ureq::Agent, i: u64) -> Result<(), String> {
     let prompt = format!("{} {}", PROMPTS[(i % 16) as usize], PROMPTS[(i / 16 % 16) as usize]);
-    let (stream, chat) = (i % 3 != 0, i % 5 == 0);
-    let mut body = json!({"max_tokens": 1 + i % 64, "temperature": if i % 2 == 0 { 0.0 } else { 0.8 },
-        "stream": stream, "cache_prompt": i % 7 != 0});
+    let (stream, chat) = (!i.is_multiple_of(3), i.is_multiple_of(5));
+    let temperature = if i.is_multiple_of(2) { 0.0 } else { 0.8 };
+    let mut body = json!({"max_tokens": 1 + i % 64, "temperature": temperature, "stream": stream,
+        "cache_prompt": !i.is_multiple_of(7)});
     let path = if chat {
         body["messages"] = json!([{"role": "user", "content": prompt}]);
         "/v1/chat/completions"
