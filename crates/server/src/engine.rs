@@ -31,6 +31,8 @@ pub struct GenParams {
     /// Reuse the longest prefix a free slot's cache holds (llama-server's
     /// `cache_prompt`, on unless the request turns it off).
     pub cache_prompt: bool,
+    /// Never sample an end-of-generation token (llama-server's `ignore_eos`).
+    pub ignore_eos: bool,
 }
 
 pub struct Job {

@@ -42,6 +42,8 @@ pub struct Sequence {
     n_gen: usize,
     last: Instant,
     stopped_at_string: bool,
+    /// A logits row without the end-of-generation tokens (`ignore_eos`).
+    masked: Vec<f32>,
 }
 
 impl Sequence {
@@ -61,6 +63,7 @@ impl Sequence {
             n_gen: 0,
             last: Instant::now(),
             stopped_at_string: false,
+            masked: Vec::new(),
             job,
         }
     }
@@ -74,7 +77,19 @@ impl Sequence {
     /// last token) and sends the text it completes. `room`: whether the
     /// slot's context holds one more token.
     pub fn on_logits(&mut self, logits: &[f32], tok: &Tokenizer, m: &Metrics, room: bool) -> Next {
-        let id = self.sampler.sample(logits, &self.history);
+        let id = if self.job.params.ignore_eos {
+            // The row without its end-of-generation tokens (log-probabilities stay the model's).
+            self.masked.clear();
+            self.masked.extend_from_slice(logits);
+            for &e in tok.eog_ids() {
+                if let Some(x) = self.masked.get_mut(e as usize) {
+                    *x = f32::NEG_INFINITY;
+                }
+            }
+            self.sampler.sample(&self.masked, &self.history)
+        } else {
+            self.sampler.sample(logits, &self.history)
+        };
         let lp = self.job.params.logprobs.map(|n| {
             let (logprob, top) = log_probs(logits, id, n);
             TokenLogprob { id, logprob, top }

@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::harness::{error_message, long_stream, tern, Serve};
+use tern_gguf::Value as GgufValue;
+
+use crate::harness::{demo, demo_variant, error_message, long_stream, tern, Serve};
 
 #[test]
 fn every_plain_endpoint_answers() {
@@ -311,21 +313,9 @@ fn a_slot_context_past_the_trained_one_is_refused() {
 
 #[test]
 fn a_model_with_a_chat_template_is_prompted_through_it() {
-    use std::borrow::Cow;
-    use tern_gguf::{File, Value as GgufValue, Writer, WriterTensor};
-    // The demo model with a template added.
-    let demo = File::open(concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/tern-demo-kjv.gguf")).unwrap();
-    let mut md = demo.metadata.clone();
     let template = "{{ bos_token }}{% for m in messages %}{{ m.role | upper }}> {{ m.content }}\n{% endfor %}\
                     {% if add_generation_prompt %}ASSISTANT>{% endif %}";
-    md.set("tokenizer.chat_template", GgufValue::String(template.into()));
-    let mut w = Writer::new(md);
-    for t in &demo.tensors {
-        w.tensors.push(WriterTensor { name: t.name.clone(), ty: t.ty, dims: t.dims().to_vec() });
-    }
-    let path = std::env::temp_dir().join(format!("tern-serve-template-{}.gguf", std::process::id()));
-    w.write_to_path(&path, |i| Ok(Cow::Borrowed(demo.tensor_data(&demo.tensors[i])))).unwrap();
-
+    let path = demo_variant("template", |md| md.set("tokenizer.chat_template", GgufValue::String(template.into())));
     let s = Serve::start(&["-m", path.to_str().unwrap()]);
     let _ = std::fs::remove_file(&path); // mapped by the server: removing the name is enough
     let msgs = json!([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Who made the earth?"}]);
@@ -337,6 +327,35 @@ fn a_model_with_a_chat_template_is_prompted_through_it() {
     assert_eq!(chat["choices"][0]["message"]["content"], comp["choices"][0]["text"]);
     let (_, models) = s.call("GET", "/v1/models", None, &[]);
     assert!(models.contains(r#""chat_template":true"#), "{models}");
+}
+
+/// `ignore_eos`: on a demo model whose end token is made the first token
+/// greedy decoding picks, a request stops at once, and with `ignore_eos`
+/// generates all it asks for.
+#[test]
+fn ignore_eos_generates_past_the_end_token() {
+    let prompt = "And God said";
+    let tok = tern_tokenizer::Tokenizer::from_metadata(&demo().metadata).unwrap();
+    let ids: Vec<String> = tok.encode(prompt, true, true).iter().map(u32::to_string).collect();
+    let npy = std::env::temp_dir().join(format!("tern-serve-eos-{}.npy", std::process::id()));
+    let out = tern(&["eval", "--tokens", &ids.join(","), "--gen", "1", "--logits-out", npy.to_str().unwrap()]);
+    let _ = std::fs::remove_file(&npy);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let first: u32 = String::from_utf8(out.stdout).unwrap().trim().parse().unwrap();
+    let path = demo_variant("eos", |md| md.set("tokenizer.ggml.eos_token_id", GgufValue::U32(first)));
+
+    let s = Serve::start(&["-m", path.to_str().unwrap()]);
+    let _ = std::fs::remove_file(&path);
+    let mut body = json!({"prompt": prompt, "max_tokens": 12, "temperature": 0});
+    let v = s.ok("/v1/completions", &body);
+    assert_eq!(
+        (v["choices"][0]["finish_reason"].as_str(), v["usage"]["completion_tokens"].as_u64()),
+        (Some("stop"), Some(0))
+    );
+    body["ignore_eos"] = json!(true);
+    let v = s.ok("/v1/completions", &body);
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    assert_eq!(v["usage"]["completion_tokens"], 12);
 }
 
 /// The official `openai` Python package, unmodified, against the server

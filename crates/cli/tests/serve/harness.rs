@@ -120,3 +120,25 @@ pub fn long_stream(s: &Serve) -> impl BufRead {
     }
     r
 }
+
+/// The demo model's file.
+pub fn demo() -> tern_gguf::File {
+    tern_gguf::File::open(concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/tern-demo-kjv.gguf")).unwrap()
+}
+
+/// A copy of the demo model with `edit` applied to its metadata, in the
+/// temporary directory (a server maps it: the caller may remove the name
+/// once the server started).
+pub fn demo_variant(tag: &str, edit: impl FnOnce(&mut tern_gguf::Metadata)) -> std::path::PathBuf {
+    use tern_gguf::{Writer, WriterTensor};
+    let demo = demo();
+    let mut md = demo.metadata.clone();
+    edit(&mut md);
+    let mut w = Writer::new(md);
+    for t in &demo.tensors {
+        w.tensors.push(WriterTensor { name: t.name.clone(), ty: t.ty, dims: t.dims().to_vec() });
+    }
+    let path = std::env::temp_dir().join(format!("tern-serve-{tag}-{}.gguf", std::process::id()));
+    w.write_to_path(&path, |i| Ok(std::borrow::Cow::Borrowed(demo.tensor_data(&demo.tensors[i])))).unwrap();
+    path
+}
