@@ -23,6 +23,7 @@ HTTP client out of the `tern` binary.
 
 usage: serve_bench.py --url http://127.0.0.1:8080 [--streams 16] [--prompt 128]
                       [--gen 128] [--rounds 3] [--warmup 1] [--json]
+Needs a slot context of at least prompt + gen tokens (-c / -np on tern).
 """
 import argparse
 import http.client
@@ -108,7 +109,8 @@ def pct(xs, p):
 
 
 def round_(url, ps, gen):
-    out, threads = [], [threading.Thread(target=stream, args=(url, p, gen, out)) for p in ps]
+    out = []
+    threads = [threading.Thread(target=stream, args=(url, p, gen, out)) for p in ps]
     t0 = time.perf_counter()
     for t in threads:
         t.start()
@@ -124,12 +126,12 @@ def main():
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--gen", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--warmup", type=int, default=1, help="rounds run first and not counted")
+    ap.add_argument("--warmup", type=int, default=1, help="short requests (8 tokens) run first, not counted")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     ps = prompts(a.url, a.streams, a.prompt)
     for _ in range(a.warmup):
-        round_(a.url, ps, min(a.gen, 8))
+        round_(a.url, ps[:1], min(a.gen, 8))
     rates, ttft, itl, errors = [], [], [], []
     for i in range(a.rounds):
         wall, out = round_(a.url, ps, a.gen)

@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use tern_engine::{SeqInput, Session};
 use tern_tokenizer::Tokenizer;
-use tokio::sync::mpsc::{self, error::TryRecvError};
+use tokio::sync::mpsc;
 
 use crate::engine::{Event, Finish, Job, Shared};
 use crate::sequence::{Next, Sequence};
@@ -57,24 +57,15 @@ impl Engine {
 
     /// Serves until every handle is dropped and the last sequence ends.
     pub fn run(mut self, mut jobs: mpsc::UnboundedReceiver<Job>) {
-        let mut open = true;
         loop {
             let idle = self.waiting.is_empty() && self.slots.iter().all(|s| s.seq.is_none());
             if idle {
-                match jobs.blocking_recv().filter(|_| open) {
-                    Some(job) => self.waiting.push_back(job),
-                    None => return,
-                }
+                // None: every handle is gone and nothing is left to serve.
+                let Some(job) = jobs.blocking_recv() else { return };
+                self.waiting.push_back(job);
             }
-            loop {
-                match jobs.try_recv() {
-                    Ok(job) => self.waiting.push_back(job),
-                    Err(TryRecvError::Empty) => break,
-                    Err(TryRecvError::Disconnected) => {
-                        open = false;
-                        break;
-                    }
-                }
+            while let Ok(job) = jobs.try_recv() {
+                self.waiting.push_back(job);
             }
             self.admit();
             self.drop_gone();
