@@ -19,7 +19,9 @@ pub struct Args {
     /// Port to listen on (0: any free port, printed at start).
     #[arg(long = "port", default_value_t = 8080)]
     pub port: u16,
-    /// Slots (`-np`): requests held at once, each with `-c / N` tokens of context.
+    /// Slots (`-np`): requests decoded together, each with `-c / N` tokens of
+    /// context. Each step evaluates at most `-b` tokens: a token of every
+    /// decoding slot, then chunks of new prompts.
     #[arg(long = "parallel", default_value_t = 1)]
     pub parallel: usize,
     /// Requests that may wait for a slot; past them a request gets 503 with Retry-After.
@@ -68,7 +70,8 @@ pub fn main(a: Args) -> Result<(), CliError> {
     };
     let slot = slot_ctx(a.model.ctx_size, a.parallel, n_ctx_train)?;
     let mut opts = a.model.options()?;
-    opts.n_ctx = slot;
+    // A cache region of a slot's context per slot, decoded together.
+    (opts.n_ctx, opts.n_seqs) = (slot, a.parallel);
     let model_id = a.alias.clone().unwrap_or_else(|| {
         path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned())
     });

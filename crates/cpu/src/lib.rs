@@ -94,13 +94,15 @@ impl Backend for CpuBackend {
 
     fn supports(&self, node: &Node, srcs: &[&Node]) -> bool {
         let f32_only = |ns: &[&Node]| ns.iter().all(|n| n.dtype == DType::F32);
+        // A multi-sequence attention's last source: i32 sequence starts.
+        let seqs = |at: usize| srcs.get(at).is_none_or(|n| n.dtype == DType::I32);
         match &node.op {
             Op::Weight(_) | Op::Input(_) | Op::KvCache { .. } => true,
             Op::GetRows | Op::MulMat { .. } => matches!(srcs.first().map(|n| n.dtype), Some(DType::Ggml(_))),
             Op::Rope(_) => f32_only(&srcs[..1]),
             Op::Attention(_) => {
                 let cache = |n: &Node| matches!(n.dtype, DType::Ggml(GgmlType::F32 | GgmlType::F16 | GgmlType::Q8_0));
-                f32_only(&srcs[..3]) && srcs[3..5].iter().all(|n| cache(n))
+                f32_only(&srcs[..3]) && srcs[3..5].iter().all(|n| cache(n)) && seqs(6)
             }
             Op::RmsNorm { .. } | Op::HeadNorm { .. } | Op::Mul | Op::Add | Op::Scale { .. } | Op::GatedAct(_) => {
                 f32_only(srcs)
@@ -109,7 +111,7 @@ impl Backend for CpuBackend {
             Op::MulMatHeads { .. } => matches!(srcs[0].dtype, DType::Ggml(_)) && f32_only(&srcs[1..]),
             Op::LatentAttention(_) => {
                 let cache = |n: &Node| matches!(n.dtype, DType::Ggml(GgmlType::F32 | GgmlType::F16 | GgmlType::Q8_0));
-                f32_only(&srcs[..4]) && cache(srcs[4])
+                f32_only(&srcs[..4]) && cache(srcs[4]) && seqs(6)
             }
             Op::Route(_) => f32_only(srcs),
             Op::RouteWeights(_) => f32_only(&srcs[..1]) && srcs[1].dtype == DType::I32,

@@ -45,6 +45,8 @@ pub fn supports(node: &Node, srcs: &[&Node]) -> bool {
         Op::Route(_) | Op::RouteWeights(_) | Op::ExpertSum => lower::route_supports(node, srcs),
         Op::Attention(p) => {
             let cache = |n: &Node| matches!(n.dtype, DType::Ggml(GgmlType::F32 | GgmlType::F16));
+            // Six sources: one sequence. A multi-sequence batch's seventh
+            // (`SeqStarts`) is not lowered; the session then refuses such batches.
             srcs[..3].iter().all(|n| f32(n))
                 && srcs[3..5].iter().all(|n| cache(n))
                 && srcs.len() == 6

@@ -31,4 +31,15 @@ pub enum Error {
     DoesNotFit { backend: String, need: u64, have: u64, hint: String },
     #[error("nothing to evaluate: the token list is empty")]
     Empty,
+    #[error("the KV cache must hold at least one sequence (n_seqs = 0)")]
+    NoSeqs,
+    #[error("sequence {seq} does not exist: the KV cache holds {n_seqs}")]
+    NoSeq { seq: usize, n_seqs: usize },
+    #[error("sequence {seq} appears twice in one batch")]
+    SeqTwice { seq: usize },
+    #[error("a batch of {n} tokens is more than one graph takes (-b {n_batch})")]
+    BatchTooLarge { n: usize, n_batch: usize },
+    /// Which backend runs an attention one sequence at a time.
+    #[error("batches of several sequences cannot run: {0}")]
+    MultiSeq(String),
 }

@@ -12,6 +12,6 @@ mod session;
 pub use error::{Error, Result};
 pub use generate::{generate, GenStats};
 pub use kv::parse_kv_type;
-pub use session::{LoadOptions, Logits, Profile, Session};
+pub use session::{LoadOptions, Logits, Profile, SeqInput, Session};
 pub use tern_cpu::{weight_read_bytes as cpu_weight_read_bytes, CpuOptions, Isa};
 pub use tern_cuda::{kernel_cache_dir, CudaOptions};

@@ -114,7 +114,8 @@ pub(crate) fn place(model: &Model, opts: &LoadOptions, gpus: &[BackendId]) -> Re
 
 /// The weights that matmuls read (the only ones worth staging).
 fn matmul_operands(model: &Model, opts: &LoadOptions) -> std::collections::BTreeSet<usize> {
-    let step = model.build_graph(&Batch { n_tokens: 1, kv_pos: 0, n_outputs: 1 }, &kv_spec(model, opts));
+    let step =
+        model.build_graph(&Batch { n_tokens: 1, kv_pos: 0, n_outputs: 1, multi_seq: false }, &kv_spec(model, opts));
     let g = &step.graph;
     g.nodes
         .iter()
@@ -126,9 +127,10 @@ fn matmul_operands(model: &Model, opts: &LoadOptions) -> std::collections::BTree
         .collect()
 }
 
+/// The cache: `n_ctx` rows (the trained context when 0) per sequence.
 pub(crate) fn kv_spec(model: &Model, opts: &LoadOptions) -> KvSpec {
     let n_ctx = if opts.n_ctx == 0 { model.config.n_ctx_train } else { opts.n_ctx };
-    KvSpec { k_type: opts.k_type, v_type: opts.v_type, n_ctx }
+    KvSpec { k_type: opts.k_type, v_type: opts.v_type, n_ctx: n_ctx * opts.n_seqs.max(1) }
 }
 
 fn desc(info: &tern_gguf::TensorInfo) -> WeightDesc {
@@ -209,7 +211,7 @@ pub(crate) fn check_memory(
     n_batch: usize,
     capacity: impl Fn(BackendId) -> Option<u64>,
 ) -> Result<Vec<MemoryUse>> {
-    let batch = Batch { n_tokens: n_batch.min(kv.n_ctx).max(1), kv_pos: 0, n_outputs: 1 };
+    let batch = Batch { n_tokens: n_batch.min(kv.n_ctx).max(1), kv_pos: 0, n_outputs: 1, multi_seq: false };
     let built = model.build_graph(&batch, kv);
     let schedule = Schedule::new(&built.graph, placement, backends);
     // Attention runs where its layer's cache lives; a fallback elsewhere would
@@ -309,6 +311,9 @@ pub struct DevicePlan {
     pub prompt_schedule: Schedule,
     pub offload: OffloadEstimate,
     pub memory: Vec<MemoryUse>,
+    /// Whether batches of several sequences can run (`Session::eval_seqs`);
+    /// if not, which attention cannot.
+    pub multi_seq: std::result::Result<(), String>,
 }
 
 /// What the offload policy does to a prompt micro-batch's matmuls on host
@@ -354,13 +359,40 @@ pub fn plan_for(path: impl AsRef<std::path::Path>, opts: &LoadOptions, devices: 
     let capacity = |b: BackendId| devices.iter().find(|d| d.id == b).map(|d| d.bytes);
     let memory = check_memory(&model, &placement, &kv, &backends, opts.n_batch, capacity)
         .map_err(|e| with_fit_hint(e, &model, opts, &gpus, &capacity))?;
-    let step = model.build_graph(&Batch { n_tokens: 1, kv_pos: 0, n_outputs: 1 }, &kv);
+    let step = model.build_graph(&Batch { n_tokens: 1, kv_pos: 0, n_outputs: 1, multi_seq: false }, &kv);
     let schedule = Schedule::new(&step.graph, &placement, &backends);
     let prompt_tokens = opts.n_batch.min(kv.n_ctx).max(1);
-    let prompt = model.build_graph(&Batch { n_tokens: prompt_tokens, kv_pos: 0, n_outputs: 1 }, &kv);
+    let prompt = model.build_graph(&Batch { n_tokens: prompt_tokens, kv_pos: 0, n_outputs: 1, multi_seq: false }, &kv);
     let prompt_schedule = Schedule::new(&prompt.graph, &placement, &backends);
     let offload = offload_estimate(&prompt, &prompt_schedule, &placement);
-    Ok(DevicePlan { model, placement, step, schedule, prompt, prompt_schedule, offload, memory })
+    let multi_seq = multi_seq_support(&model, &kv, &placement, &backends);
+    Ok(DevicePlan { model, placement, step, schedule, prompt, prompt_schedule, offload, memory, multi_seq })
+}
+
+/// Whether every layer's attention may run a multi-sequence batch where its
+/// cache lives (the CUDA backend takes one sequence at a time); if not,
+/// which one cannot.
+pub(crate) fn multi_seq_support(
+    model: &Model,
+    kv: &KvSpec,
+    placement: &Placement,
+    backends: &Backends,
+) -> std::result::Result<(), String> {
+    let batch = Batch { n_tokens: 2, kv_pos: 0, n_outputs: 2, multi_seq: true };
+    let built = model.build_graph(&batch, kv);
+    let schedule = Schedule::new(&built.graph, placement, backends);
+    for (node, a) in built.graph.nodes.iter().zip(&schedule.assigned) {
+        let layer = match &node.op {
+            Op::Attention(p) => p.layer,
+            Op::LatentAttention(p) => p.layer,
+            _ => continue,
+        };
+        let home = placement.kv_homes[layer];
+        if a.backend != home {
+            return Err(format!("{home} runs the attention of layer {layer} one sequence at a time"));
+        }
+    }
+    Ok(())
 }
 
 /// Sets the offload cost model's rates to this machine's: the CPU's (with

@@ -18,6 +18,10 @@ use crate::error::{Error, Result};
 use crate::kv::KvCache;
 use crate::planning;
 
+mod seqs;
+
+pub use seqs::SeqInput;
+
 #[derive(Clone, Debug)]
 pub struct LoadOptions {
     /// Context size in tokens; 0 means the model's training context.
@@ -28,6 +32,10 @@ pub struct LoadOptions {
     pub v_type: GgmlType,
     /// Largest number of tokens evaluated in one graph.
     pub n_batch: usize,
+    /// Sequences the KV cache holds at once, each in a region of `n_ctx`
+    /// rows of its own (`Session::eval_seqs`); the single-sequence calls
+    /// (`eval`, `truncate`, `reset`) work on sequence 0.
+    pub n_seqs: usize,
     /// `-ot REGEX=BACKEND` rules.
     pub overrides: Vec<String>,
     /// Number of CPU backend instances (`CPU`, `CPU1`, ...). More than one is
@@ -67,6 +75,7 @@ impl Default for LoadOptions {
             k_type: GgmlType::F16,
             v_type: GgmlType::F16,
             n_batch: 512,
+            n_seqs: 1,
             overrides: Vec::new(),
             cpu_instances: 1,
             n_gpu_layers: 0,
@@ -105,20 +114,29 @@ pub struct Session {
     /// of `token_embd` and the staged copies of host weights.
     copies: HashMap<(usize, BackendId), TensorLoc>,
     kv: KvCache,
-    pos: usize,
+    /// Tokens cached per sequence.
+    pos: Vec<usize>,
+    /// Each sequence's context: its region of the cache.
+    n_ctx: usize,
+    /// Why batches of several sequences cannot run, when they cannot
+    /// (an attention on a backend that takes one sequence at a time).
+    multi_seq: std::result::Result<(), String>,
     n_batch: usize,
     tokenizer: std::result::Result<Arc<Tokenizer>, String>,
     /// Things the user should know about the load (no GPU found, ...).
     pub notices: Vec<String>,
-    /// Graphs and schedules by (tokens, outputs), with where their nodes
-    /// live: a graph depends on the cache position only through the
-    /// attention parameters, which are patched per step, so decoding builds
-    /// and places its graph once.
-    plans: HashMap<(usize, usize), Plan>,
+    /// Graphs and schedules by shape, with where their nodes live: a graph
+    /// depends on the cache position only through the attention parameters,
+    /// which are patched per step, so decoding builds and places its graph
+    /// once.
+    plans: HashMap<PlanKey, Plan>,
     profile: Option<StepProfile>,
     /// The last step's logits where its output could not be read in place.
     logits: Vec<f32>,
 }
+
+/// A graph's shape: tokens, logits rows, and whether it is a multi-sequence batch.
+type PlanKey = (usize, usize, bool);
 
 /// A batch shape's graph, schedule and node locations
 /// (`Backends::run`): the leaves (weights, their copies, the caches)
@@ -235,9 +253,19 @@ impl Session {
                 return Err(Error::KvType(format!("{ty} (use f32, f16 or q8_0)")));
             }
         }
+        if opts.n_seqs == 0 {
+            return Err(Error::NoSeqs);
+        }
         let spec = planning::kv_spec(&model, opts);
         let kv = KvCache::new(c, spec, &placement.kv_homes, &mut backends)?;
         let tokenizer = Tokenizer::from_metadata(&file.metadata).map(Arc::new).map_err(|e| e.to_string());
+        let multi_seq = match opts.n_seqs {
+            1 => Ok(()),
+            _ => planning::multi_seq_support(&model, &spec, &placement, &backends),
+        };
+        if let Err(why) = &multi_seq {
+            notices.push(format!("{why}: batches of several sequences are refused"));
+        }
         Ok(Session {
             file,
             model,
@@ -246,7 +274,9 @@ impl Session {
             weight_locs,
             copies,
             kv,
-            pos: 0,
+            pos: vec![0; opts.n_seqs],
+            n_ctx: spec.n_ctx / opts.n_seqs,
+            multi_seq,
             n_batch: opts.n_batch.max(1),
             tokenizer,
             notices,
@@ -260,27 +290,33 @@ impl Session {
         self.tokenizer.clone().map_err(Error::Tokenizer)
     }
 
+    /// Largest number of tokens one graph evaluates (`LoadOptions::n_batch`).
+    pub fn n_batch(&self) -> usize {
+        self.n_batch
+    }
+
+    /// A sequence's context (with one sequence, the whole cache).
     pub fn n_ctx(&self) -> usize {
-        self.kv.spec.n_ctx
+        self.n_ctx
     }
 
     pub fn n_vocab(&self) -> usize {
         self.model.config.n_vocab
     }
 
-    /// Tokens currently in the cache.
+    /// Tokens currently in the cache (of sequence 0).
     pub fn pos(&self) -> usize {
-        self.pos
+        self.pos[0]
     }
 
     /// Forgets the cached context (the cache bytes are simply overwritten later).
     pub fn reset(&mut self) {
-        self.pos = 0;
+        self.pos[0] = 0;
     }
 
     /// Keeps only the first `n` cached tokens, so a new suffix can follow a shared prefix.
     pub fn truncate(&mut self, n: usize) {
-        self.pos = self.pos.min(n);
+        self.pos[0] = self.pos[0].min(n);
     }
 
     /// The backends that hold weights, as llama-bench prints them (`CPU`, `CUDA`, `CUDA,CPU`).
@@ -317,8 +353,11 @@ impl Session {
 
     /// The graph and schedule for a batch of `n_tokens` at the current position.
     pub fn plan(&self, n_tokens: usize, n_outputs: usize) -> (Built, Schedule) {
-        let batch = Batch { n_tokens, kv_pos: self.pos, n_outputs };
-        let built = self.model.build_graph(&batch, &self.kv.spec);
+        self.plan_batch(&Batch { n_tokens, kv_pos: self.pos[0], n_outputs, multi_seq: false })
+    }
+
+    fn plan_batch(&self, batch: &Batch) -> (Built, Schedule) {
+        let built = self.model.build_graph(batch, &self.kv.spec);
         let schedule = Schedule::new(&built.graph, &self.placement, &self.backends);
         (built, schedule)
     }
@@ -359,43 +398,67 @@ impl Session {
         if let Some(&id) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
             return Err(Error::BadToken { id, n_vocab });
         }
-        if self.pos + tokens.len() > self.n_ctx() {
-            return Err(Error::ContextFull { pos: self.pos, n: tokens.len(), n_ctx: self.n_ctx() });
+        if self.pos[0] + tokens.len() > self.n_ctx {
+            return Err(Error::ContextFull { pos: self.pos[0], n: tokens.len(), n_ctx: self.n_ctx });
         }
         Ok(())
     }
 
-    /// Runs one chunk and returns its logits rows, borrowed from the
-    /// backend's output when its bytes are aligned f32s, else converted
-    /// into `self.logits`.
+    /// Runs one chunk of sequence 0 and returns its logits rows.
     fn eval_chunk(&mut self, tokens: &[u32], rows: &[i32]) -> Result<&[f32]> {
+        let p0 = self.pos[0];
+        let positions: Vec<i32> = (p0..p0 + tokens.len()).map(|p| p as i32).collect();
+        self.step(tokens, &positions, None, rows, &[(0, tokens.len())])
+    }
+
+    /// Runs one graph over `tokens` at `positions` (of sequence 0 from
+    /// `positions[0]`, or of the sequences whose regions `starts` gives) and
+    /// returns the logits `rows`, borrowed from the backend's output when
+    /// its bytes are aligned f32s, else converted into `self.logits`. Once
+    /// it ran, each `(sequence, n)` of `advance` has `n` more tokens cached.
+    fn step(
+        &mut self,
+        tokens: &[u32],
+        positions: &[i32],
+        starts: Option<&[i32]>,
+        rows: &[i32],
+        advance: &[(usize, usize)],
+    ) -> Result<&[f32]> {
         let start = std::time::Instant::now();
-        let key = (tokens.len(), rows.len());
+        let multi_seq = starts.is_some();
+        let key = (tokens.len(), rows.len(), multi_seq);
         if !self.plans.contains_key(&key) {
             if self.plans.len() >= 16 {
                 self.plans.clear();
             }
-            let (built, schedule) = self.plan(tokens.len(), rows.len());
+            let kv_pos = if multi_seq { 0 } else { positions[0] as usize };
+            let batch = Batch { n_tokens: tokens.len(), kv_pos, n_outputs: rows.len(), multi_seq };
+            let (built, schedule) = self.plan_batch(&batch);
             self.plans.insert(key, Plan { built, schedule, homes: None });
             if let Some(p) = self.profile.as_mut() {
                 p.graph_ns += start.elapsed().as_nanos() as u64;
             }
         }
-        let Session { plans, pos, weight_locs, kv, backends, copies, profile, logits, .. } = self;
+        let Session { plans, weight_locs, kv, backends, copies, profile, logits, pos, .. } = self;
         let Plan { built, schedule, homes } = plans.get_mut(&key).expect("inserted above");
-        for node in &mut built.graph.nodes {
-            match &mut node.op {
-                Op::Attention(p) => p.kv_pos = *pos,
-                Op::LatentAttention(p) => p.kv_pos = *pos,
-                _ => {}
+        if !multi_seq {
+            for node in &mut built.graph.nodes {
+                match &mut node.op {
+                    Op::Attention(p) => p.kv_pos = positions[0] as usize,
+                    Op::LatentAttention(p) => p.kv_pos = positions[0] as usize,
+                    _ => {}
+                }
             }
         }
         let (built, schedule) = (&*built, &*schedule);
-        let ids: Vec<u8> = tokens.iter().flat_map(|&t| (t as i32).to_le_bytes()).collect();
-        let positions: Vec<u8> = (*pos..*pos + tokens.len()).flat_map(|p| (p as i32).to_le_bytes()).collect();
-        let rows: Vec<u8> = rows.iter().flat_map(|r| r.to_le_bytes()).collect();
+        let bytes = |v: &mut dyn Iterator<Item = i32>| -> Vec<u8> { v.flat_map(i32::to_le_bytes).collect() };
+        let ids = bytes(&mut tokens.iter().map(|&t| t as i32));
+        let positions = bytes(&mut positions.iter().copied());
+        let rows = bytes(&mut rows.iter().copied());
+        let starts = starts.map(|s| bytes(&mut s.iter().copied()));
         let mut inputs = vec![(built.inputs.tokens, ids.as_slice()), (built.inputs.positions, positions.as_slice())];
         inputs.extend(built.inputs.output_rows.map(|r| (r, rows.as_slice())));
+        inputs.extend(built.inputs.seq_starts.zip(starts.as_deref()));
         let leaf = |op: &Op, on: BackendId| match *op {
             Op::Weight(i) => copies.get(&(i, on)).or(weight_locs.get(i)).copied(),
             Op::KvCache { layer, kind } => {
@@ -404,7 +467,9 @@ impl Session {
             _ => None,
         };
         let mut outputs = backends.run(&built.graph, schedule, &leaf, &inputs, homes)?;
-        *pos += tokens.len();
+        for &(seq, n) in advance {
+            pos[seq] += n;
+        }
         if let Some(p) = profile.as_mut() {
             p.evals += 1;
             p.total_ns += start.elapsed().as_nanos() as u64;

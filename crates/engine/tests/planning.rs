@@ -79,7 +79,7 @@ fn gpu_layers_take_the_last_layers_then_the_output() {
     assert_eq!(first_on_host.schedule.assigned[lookup].backend, BackendId::CPU);
     // A prompt-sized lookup reads the device copy as well (batch ≥ 32).
     let kv = tern_models::KvSpec { k_type: tern_gguf::GgmlType::F16, v_type: tern_gguf::GgmlType::F16, n_ctx: 256 };
-    let big = p.model.build_graph(&tern_models::Batch { n_tokens: 64, kv_pos: 0, n_outputs: 1 }, &kv);
+    let big = p.model.build_graph(&tern_models::Batch { n_tokens: 64, kv_pos: 0, n_outputs: 1, multi_seq: false }, &kv);
     let backends = tern_sched::Backends::new(vec![
         Box::new(tern_cpu::CpuBackend::new(BackendId::CPU, 1)),
         Box::new(tern_sched::VirtualBackend::new(BackendId::cuda(0), tern_cuda::supports)),
@@ -103,6 +103,20 @@ fn gpu_layers_take_the_last_layers_then_the_output() {
     assert!(readback.backend.is_host() && readback.nodes.is_empty());
     assert_eq!(readback.copies.iter().map(|c| c.src).collect::<Vec<_>>(), p.step.graph.outputs);
     assert!(p.schedule.assigned.iter().all(|a| a.backend == BackendId::cuda(0) || a.reason == NodeReason::StepInput));
+}
+
+/// Batches of several sequences run where every attention runs on the CPU;
+/// the CUDA backend takes one sequence at a time, and the plan says which
+/// layer's attention is the first on it.
+#[test]
+fn multi_sequence_batches_need_every_attention_on_the_cpu() {
+    assert_eq!(plan(0, &[], GPU).unwrap().multi_seq, Ok(()));
+    let one = plan(1, &[], GPU).unwrap();
+    let last = one.model.config.n_layer - 1;
+    let e = one.multi_seq.unwrap_err();
+    assert!(e.contains(&format!("CUDA0 runs the attention of layer {last} ")), "{e}");
+    let e = plan(99, &[], GPU).unwrap().multi_seq.unwrap_err();
+    assert!(e.contains("CUDA0 runs the attention of layer 0"), "{e}");
 }
 
 /// The tied head on a second CPU instance (standing in for a GPU): the

@@ -211,18 +211,35 @@ impl Graph {
         positions: NodeId,
         p: AttentionParams,
     ) -> NodeId {
+        assert!(p.kv_pos + self.ne(q)[1] <= self.ne(k_cache)[1], "attention: cache too small");
+        self.attention_op(vec![q, k, v, k_cache, v_cache, positions], p)
+    }
+
+    /// [`Graph::attention`] over a multi-sequence batch: `seq_starts [n_tokens]`
+    /// gives each token's cache region ([`AttentionParams`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn seq_attention(
+        &mut self,
+        q: NodeId,
+        k: NodeId,
+        v: NodeId,
+        k_cache: NodeId,
+        v_cache: NodeId,
+        positions: NodeId,
+        seq_starts: NodeId,
+        p: AttentionParams,
+    ) -> NodeId {
+        assert_eq!(self.ne(seq_starts)[0], self.ne(q)[1], "attention: one sequence start per token");
+        self.attention_op(vec![q, k, v, k_cache, v_cache, positions, seq_starts], p)
+    }
+
+    fn attention_op(&mut self, srcs: Vec<NodeId>, p: AttentionParams) -> NodeId {
+        let (q, k, k_cache) = (srcs[0], srcs[1], srcs[3]);
         let n_tokens = self.ne(q)[1];
         assert_eq!(self.ne(q)[0], p.head_dim * p.n_head, "attention: q width");
         assert_eq!(self.ne(k)[0], p.head_dim * p.n_head_kv, "attention: k width");
         assert_eq!(self.ne(k_cache)[0], p.head_dim * p.n_head_kv, "attention: cache width");
-        assert!(p.kv_pos + n_tokens <= self.ne(k_cache)[1], "attention: cache too small");
-        self.push(
-            Op::Attention(p),
-            vec![q, k, v, k_cache, v_cache, positions],
-            [p.head_dim * p.n_head, n_tokens, 1, 1],
-            DType::F32,
-            None,
-        )
+        self.push(Op::Attention(p), srcs, [p.head_dim * p.n_head, n_tokens, 1, 1], DType::F32, None)
     }
 
     /// Elements `start..start + len` of every `width`-wide piece of `x`'s rows.
@@ -258,14 +275,36 @@ impl Graph {
         positions: NodeId,
         p: LatentAttentionParams,
     ) -> NodeId {
+        assert!(p.kv_pos + self.ne(q_lat)[1] <= self.ne(cache)[1], "latent_attention: cache too small");
+        self.latent_attention_op(vec![q_lat, q_pe, c, k_pe, cache, positions], p)
+    }
+
+    /// [`Graph::latent_attention`] over a multi-sequence batch, as
+    /// [`Graph::seq_attention`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn seq_latent_attention(
+        &mut self,
+        q_lat: NodeId,
+        q_pe: NodeId,
+        c: NodeId,
+        k_pe: NodeId,
+        cache: NodeId,
+        positions: NodeId,
+        seq_starts: NodeId,
+        p: LatentAttentionParams,
+    ) -> NodeId {
+        assert_eq!(self.ne(seq_starts)[0], self.ne(q_lat)[1], "latent_attention: one sequence start per token");
+        self.latent_attention_op(vec![q_lat, q_pe, c, k_pe, cache, positions, seq_starts], p)
+    }
+
+    fn latent_attention_op(&mut self, srcs: Vec<NodeId>, p: LatentAttentionParams) -> NodeId {
+        let [q_lat, q_pe, c, k_pe, cache] = [srcs[0], srcs[1], srcs[2], srcs[3], srcs[4]];
         let n = self.ne(q_lat)[1];
         assert_eq!(self.ne(q_lat)[0], p.rank * p.n_head, "latent_attention: q_lat width");
         assert_eq!(self.ne(q_pe)[0], p.rope * p.n_head, "latent_attention: q_pe width");
         assert_eq!(self.ne(c)[0], p.rank, "latent_attention: latent width");
         assert_eq!(self.ne(k_pe)[0], p.rope, "latent_attention: k_pe width");
         assert_eq!(self.ne(cache)[0], p.rank + p.rope, "latent_attention: cache width");
-        assert!(p.kv_pos + n <= self.ne(cache)[1], "latent_attention: cache too small");
-        let srcs = vec![q_lat, q_pe, c, k_pe, cache, positions];
         self.push(Op::LatentAttention(p), srcs, [p.rank * p.n_head, n, 1, 1], DType::F32, None)
     }
 

@@ -10,6 +10,9 @@ pub enum InputKind {
     Positions,
     /// Indices of the rows whose logits are wanted, i32 `[n_outputs]`.
     OutputRows,
+    /// A multi-sequence batch's cache regions, i32 `[n_tokens]`: the cache
+    /// row that holds position 0 of each token's sequence (its slot).
+    SeqStarts,
 }
 
 /// Which half of a layer's KV cache a leaf refers to.
@@ -81,6 +84,12 @@ pub enum Precision {
 /// Attention over a layer's KV cache. The op first stores the new keys and
 /// values at positions `kv_pos..kv_pos + n_tokens`, then lets token `i`
 /// attend causally to cache rows `0..=kv_pos + i`.
+///
+/// A multi-sequence batch (the op's optional last source, `SeqStarts`)
+/// ignores `kv_pos`: token `i` at position `pos[i]` of the sequence whose
+/// region starts at cache row `start[i]` stores at row `start[i] + pos[i]`
+/// and attends to rows `start[i] ..= start[i] + pos[i]`, so sequences never
+/// see each other's rows.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AttentionParams {
     pub layer: usize,
@@ -88,7 +97,8 @@ pub struct AttentionParams {
     pub n_head_kv: usize,
     pub head_dim: usize,
     pub scale: f32,
-    /// Cache position of the first token of this batch.
+    /// Cache position of the first token of this batch (0 and unused in a
+    /// multi-sequence batch).
     pub kv_pos: usize,
 }
 
@@ -157,7 +167,8 @@ pub struct LatentAttentionParams {
     /// The rope part's width.
     pub rope: usize,
     pub scale: f32,
-    /// Cache position of the first token of this batch.
+    /// Cache position of the first token of this batch (0 and unused in a
+    /// multi-sequence batch, as [`AttentionParams::kv_pos`]).
     pub kv_pos: usize,
 }
 
@@ -192,7 +203,8 @@ pub enum Op {
     GatedAct(Activation),
     /// `srcs = [q, k, v, k_cache, v_cache, positions]` → `[head_dim * n_head,
     /// n_tokens]`. Positions repeat `kv_pos..`; devices that replay captured
-    /// work read them instead of the parameter.
+    /// work read them instead of the parameter. A multi-sequence batch adds
+    /// `seq_starts [n_tokens]` (see [`AttentionParams`]).
     Attention(AttentionParams),
     /// `srcs = [x [width · g, n]]` → `[len · g, n]`: elements
     /// `start..start + len` of every piece of `width` (a head's slice).
@@ -201,7 +213,8 @@ pub enum Op {
     MulMatHeads { mm: HeadMatMul, precision: Precision },
     /// `srcs = [q_lat [rank · n_head, n], q_pe [rope · n_head, n], c [rank, n],
     /// k_pe [rope, n], cache [rank + rope, n_ctx], positions]` → `[rank · n_head,
-    /// n]`. Stores `[c | k_pe]` at the batch's positions, then attends causally.
+    /// n]`. Stores `[c | k_pe]` at the batch's positions, then attends causally;
+    /// a multi-sequence batch adds `seq_starts [n]`, as `Attention`.
     LatentAttention(LatentAttentionParams),
     /// `srcs = [logits [n_expert, n], bias [n_expert] (when `biased`)]` → i32
     /// `[k, n]`: each token's chosen experts, best first.

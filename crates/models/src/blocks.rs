@@ -16,6 +16,8 @@ pub struct StepInputs {
     /// [n_outputs] i32; none when every row is wanted in order
     /// (`n_outputs == n_tokens`, all of decoding): nothing to gather.
     pub output_rows: Option<NodeId>,
+    /// [n_tokens] i32, a multi-sequence batch's cache regions (`Batch::multi_seq`).
+    pub seq_starts: Option<NodeId>,
 }
 
 /// Graph plus the handles the engine needs to run it.
@@ -44,6 +46,7 @@ impl<'a> Ctx<'a> {
             tokens: g.input(InputKind::Tokens, batch.n_tokens),
             positions: g.input(InputKind::Positions, batch.n_tokens),
             output_rows: (batch.n_outputs != batch.n_tokens).then(|| g.input(InputKind::OutputRows, batch.n_outputs)),
+            seq_starts: batch.multi_seq.then(|| g.input(InputKind::SeqStarts, batch.n_tokens)),
         };
         // A model whose projections are float is evaluated in float throughout
         // (head included); a quantized one pairs int8 activations everywhere.
@@ -139,7 +142,11 @@ impl<'a> Ctx<'a> {
             scale: 1.0 / (c.head_dim as f32).sqrt(),
             kv_pos: self.batch.kv_pos,
         };
-        let mut o = self.g.attention(q, k, v, kc, vc, self.inputs.positions, p); // [head_dim * n_head, n_tokens]
+        let pos = self.inputs.positions;
+        let mut o = match self.inputs.seq_starts {
+            Some(starts) => self.g.seq_attention(q, k, v, kc, vc, pos, starts, p),
+            None => self.g.attention(q, k, v, kc, vc, pos, p),
+        }; // [head_dim * n_head, n_tokens]
         if let Some(sub) = a.sub_norm {
             o = self.norm(o, sub);
         }

@@ -26,11 +26,16 @@ use tern_gguf::{File, GgmlType};
 /// `kv_pos`, of which `n_outputs` rows of logits are wanted (the rows the
 /// `OutputRows` input names; `n_outputs == n_tokens` means every row, in
 /// order, and the graph then has no such input).
+///
+/// With `multi_seq` the tokens belong to several sequences, each in its own
+/// region of the cache: positions and regions are then step inputs
+/// (`Positions`, `SeqStarts`) and `kv_pos` is 0.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Batch {
     pub n_tokens: usize,
     pub kv_pos: usize,
     pub n_outputs: usize,
+    pub multi_seq: bool,
 }
 
 /// The KV cache the graph attends over.
@@ -40,7 +45,8 @@ pub struct KvSpec {
     pub k_type: GgmlType,
     /// Type of the V rows: F32, F16 or Q8_0.
     pub v_type: GgmlType,
-    /// Cache rows (the context size).
+    /// Cache rows: the context size, times the sequences when the cache holds
+    /// a region per sequence.
     pub n_ctx: usize,
 }
 

@@ -48,7 +48,11 @@ impl Ctx<'_> {
             scale: mscale * mscale / (dk as f32).sqrt(),
             kv_pos: self.batch.kv_pos,
         };
-        let o = self.g.latent_attention(q_lat, q_pe, latent, k_pe, cache, self.inputs.positions, p); // [rank · n_head, n]
+        let pos = self.inputs.positions;
+        let o = match self.inputs.seq_starts {
+            Some(starts) => self.g.seq_latent_attention(q_lat, q_pe, latent, k_pe, cache, pos, starts, p),
+            None => self.g.latent_attention(q_lat, q_pe, latent, k_pe, cache, pos, p),
+        }; // [rank · n_head, n]
         let o = self.head_proj(a.v_b, o); // [v · n_head, n]
         self.linear(a.wo, o, 1.0)
     }

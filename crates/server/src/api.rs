@@ -89,6 +89,11 @@ pub struct Sampling {
     pub repeat_penalty: Option<f32>,
     pub repeat_last_n: Option<u32>,
     pub n: Option<u32>,
+    /// llama-server's prompt reuse: on unless `false`.
+    pub cache_prompt: Option<bool>,
+    /// llama-server's: generate past end-of-generation tokens (they are
+    /// never sampled), until `max_tokens` or the context's end.
+    pub ignore_eos: Option<bool>,
     /// Options are `Option`s throughout: clients send `null` for "not given".
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
@@ -131,7 +136,8 @@ impl Sampling {
             .or(self.n_predict.and_then(|n| u64::try_from(n).ok()))
             .map(|n| usize::try_from(n).unwrap_or(usize::MAX));
         let stop = self.stop.clone().map(OneOrMany::into_vec).unwrap_or_default();
-        Ok(GenParams { sampler, max_tokens, stop, logprobs })
+        let (cache_prompt, ignore_eos) = (self.cache_prompt != Some(false), self.ignore_eos == Some(true));
+        Ok(GenParams { sampler, max_tokens, stop, logprobs, cache_prompt, ignore_eos })
     }
 
     pub fn include_usage(&self) -> bool {

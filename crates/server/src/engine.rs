@@ -4,26 +4,20 @@
 //!
 //! Slots and the queue: a request takes one of `n_slots` slots when it is
 //! admitted; past them it waits in the queue (at most `max_queue`); beyond
-//! that it is refused (503). Today the engine serves busy slots one after
-//! another, in arrival order, each with the session's whole KV cache (the
-//! per-slot context). Batched decoding plugs in at `Engine::run`: take up to
-//! `n_slots` jobs at once, keep a `Sequence` (sampler, decoder, stop matcher,
-//! counts: the state `Sequence::step` now advances) per slot, and feed one
-//! token of every live sequence to a multi-sequence `eval` each step.
+//! that it is refused (503). The thread runs `batch::Engine`, which decodes
+//! every slot's sequence together (continuous batching).
 
-use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Instant;
 
 use tern_engine::Session;
-use tern_sampling::{log_probs, Sampler, SamplerConfig};
-use tern_tokenizer::{StreamDecoder, Tokenizer};
+use tern_sampling::SamplerConfig;
+use tern_tokenizer::Tokenizer;
 use tokio::sync::mpsc;
 
+use crate::batch::Engine;
 use crate::metrics::{Gauges, Metrics};
-
-use crate::stop::StopMatcher;
 
 /// What a request asks of generation.
 #[derive(Clone, Debug)]
@@ -34,6 +28,11 @@ pub struct GenParams {
     pub stop: Vec<String>,
     /// Some(n): report each token's log-probability and the n most likely.
     pub logprobs: Option<usize>,
+    /// Reuse the longest prefix a free slot's cache holds (llama-server's
+    /// `cache_prompt`, on unless the request turns it off).
+    pub cache_prompt: bool,
+    /// Never sample an end-of-generation token (llama-server's `ignore_eos`).
+    pub ignore_eos: bool,
 }
 
 pub struct Job {
@@ -68,14 +67,13 @@ impl Finish {
 #[derive(Debug)]
 pub enum Event {
     /// Text now safe to show, with the log-probabilities of the tokens it came from.
-    Text {
-        text: String,
-        logprobs: Vec<TokenLogprob>,
-    },
+    Text { text: String, logprobs: Vec<TokenLogprob> },
     Done {
         finish: Finish,
         prompt_tokens: usize,
         completion_tokens: usize,
+        /// Prompt tokens a slot's cache held already (not evaluated again).
+        cached_tokens: usize,
     },
     /// Generation failed (a model error, or the server shutting down).
     Failed(String),
@@ -88,7 +86,7 @@ pub struct Shared {
     pub max_queue: usize,
     /// Admitted and not yet finished: the first `n_slots` hold slots, the rest queue.
     admitted: AtomicUsize,
-    shutting_down: AtomicBool,
+    pub(crate) shutting_down: AtomicBool,
 }
 
 impl Shared {
@@ -101,7 +99,7 @@ impl Shared {
         }
     }
 
-    fn release(&self) {
+    pub(crate) fn release(&self) {
         self.admitted.fetch_sub(1, SeqCst);
     }
 }
@@ -143,7 +141,8 @@ impl EngineHandle {
 }
 
 /// Starts the engine thread around the session `load` makes (on that thread,
-/// so the session never crosses threads).
+/// so the session never crosses threads). A step decodes a token of every
+/// slot, so the session's `n_batch` must be at least `n_slots`.
 pub fn start<F>(
     load: F,
     n_slots: usize,
@@ -165,21 +164,28 @@ where
     let thread = std::thread::Builder::new()
         .name("tern-engine".into())
         .spawn(move || {
-            let session = match load().and_then(|s| s.tokenizer().map(|t| (s, t)).map_err(|e| e.to_string())) {
+            let loaded = load().and_then(|s| s.tokenizer().map(|t| (s, t)).map_err(|e| e.to_string()));
+            let fits = |s: &Session| match s.n_batch() < n_slots {
+                true => {
+                    Err(format!("-b {} is less than -np {n_slots}: a step decodes a token of every slot", s.n_batch()))
+                }
+                false => Ok(()),
+            };
+            let (session, tok) = match loaded.and_then(|(s, t)| fits(&s).map(|()| (s, t))) {
                 Ok((session, tok)) => {
                     let _ = ready_tx.send(Ok(Loaded {
-                        tokenizer: tok,
+                        tokenizer: tok.clone(),
                         n_ctx: session.n_ctx(),
                         session_info: info(&session),
                     }));
-                    session
+                    (session, tok)
                 }
                 Err(e) => {
                     let _ = ready_tx.send(Err(e));
                     return;
                 }
             };
-            Engine { session, shared: s }.run(jobs_rx);
+            Engine::new(session, s, tok).run(jobs_rx);
         })
         .map_err(|e| format!("starting the engine thread: {e}"))?;
     let loaded = ready_rx.recv().map_err(|_| "the engine thread ended while loading".to_string())??;
@@ -206,111 +212,5 @@ fn info(s: &Session) -> ModelInfo {
         n_ctx_train: s.model.config.n_ctx_train,
         n_vocab: s.n_vocab(),
         chat_template: s.file.metadata.get("tokenizer.chat_template").and_then(|v| v.as_str()).map(str::to_string),
-    }
-}
-
-struct Engine {
-    session: Session,
-    shared: Arc<Shared>,
-}
-
-impl Engine {
-    /// Serves jobs in arrival order until every handle is dropped. A job's
-    /// slot is released before its last event is sent, so a client that has
-    /// its answer sees the slot free in `/metrics`.
-    fn run(mut self, mut jobs: mpsc::UnboundedReceiver<Job>) {
-        while let Some(job) = jobs.blocking_recv() {
-            let events = job.events.clone();
-            let last = if self.shared.shutting_down.load(SeqCst) {
-                Some(Event::Failed("the server is shutting down".into()))
-            } else if events.is_closed() {
-                None
-            } else {
-                match std::panic::catch_unwind(AssertUnwindSafe(|| self.serve(job))) {
-                    Ok(Ok(done)) => done,
-                    // The handler counts the failure when it answers with it.
-                    Ok(Err(e)) => Some(Event::Failed(e)),
-                    Err(_) => Some(Event::Failed("internal error: generation panicked".into())),
-                }
-            };
-            self.shared.release();
-            if let Some(ev) = last {
-                let _ = events.send(ev);
-            }
-        }
-    }
-
-    /// One request, from its prompt to its last token; returns the final
-    /// event (`Done`), none when the client has gone (the receiver is
-    /// dropped, checked every token: its slot frees within one step).
-    fn serve(&mut self, job: Job) -> Result<Option<Event>, String> {
-        let m = &self.shared.metrics;
-        let tok = self.session.tokenizer().map_err(|e| e.to_string())?;
-        let Job { prompt, params, events, arrived } = job;
-        self.session.reset();
-        let mut sampler = Sampler::new(params.sampler.clone());
-        let mut decoder = StreamDecoder::new(false);
-        let mut stop = StopMatcher::new(params.stop.clone());
-        let mut history = prompt.clone();
-        let mut pending_lp: Vec<TokenLogprob> = Vec::new();
-        m.prompt_tokens.fetch_add(prompt.len() as u64, SeqCst);
-        let max = params.max_tokens.unwrap_or(usize::MAX);
-        let n_ctx = self.session.n_ctx();
-        let mut n_gen = 0;
-        let mut last = Instant::now();
-        let mut input = prompt.clone();
-        let mut stopped_at_string = false;
-        let finish = loop {
-            if n_gen >= max {
-                break Finish::Length;
-            }
-            let logits = self.session.eval_last(&input).map_err(|e| e.to_string())?;
-            let id = sampler.sample(logits, &history);
-            let lp = params.logprobs.map(|n| {
-                let (logprob, top) = log_probs(logits, id, n);
-                TokenLogprob { id, logprob, top }
-            });
-            if tok.is_eog(id) {
-                break Finish::Stop;
-            }
-            let now = Instant::now();
-            if n_gen == 0 {
-                m.first_token(now - arrived);
-            } else {
-                m.next_token(now - last);
-            }
-            last = now;
-            n_gen += 1;
-            m.generated_tokens.fetch_add(1, SeqCst);
-            history.push(id);
-            pending_lp.extend(lp);
-            let (text, hit) = stop.push(&decoder.push(&tok, id));
-            if !text.is_empty() || hit {
-                let logprobs = std::mem::take(&mut pending_lp);
-                if events.send(Event::Text { text, logprobs }).is_err() {
-                    return Ok(None); // the client is gone
-                }
-            }
-            if hit {
-                stopped_at_string = true;
-                break Finish::Stop;
-            }
-            if events.is_closed() {
-                return Ok(None);
-            }
-            // The next step would not fit: the answer is cut here, as `tern run` does.
-            if self.session.pos() >= n_ctx {
-                break Finish::Length;
-            }
-            input = vec![id];
-        };
-        // After a stop string, what the decoder still holds comes after it: dropped.
-        if !stopped_at_string {
-            let rest = stop.push(&decoder.finish()).0 + &stop.finish();
-            if !rest.is_empty() || !pending_lp.is_empty() {
-                let _ = events.send(Event::Text { text: rest, logprobs: pending_lp });
-            }
-        }
-        Ok(Some(Event::Done { finish, prompt_tokens: prompt.len(), completion_tokens: n_gen }))
     }
 }

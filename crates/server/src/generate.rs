@@ -149,8 +149,11 @@ impl Ctx {
         json!({"id": self.id, "object": self.object(chunk), "created": self.created, "model": self.model, "choices": choices})
     }
 
-    fn usage(prompt: usize, completion: usize) -> Value {
-        json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
+    /// OpenAI's usage, with the prompt tokens a slot's cache held in
+    /// `prompt_tokens_details.cached_tokens`.
+    fn usage(prompt: usize, completion: usize, cached: usize) -> Value {
+        json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}})
     }
 
     /// The log-probabilities in the API's shape: chat's `content` list, or
@@ -222,10 +225,10 @@ impl Ctx {
                     text += &t;
                     lps.extend(logprobs);
                 }
-                Event::Done { finish, prompt_tokens, completion_tokens } => {
+                Event::Done { finish, prompt_tokens, completion_tokens, cached_tokens } => {
                     let lp = self.logprobs_json(&lps, 0);
                     let mut body = self.envelope(false, self.choice(false, Some(&text), lp, Some(finish)));
-                    body["usage"] = Ctx::usage(prompt_tokens, completion_tokens);
+                    body["usage"] = Ctx::usage(prompt_tokens, completion_tokens, cached_tokens);
                     return Ok(Json(body).into_response());
                 }
                 Event::Failed(e) => return Err(engine_error(e)),
@@ -259,13 +262,13 @@ impl Ctx {
                         let offset = offset + text.len();
                         Some((ev, (ctx, rx, Stage::Events, offset)))
                     }
-                    Some(Event::Done { finish, prompt_tokens, completion_tokens }) => {
+                    Some(Event::Done { finish, prompt_tokens, completion_tokens, cached_tokens }) => {
                         let mut last = ctx.envelope(true, ctx.choice(true, None, Value::Null, Some(finish)));
                         if ctx.kind == Kind::Completion {
                             last["choices"][0]["text"] = json!("");
                         }
                         let next = match include_usage {
-                            true => Stage::Usage(Ctx::usage(prompt_tokens, completion_tokens)),
+                            true => Stage::Usage(Ctx::usage(prompt_tokens, completion_tokens, cached_tokens)),
                             false => Stage::Done,
                         };
                         Some((data(last), (ctx, rx, next, offset)))

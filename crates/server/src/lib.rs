@@ -4,12 +4,15 @@
 //! then `Server::run`.
 
 mod api;
+mod batch;
 mod engine;
 mod error;
 mod generate;
 mod metrics;
 mod prompt;
 mod routes;
+mod sequence;
+mod slots;
 mod stop;
 
 use std::net::SocketAddr;

@@ -47,7 +47,12 @@ pub struct Metrics {
     pub requests: AtomicU64,
     pub requests_failed: AtomicU64,
     pub prompt_tokens: AtomicU64,
+    pub prompt_tokens_evaluated: AtomicU64,
+    pub prompt_tokens_cached: AtomicU64,
     pub generated_tokens: AtomicU64,
+    /// Forward passes, and the sequences they held (summed over passes).
+    pub steps: AtomicU64,
+    pub step_sequences: AtomicU64,
     ttft: Histogram,
     itl: Histogram,
 }
@@ -78,8 +83,16 @@ impl Metrics {
                 "Completion requests answered with an error, refused ones included.",
                 &self.requests_failed,
             ),
-            ("tern_prompt_tokens_total", "Prompt tokens evaluated.", &self.prompt_tokens),
+            ("tern_prompt_tokens_total", "Prompt tokens of the requests that took a slot.", &self.prompt_tokens),
+            ("tern_prompt_tokens_evaluated_total", "Prompt tokens evaluated.", &self.prompt_tokens_evaluated),
+            (
+                "tern_prompt_tokens_cached_total",
+                "Prompt tokens a slot's cache held already (cache_prompt), not evaluated again.",
+                &self.prompt_tokens_cached,
+            ),
             ("tern_generated_tokens_total", "Tokens generated.", &self.generated_tokens),
+            ("tern_steps_total", "Forward passes (steps of the batched decoding loop).", &self.steps),
+            ("tern_step_sequences_total", "Sequences in those passes, summed over passes.", &self.step_sequences),
         ];
         for (name, help, v) in counters {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", v.load(Relaxed));

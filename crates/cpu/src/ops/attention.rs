@@ -12,6 +12,7 @@ use half::f16;
 use half::slice::HalfFloatSliceExt;
 use tern_graph::{AttentionParams, DType, GgmlType};
 
+use super::seqs::{self, Run};
 use super::Tensor;
 use crate::isa::Isa;
 use crate::kernels::vec;
@@ -89,56 +90,81 @@ unsafe impl Sync for Out {}
 /// # Safety
 /// `srcs[3..5]` are the layer's caches, not aliased by any other view in use.
 pub unsafe fn attention(srcs: &[Tensor], p: &AttentionParams, out: &mut [f32], pool: &Pool, isa: Isa) {
-    let n_tokens = srcs[0].node.ne[1];
+    let runs = seqs::runs(srcs, p.kv_pos, srcs[0].node.ne[1], srcs[3].node.ne[1]);
     // Decoding has one task per KV head, few and uneven against the threads:
     // each is then cut along the cache into parts (up to one per thread, of
     // whole position blocks) that run at once, and the parts' softmax states
     // are merged after (flash-decoding). No work is repeated across parts.
-    let cache_blocks = (p.kv_pos + n_tokens).div_ceil(POSITIONS);
+    // The cut depends on the run alone, so a sequence gets the same bits in
+    // any batch.
     let threads = pool.threads();
-    let parts = if n_tokens <= TOKENS && threads > 1 { cache_blocks.min(threads) } else { 1 };
-    attention_in_parts(srcs, p, out, pool, isa, parts);
+    let parts = |r: &Run| if r.len() <= TOKENS && threads > 1 { r.end().div_ceil(POSITIONS).min(threads) } else { 1 };
+    attention_in_parts(srcs, p, &runs, out, pool, isa, &parts);
 }
 
-/// [`attention`] with each task's cache cut into `parts` (1 for batches of
-/// more than one token block).
+/// How one run's work is cut: `parts` pieces of `per_part` positions along
+/// the cache, their softmax states from query slot `first` of the partials.
+struct Cut {
+    parts: usize,
+    per_part: usize,
+    first: usize,
+}
+
+/// [`attention`] over `runs`, each run's cache cut into `parts(run)` (1 for
+/// runs of more than one token block).
 ///
 /// # Safety
 /// As [`attention`].
+#[allow(clippy::too_many_arguments)]
 unsafe fn attention_in_parts(
     srcs: &[Tensor],
     p: &AttentionParams,
+    runs: &[Run],
     out: &mut [f32],
     pool: &Pool,
     isa: Isa,
-    parts: usize,
+    parts: &dyn Fn(&Run) -> usize,
 ) {
     let (q, k, v) = (srcs[0].f32(), srcs[1].f32(), srcs[2].f32());
     let (kc, vc) = (Cache::new(&srcs[3]), Cache::new(&srcs[4]));
     let kv_width = p.head_dim * p.n_head_kv;
     let n_tokens = srcs[0].node.ne[1];
-    for t in 0..n_tokens {
-        kc.store(p.kv_pos + t, &k[t * kv_width..(t + 1) * kv_width]);
-        vc.store(p.kv_pos + t, &v[t * kv_width..(t + 1) * kv_width]);
+    for r in runs {
+        for t in r.tokens.clone() {
+            kc.store(r.row(t), &k[t * kv_width..(t + 1) * kv_width]);
+            vc.store(r.row(t), &v[t * kv_width..(t + 1) * kv_width]);
+        }
     }
-    let blocks = n_tokens.div_ceil(TOKENS);
-    assert!(parts == 1 || blocks == 1, "only one block of tokens is split along the cache");
     let group = p.n_head / p.n_head_kv;
     let queries = TOKENS.min(n_tokens) * group;
-    // Each part covers whole position blocks.
-    let per_part = (p.kv_pos + n_tokens).div_ceil(POSITIONS).div_ceil(parts) * POSITIONS;
-    let mut partials = vec![0f32; if parts > 1 { p.n_head_kv * parts * queries * Partial::len(p) } else { 0 }];
-    let sink = match parts {
-        1 => Sink::Out(Out(out.as_mut_ptr())),
-        _ => Sink::Partials(Out(partials.as_mut_ptr())),
-    };
+    // Tasks are (run, token block, KV head, part), in that order; each part
+    // covers whole position blocks.
+    let mut cuts = Vec::with_capacity(runs.len());
+    let mut tasks = Vec::new();
+    let mut slots = 0;
+    for (ri, r) in runs.iter().enumerate() {
+        let (n_parts, blocks) = (parts(r), r.len().div_ceil(TOKENS));
+        assert!(n_parts == 1 || blocks == 1, "only one block of tokens is split along the cache");
+        let per_part = r.end().div_ceil(POSITIONS).div_ceil(n_parts) * POSITIONS;
+        cuts.push(Cut { parts: n_parts, per_part, first: slots });
+        if n_parts > 1 {
+            slots += p.n_head_kv * n_parts * r.len() * group;
+        }
+        for b in 0..blocks {
+            for g in 0..p.n_head_kv {
+                tasks.extend((0..n_parts).map(|part| (ri, b, g, part)));
+            }
+        }
+    }
+    let mut partials = vec![0f32; slots * Partial::len(p)];
+    let (sink, partial) = (Out(out.as_mut_ptr()), Out(partials.as_mut_ptr()));
     // Later token blocks see more of the cache: threads take tasks strided,
     // not in contiguous runs, so each gets a fair share of early and late ones.
     // Threads without a task must not pay for scratch, and the busy ones
     // reuse theirs across calls.
     pool.run(&|thread, n_threads| {
-        let tasks = (thread..blocks * p.n_head_kv * parts).step_by(n_threads);
-        if tasks.len() == 0 {
+        let mine = (thread..tasks.len()).step_by(n_threads);
+        if mine.len() == 0 {
             return;
         }
         SCRATCH.with_borrow_mut(|scratch| {
@@ -146,27 +172,24 @@ unsafe fn attention_in_parts(
                 Some(t) if t.fits(p, queries) => t,
                 _ => scratch.insert(Task::new(p, queries)),
             };
-            for i in tasks {
-                let (b, g, part) = (i / (p.n_head_kv * parts), i / parts % p.n_head_kv, i % parts);
-                let tokens = b * TOKENS..((b + 1) * TOKENS).min(n_tokens);
-                task.run(p, q, &kc, &vc, g, tokens.clone(), part * per_part..(part + 1) * per_part, isa);
-                match &sink {
-                    Sink::Out(o) => task.write_out(p, g, tokens, o),
-                    Sink::Partials(o) => task.write_partial(p, tokens.len() * group, o, (g * parts + part) * queries),
+            for i in mine {
+                let (ri, b, g, part) = tasks[i];
+                let (r, cut) = (&runs[ri], &cuts[ri]);
+                let tokens = r.tokens.start + b * TOKENS..(r.tokens.start + (b + 1) * TOKENS).min(r.tokens.end);
+                task.run(p, q, &kc, &vc, g, r, tokens.clone(), part * cut.per_part..(part + 1) * cut.per_part, isa);
+                if cut.parts == 1 {
+                    task.write_out(p, g, tokens, &sink);
+                } else {
+                    let n_q = r.len() * group;
+                    task.write_partial(p, n_q, &partial, cut.first + (g * cut.parts + part) * n_q);
                 }
             }
         });
     });
-    if parts > 1 {
-        merge_parts(&partials, p, parts, n_tokens, queries, out);
+    for (r, cut) in runs.iter().zip(&cuts).filter(|(_, c)| c.parts > 1) {
+        let states = &partials[cut.first * Partial::len(p)..];
+        merge_parts(states, p, cut.parts, r.tokens.clone(), out);
     }
-}
-
-/// Where a task's results go: normalised into the output, or as a part's
-/// softmax state into `partials`.
-enum Sink {
-    Out(Out),
-    Partials(Out),
 }
 
 /// One query's softmax state over part of the cache: running max, running
@@ -179,16 +202,17 @@ impl Partial {
     }
 }
 
-/// Out = Σ_parts acc·e^(max − M) / Σ_parts sum·e^(max − M), M the largest max.
+/// Out = Σ_parts acc·e^(max − M) / Σ_parts sum·e^(max − M), M the largest max,
+/// for the queries of `tokens` (one run, states from the start of `partials`).
 /// A part that saw no position of a query has max −∞ and weighs nothing;
 /// position 0 is in the first part and visible to every query.
-fn merge_parts(partials: &[f32], p: &AttentionParams, parts: usize, n_tokens: usize, queries: usize, out: &mut [f32]) {
+fn merge_parts(partials: &[f32], p: &AttentionParams, parts: usize, tokens: std::ops::Range<usize>, out: &mut [f32]) {
     let (group, hd, len) = (p.n_head / p.n_head_kv, p.head_dim, Partial::len(p));
-    let width = hd * p.n_head;
+    let (width, queries) = (hd * p.n_head, tokens.len() * group);
     for g in 0..p.n_head_kv {
-        for t in 0..n_tokens {
+        for (ti, t) in tokens.clone().enumerate() {
             for h in 0..group {
-                let qi = t * group + h;
+                let qi = ti * group + h;
                 let state = |part: usize| &partials[((g * parts + part) * queries + qi) * len..][..len];
                 let m = (0..parts).map(|part| state(part)[0]).fold(f32::NEG_INFINITY, f32::max);
                 let o = &mut out[t * width + (g * group + h) * hd..][..hd];
@@ -260,6 +284,8 @@ impl Task {
         rescale
     }
 
+    /// The queries of `tokens` (of run `r`) and KV head `g` over the run's
+    /// sequence positions `positions`.
     #[allow(clippy::too_many_arguments)]
     fn run(
         &mut self,
@@ -268,6 +294,7 @@ impl Task {
         kc: &Cache,
         vc: &Cache,
         g: usize,
+        r: &Run,
         tokens: std::ops::Range<usize>,
         positions: std::ops::Range<usize>,
         isa: Isa,
@@ -279,12 +306,12 @@ impl Task {
         self.sum[..n_q].fill(0.0);
         self.acc[..n_q * hd].fill(0.0);
         // The last token of the block sees the most positions.
-        let end = (p.kv_pos + tokens.end).min(positions.end);
+        let end = r.seen(tokens.end - 1).min(positions.end);
         for start in (positions.start..end).step_by(POSITIONS) {
             let n_pos = POSITIONS.min(end - start);
             for j in 0..n_pos {
-                kc.load(start + j, g * hd, &mut self.krows[j * hd..(j + 1) * hd], isa);
-                vc.load(start + j, g * hd, &mut self.vrows[j * hd..(j + 1) * hd], isa);
+                kc.load(r.row0 + start + j, g * hd, &mut self.krows[j * hd..(j + 1) * hd], isa);
+                vc.load(r.row0 + start + j, g * hd, &mut self.vrows[j * hd..(j + 1) * hd], isa);
             }
             // Scores then run along positions: one broadcast of q[d] feeds a
             // whole vector of positions, with no horizontal sums. One token's
@@ -304,8 +331,8 @@ impl Task {
                 }
             }
             for (ti, t) in tokens.clone().enumerate() {
-                // Causal: token t sees positions up to kv_pos + t.
-                let visible = (p.kv_pos + t + 1).saturating_sub(start).min(n_pos);
+                // Causal: token t sees its sequence's positions up to its own.
+                let visible = r.seen(t).saturating_sub(start).min(n_pos);
                 if visible == 0 {
                     continue;
                 }
@@ -421,8 +448,9 @@ mod tests {
             Tensor { ptr: vc.as_mut_ptr(), node: &nodes[2], packed: None },
         ];
         let mut out = vec![f32::NAN; p.head_dim * p.n_head * n_tokens];
+        let runs = [Run { tokens: 0..n_tokens, pos0: p.kv_pos, row0: 0 }];
         // SAFETY: the caches are only viewed through `srcs`.
-        unsafe { attention_in_parts(&srcs, p, &mut out, &Pool::new(3), crate::isa::active(None), parts) };
+        unsafe { attention_in_parts(&srcs, p, &runs, &mut out, &Pool::new(3), crate::isa::active(None), &|_| parts) };
         out
     }
 

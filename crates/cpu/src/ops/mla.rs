@@ -7,6 +7,7 @@ use tern_quant::ternary::rows;
 
 use super::attention::Cache;
 use super::matmul::{weight_type, Acts, RowDot};
+use super::seqs;
 use super::{Ctx, Tensor};
 use crate::kernels::vec;
 
@@ -152,34 +153,49 @@ pub unsafe fn latent_attention(srcs: &[Tensor], p: &LatentAttentionParams, y: &m
     let (r, dr, h) = (p.rank, p.rope, p.n_head);
     let width = r + dr;
     let n = c.len() / r;
+    let runs = seqs::runs(srcs, p.kv_pos, n, srcs[4].node.ne[1]);
     let mut row = vec![0f32; width];
-    for t in 0..n {
-        row[..r].copy_from_slice(&c[t * r..(t + 1) * r]);
-        row[r..].copy_from_slice(&k_pe[t * dr..(t + 1) * dr]);
-        cache.store(p.kv_pos + t, &row);
+    for run in &runs {
+        for t in run.tokens.clone() {
+            row[..r].copy_from_slice(&c[t * r..(t + 1) * r]);
+            row[r..].copy_from_slice(&k_pe[t * dr..(t + 1) * dr]);
+            cache.store(run.row(t), &row);
+        }
     }
     let out = &Out(y.as_mut_ptr());
     let (isa, threads) = (cx.isa, cx.pool.threads());
-    // Tasks are (block of tokens, part of the cache), all heads each: every
-    // widened cache block serves all of a task's queries. A prompt's tokens
-    // go in blocks; a decoding step's few tokens cut the cache into parts
-    // (whole position blocks, one per thread) whose softmax states are
-    // merged after (flash-decoding).
-    let tb = (n / (2 * threads)).clamp(1, TASK_TOKENS);
-    let blocks = n.div_ceil(tb);
-    let cache_blocks = (p.kv_pos + n).div_ceil(POSITIONS);
-    let parts = if blocks < threads { cache_blocks.min(threads) } else { 1 };
-    let per_part = cache_blocks.div_ceil(parts) * POSITIONS;
+    // Tasks are (run, block of tokens, part of the cache), all heads each:
+    // every widened cache block serves all of a task's queries. A prompt's
+    // tokens go in blocks; a decoding step's few tokens cut the cache into
+    // parts (whole position blocks, one per thread) whose softmax states are
+    // merged after (flash-decoding). The cut depends on the run alone, so a
+    // sequence gets the same bits in any batch.
     let state = 2 + r; // a part's max, sum and accumulator per query
-    let mut partials = vec![0f32; if parts > 1 { n * h * parts * state } else { 0 }];
+    let mut cuts = Vec::with_capacity(runs.len());
+    let mut tasks = Vec::new();
+    let mut slots = 0;
+    for (ri, run) in runs.iter().enumerate() {
+        let tb = (run.len() / (2 * threads)).clamp(1, TASK_TOKENS);
+        let blocks = run.len().div_ceil(tb);
+        let cache_blocks = run.end().div_ceil(POSITIONS);
+        let parts = if blocks < threads { cache_blocks.min(threads) } else { 1 };
+        let per_part = cache_blocks.div_ceil(parts) * POSITIONS;
+        cuts.push(Cut { tb, parts, per_part, first: slots });
+        if parts > 1 {
+            slots += run.len() * h * parts;
+        }
+        tasks.extend((0..blocks * parts).map(|task| (ri, task / parts, task % parts)));
+    }
+    let mut partials = vec![0f32; slots * state];
     let partial = &Out(partials.as_mut_ptr());
-    cx.pool.for_chunks_claimed(blocks * parts, 1, |tasks| {
+    cx.pool.for_chunks_claimed(tasks.len(), 1, |mine| {
         let mut keys = vec![0f32; POSITIONS * width];
         let mut kt = vec![0f32; width * POSITIONS];
         let mut vals = vec![0f32; POSITIONS * r];
-        for task in tasks {
-            let (b, part) = (task / parts, task % parts);
-            let tokens = b * tb..((b + 1) * tb).min(n);
+        for &(ri, b, part) in &tasks[mine] {
+            let (run, cut) = (&runs[ri], &cuts[ri]);
+            let (tb, parts, per_part) = (cut.tb, cut.parts, cut.per_part);
+            let tokens = run.tokens.start + b * tb..(run.tokens.start + (b + 1) * tb).min(run.tokens.end);
             let heads = 0..h;
             let nh = h;
             let mut queries = vec![0f32; tokens.len() * nh * width];
@@ -196,12 +212,12 @@ pub unsafe fn latent_attention(srcs: &[Tensor], p: &LatentAttentionParams, y: &m
             // One token's groups of HEADS heads read the key rows as they
             // are; otherwise the transposed copy serves every query.
             let rows_only = tokens.len() == 1 && nh.is_multiple_of(vec::HEADS);
-            let end = (p.kv_pos + tokens.end).min((part + 1) * per_part);
+            let end = run.seen(tokens.end - 1).min((part + 1) * per_part);
             for start in (part * per_part..end).step_by(POSITIONS) {
                 let n_pos = POSITIONS.min(end - start);
                 for j in 0..n_pos {
                     let key = &mut keys[j * width..(j + 1) * width];
-                    cache.load(start + j, 0, key, isa);
+                    cache.load(run.row0 + start + j, 0, key, isa);
                     vals[j * r..(j + 1) * r].copy_from_slice(&key[..r]);
                 }
                 if !rows_only {
@@ -216,8 +232,8 @@ pub unsafe fn latent_attention(srcs: &[Tensor], p: &LatentAttentionParams, y: &m
                     }
                 }
                 for (ti, t) in tokens.clone().enumerate() {
-                    // Causal: token t sees positions up to kv_pos + t.
-                    let visible = (p.kv_pos + t + 1).saturating_sub(start).min(n_pos);
+                    // Causal: token t sees its sequence's positions up to its own.
+                    let visible = run.seen(t).saturating_sub(start).min(n_pos);
                     if visible == 0 {
                         continue;
                     }
@@ -262,8 +278,8 @@ pub unsafe fn latent_attention(srcs: &[Tensor], p: &LatentAttentionParams, y: &m
                         dst.iter_mut().zip(a).for_each(|(o, a)| *o = a * inv);
                     } else {
                         // SAFETY: this (token, head, part)'s state belongs to this task.
-                        let st =
-                            std::slice::from_raw_parts_mut(partial.0.add(((t * h + hd) * parts + part) * state), state);
+                        let slot = cut.first + ((t - run.tokens.start) * h + hd) * parts + part;
+                        let st = std::slice::from_raw_parts_mut(partial.0.add(slot * state), state);
                         (st[0], st[1]) = (max[qi], sum[qi]);
                         st[2..].copy_from_slice(a);
                     }
@@ -271,9 +287,20 @@ pub unsafe fn latent_attention(srcs: &[Tensor], p: &LatentAttentionParams, y: &m
             }
         }
     });
-    if parts > 1 {
-        merge_parts(&partials, parts, r, y);
+    for (run, cut) in runs.iter().zip(&cuts).filter(|(_, c)| c.parts > 1) {
+        let states = &partials[cut.first * state..][..run.len() * h * cut.parts * state];
+        merge_parts(states, cut.parts, r, &mut y[run.tokens.start * h * r..run.tokens.end * h * r]);
     }
+}
+
+/// How one run's work is cut: blocks of `tb` tokens, `parts` pieces of
+/// `per_part` positions along the cache, their softmax states from query
+/// slot `first` of the partials.
+struct Cut {
+    tb: usize,
+    parts: usize,
+    per_part: usize,
+    first: usize,
 }
 
 /// Each query's output from its parts' softmax states (`[max, sum, acc[r]]`

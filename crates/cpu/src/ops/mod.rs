@@ -6,6 +6,7 @@ mod matmul;
 mod mla;
 mod moe;
 mod rope;
+mod seqs;
 
 use tern_graph::{Node, Op};
 

@@ -97,6 +97,7 @@ pub(crate) fn supports(node: &Node, srcs: &[&Node]) -> bool {
         Op::LatentAttention(p) => {
             let cache = matches!(srcs[4].dtype, DType::Ggml(GgmlType::F32 | GgmlType::F16));
             let width = p.rank + p.rope;
+            // One sequence, as `Attention` (see `supports`).
             srcs.len() == 6
                 && srcs[..4].iter().all(|n| f32(n))
                 && cache

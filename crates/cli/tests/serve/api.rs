@@ -1,116 +1,16 @@
-//! `tern serve` end to end: a real server process on the demo model, real
-//! HTTP on 127.0.0.1 (an ephemeral port each), every endpoint and every
-//! error class, greedy output against `tern run --temp 0`, streams against
-//! whole answers, a client that disconnects, and SIGTERM.
+//! The API: every endpoint and every error class, greedy output against
+//! `tern run --temp 0`, streams against whole answers, a client that
+//! disconnects, and SIGTERM.
 
-use std::io::{BufRead, BufReader, Read};
-use std::process::{Child, ChildStderr, Command, Output, Stdio};
+use std::io::Read;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-/// A `tern serve` process, killed when dropped.
-struct Serve {
-    child: Child,
-    port: u16,
-    /// Kept open: the server's later warnings must not meet a closed pipe.
-    stderr: Option<BufReader<ChildStderr>>,
-}
+use tern_gguf::Value as GgufValue;
 
-impl Serve {
-    /// Starts `tern serve --port 0 -t 1 ARGS` and waits for its address line.
-    fn start(args: &[&str]) -> Serve {
-        let command = Command::new(env!("CARGO_BIN_EXE_tern"))
-            .args(["serve", "--port", "0", "-t", "1"])
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn();
-        let mut child = command.expect("start tern serve");
-        let stderr = child.stderr.take().map(BufReader::new);
-        // Owned by the guard from here on: a failed read below still kills and reaps it.
-        let mut s = Serve { child, port: 0, stderr };
-        let mut line = String::new();
-        loop {
-            line.clear();
-            let read = s.stderr.as_mut().map_or(0, |e| e.read_line(&mut line).unwrap_or(0));
-            assert!(read > 0, "tern serve ended before listening");
-            if let Some(at) = line.find("http://127.0.0.1:") {
-                let rest = &line[at + "http://127.0.0.1:".len()..];
-                s.port = rest[..rest.find(|c: char| !c.is_ascii_digit()).unwrap()].parse().unwrap();
-                return s;
-            }
-        }
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("http://127.0.0.1:{}{path}", self.port)
-    }
-
-    /// (status, body) of a request, whatever the status.
-    fn call(&self, method: &str, path: &str, body: Option<&str>, headers: &[(&str, &str)]) -> (u16, String) {
-        let mut req = ureq::request(method, &self.url(path));
-        for (k, v) in headers {
-            req = req.set(k, v);
-        }
-        let r = match body {
-            Some(b) => req.set("Content-Type", "application/json").send_string(b),
-            None => req.call(),
-        };
-        let resp = match r {
-            Ok(r) => r,
-            Err(ureq::Error::Status(_, r)) => r,
-            Err(e) => panic!("{method} {path}: {e}"),
-        };
-        let status = resp.status();
-        (status, resp.into_string().unwrap())
-    }
-
-    fn post(&self, path: &str, body: &Value) -> (u16, Value) {
-        let (status, text) = self.call("POST", path, Some(&body.to_string()), &[]);
-        (status, serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}: {text}")))
-    }
-
-    fn ok(&self, path: &str, body: &Value) -> Value {
-        let (status, v) = self.post(path, body);
-        assert_eq!(status, 200, "{path}: {v}");
-        v
-    }
-
-    /// A streamed request's `data:` payloads, in order.
-    fn stream(&self, path: &str, body: &Value) -> Vec<String> {
-        let resp = ureq::post(&self.url(path)).send_string(&body.to_string()).unwrap();
-        assert_eq!(resp.header("content-type"), Some("text/event-stream"));
-        let reader = BufReader::new(resp.into_reader());
-        reader.lines().map(|l| l.unwrap()).filter_map(|l| l.strip_prefix("data: ").map(str::to_string)).collect()
-    }
-
-    fn metric(&self, name: &str) -> f64 {
-        let (_, text) = self.call("GET", "/metrics", None, &[]);
-        let line =
-            text.lines().find(|l| l.starts_with(&format!("{name} "))).unwrap_or_else(|| panic!("{name}: {text}"));
-        line[name.len() + 1..].parse().unwrap()
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn tern(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tern")).args(args).output().expect("run tern")
-}
-
-/// The error object's shape, and its message.
-fn error_message(v: &Value) -> String {
-    let e = &v["error"];
-    assert!(e["message"].is_string() && e["type"].is_string(), "not an OpenAI error object: {v}");
-    assert!(e.get("param").is_some() && e.get("code").is_some(), "{v}");
-    e["message"].as_str().unwrap().to_string()
-}
+use crate::harness::{demo, demo_variant, error_message, long_stream, tern, Serve};
 
 #[test]
 fn every_plain_endpoint_answers() {
@@ -136,6 +36,10 @@ fn every_plain_endpoint_answers() {
     for name in [
         "tern_requests_total 1",
         "tern_prompt_tokens_total 2",
+        "tern_prompt_tokens_evaluated_total 2",
+        "tern_prompt_tokens_cached_total 0",
+        "tern_steps_total 3",
+        "tern_step_sequences_total 3",
         "tern_generated_tokens_total 3",
         "tern_slots_total 1",
         "tern_slots_busy 0",
@@ -198,7 +102,13 @@ fn streams_concatenate_to_the_whole_answer() {
     assert_eq!(streamed, text);
     let usage = chunks.last().unwrap();
     assert_eq!(usage["choices"], json!([]));
-    assert_eq!(usage["usage"], whole["usage"]);
+    // The same counts; the stream's prompt was in the slot's cache but for its last token.
+    for k in ["prompt_tokens", "completion_tokens", "total_tokens"] {
+        assert_eq!(usage["usage"][k], whole["usage"][k], "{k}");
+    }
+    assert_eq!(whole["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    let prompt_tokens = whole["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert_eq!(usage["usage"]["prompt_tokens_details"]["cached_tokens"], prompt_tokens - 1);
     let finish = &chunks[chunks.len() - 2]["choices"][0];
     assert_eq!(finish["finish_reason"], whole["choices"][0]["finish_reason"]);
 
@@ -326,19 +236,6 @@ fn the_api_key_is_required_when_set() {
     assert_eq!(s.call("GET", "/health", None, &[]).0, 200, "health stays open");
 }
 
-/// Starts a long stream and returns its reader once the first token arrived.
-fn long_stream(s: &Serve) -> impl BufRead {
-    let body = json!({"prompt": "And God said", "max_tokens": 480, "temperature": 0, "stream": true});
-    let resp = ureq::post(&s.url("/v1/completions")).send_string(&body.to_string()).unwrap();
-    let mut r = BufReader::new(resp.into_reader());
-    let mut line = String::new();
-    while !line.starts_with("data: ") {
-        line.clear();
-        r.read_line(&mut line).unwrap();
-    }
-    r
-}
-
 #[test]
 fn a_full_queue_is_503_with_retry_after() {
     let s = Serve::start(&["-np", "1", "--max-queue", "0"]);
@@ -416,21 +313,9 @@ fn a_slot_context_past_the_trained_one_is_refused() {
 
 #[test]
 fn a_model_with_a_chat_template_is_prompted_through_it() {
-    use std::borrow::Cow;
-    use tern_gguf::{File, Value as GgufValue, Writer, WriterTensor};
-    // The demo model with a template added.
-    let demo = File::open(concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/tern-demo-kjv.gguf")).unwrap();
-    let mut md = demo.metadata.clone();
     let template = "{{ bos_token }}{% for m in messages %}{{ m.role | upper }}> {{ m.content }}\n{% endfor %}\
                     {% if add_generation_prompt %}ASSISTANT>{% endif %}";
-    md.set("tokenizer.chat_template", GgufValue::String(template.into()));
-    let mut w = Writer::new(md);
-    for t in &demo.tensors {
-        w.tensors.push(WriterTensor { name: t.name.clone(), ty: t.ty, dims: t.dims().to_vec() });
-    }
-    let path = std::env::temp_dir().join(format!("tern-serve-template-{}.gguf", std::process::id()));
-    w.write_to_path(&path, |i| Ok(Cow::Borrowed(demo.tensor_data(&demo.tensors[i])))).unwrap();
-
+    let path = demo_variant("template", |md| md.set("tokenizer.chat_template", GgufValue::String(template.into())));
     let s = Serve::start(&["-m", path.to_str().unwrap()]);
     let _ = std::fs::remove_file(&path); // mapped by the server: removing the name is enough
     let msgs = json!([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Who made the earth?"}]);
@@ -442,6 +327,35 @@ fn a_model_with_a_chat_template_is_prompted_through_it() {
     assert_eq!(chat["choices"][0]["message"]["content"], comp["choices"][0]["text"]);
     let (_, models) = s.call("GET", "/v1/models", None, &[]);
     assert!(models.contains(r#""chat_template":true"#), "{models}");
+}
+
+/// `ignore_eos`: on a demo model whose end token is made the first token
+/// greedy decoding picks, a request stops at once, and with `ignore_eos`
+/// generates all it asks for.
+#[test]
+fn ignore_eos_generates_past_the_end_token() {
+    let prompt = "And God said";
+    let tok = tern_tokenizer::Tokenizer::from_metadata(&demo().metadata).unwrap();
+    let ids: Vec<String> = tok.encode(prompt, true, true).iter().map(u32::to_string).collect();
+    let npy = std::env::temp_dir().join(format!("tern-serve-eos-{}.npy", std::process::id()));
+    let out = tern(&["eval", "--tokens", &ids.join(","), "--gen", "1", "--logits-out", npy.to_str().unwrap()]);
+    let _ = std::fs::remove_file(&npy);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let first: u32 = String::from_utf8(out.stdout).unwrap().trim().parse().unwrap();
+    let path = demo_variant("eos", |md| md.set("tokenizer.ggml.eos_token_id", GgufValue::U32(first)));
+
+    let s = Serve::start(&["-m", path.to_str().unwrap()]);
+    let _ = std::fs::remove_file(&path);
+    let mut body = json!({"prompt": prompt, "max_tokens": 12, "temperature": 0});
+    let v = s.ok("/v1/completions", &body);
+    assert_eq!(
+        (v["choices"][0]["finish_reason"].as_str(), v["usage"]["completion_tokens"].as_u64()),
+        (Some("stop"), Some(0))
+    );
+    body["ignore_eos"] = json!(true);
+    let v = s.ok("/v1/completions", &body);
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    assert_eq!(v["usage"]["completion_tokens"], 12);
 }
 
 /// The official `openai` Python package, unmodified, against the server
