@@ -84,7 +84,7 @@ struct MoeArgs {
 // for both matrices of a pair.
 template <int KIND, bool PAIR, bool PAIRED>
 __device__ __forceinline__ void moe_row(const MoeArgs& a, int e, int row, int lane, const u64* xo, int cnt,
-                                        float* acc, float* acc2) {
+                                        const i8* qa, const float* da, float* acc, float* acc2) {
     u64 grow = (u64)e * a.rows + row;
     if (KIND == MOE_STORED) {
         const u8* wr = (const u8*)a.q + grow * a.row_bytes;
@@ -124,8 +124,8 @@ __device__ __forceinline__ void moe_row(const MoeArgs& a, int e, int row, int la
 #pragma unroll
             for (int t = 0; t < MOE_MAXT; ++t) {
                 if (t >= cnt) break;
-                uint4 av = __ldg((const uint4*)(a.qa + xo[t]) + g);
-                float dv = __ldg(a.da + (xo[t] >> a.ab) + ((16 * g) >> a.ab));
+                uint4 av = *((const uint4*)(qa + xo[t]) + g);
+                float dv = da[(xo[t] >> a.ab) + ((16 * g) >> a.ab)];
                 int sa = 0;
                 if (offs || offs2) {
                     sa = __dp4a((int)av.x, 0x01010101, __dp4a((int)av.y, 0x01010101, 0));
@@ -167,14 +167,18 @@ __device__ __forceinline__ void moe_row(const MoeArgs& a, int e, int row, int la
 }
 
 // grid: (ceil(rows / 8), the plan's most items), block 256: warp w of block
-// (x, y) computes row 8x + w of item y's expert for the item's pairs.
-template <int KIND, bool PAIR, bool PAIRED>
+// (x, y) computes row 8x + w of item y's expert for the item's pairs. QX (a
+// decoding step's one token, int8 activations): the block quantizes the
+// activations it reads itself, as act_q8 would, into shared memory
+// (dynamic: MOE_MAXT vectors of k levels, then their k / 2^ab scales): the
+// token's x, or each pair's column of x (x_pair); no act_q8 launch.
+template <int KIND, bool PAIR, bool PAIRED, bool QX>
 __device__ __forceinline__ void moe_gemv(const MoeArgs& a) {
+    extern __shared__ __align__(16) u8 moe_x[];
     pdl_wait();
     pdl_launch();
     if ((int)blockIdx.y >= *a.n_items) return;
-    int row = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    if (row >= a.rows) return;
+    int warp = threadIdx.x >> 5, row = blockIdx.x * 8 + warp, lane = threadIdx.x & 31;
     int4 item = a.items[blockIdx.y];
     int pairs[MOE_MAXT];
     u64 xo[MOE_MAXT];
@@ -187,7 +191,26 @@ __device__ __forceinline__ void moe_gemv(const MoeArgs& a) {
         acc[t] = 0.0f;
         acc2[t] = 0.0f;
     }
-    moe_row<KIND, PAIR, PAIRED>(a, item.x, row, lane, xo, item.z, acc, acc2);
+    const i8* qa = a.qa;
+    const float* da = a.da;
+    if (QX) {
+        // One token: its x serves every pair, or pair t's column is vector t.
+        int nv = a.x_pair ? item.z : 1, nb = a.k >> a.ab;
+        i8* xq = (i8*)moe_x;
+        float* xd = (float*)(moe_x + MOE_MAXT * a.k);
+        for (int b = warp; b < nv * nb; b += 8) {
+            int v = b / nb, bi = b - v * nb;
+            u64 src = a.x_pair ? (u64)a.sorted[item.y + v] * a.k : 0;
+            quant_block(a.x + src + ((u64)bi << a.ab), xq + v * a.k + (bi << a.ab), xd + v * nb + bi, a.ab, lane);
+        }
+        __syncthreads();
+#pragma unroll
+        for (int t = 0; t < MOE_MAXT; ++t) xo[t] = (u64)(a.x_pair ? t : 0) * a.k;
+        qa = xq;
+        da = xd;
+    }
+    if (row >= a.rows) return;
+    moe_row<KIND, PAIR, PAIRED>(a, item.x, row, lane, xo, item.z, qa, da, acc, acc2);
 #pragma unroll
     for (int t = 0; t < MOE_MAXT; ++t) {
         if (t >= item.z) break;
@@ -197,23 +220,27 @@ __device__ __forceinline__ void moe_gemv(const MoeArgs& a) {
     }
 }
 
-#define MOE_KERNEL(NAME, KIND, PAIR, PAIRED)                                                                         \
+#define MOE_KERNEL(NAME, KIND, PAIR, PAIRED, QX)                                                                     \
     extern "C" __global__ void __launch_bounds__(256) NAME(                                                          \
         const i8* q, const float* s, const float* o, const i8* q2, const float* s2, const float* o2, u64 row_bytes,   \
         int type, int rows, int k, const float* x, const i8* qa, const float* da, int ab, int x_pair, int k_used,     \
         const int4* items, const int* n_items, const int* sorted, float* out, int act) {                             \
         MoeArgs a = {q,      s,      o,     q2,    s2,      o2,     row_bytes, type, rows, k, x,                     \
                      qa,     da,     ab,    x_pair, k_used, items, n_items,   sorted, out,  act};                    \
-        moe_gemv<KIND, PAIR, PAIRED>(a);                                                                             \
+        moe_gemv<KIND, PAIR, PAIRED, QX>(a);                                                                         \
     }
 
-MOE_KERNEL(moe_q8, MOE_LEVELS, false, false)
-MOE_KERNEL(moe_q8_pair, MOE_LEVELS, true, false)
-MOE_KERNEL(moe_q8o, MOE_OFFSET, false, false)
-MOE_KERNEL(moe_q8o_pair, MOE_OFFSET, true, false)
-MOE_KERNEL(moe_dq, MOE_STORED, false, false)
-MOE_KERNEL(moe_dq_pair, MOE_STORED, true, false)
-MOE_KERNEL(moe_q8p, MOE_LEVELS, false, true)
-MOE_KERNEL(moe_q8p_pair, MOE_LEVELS, true, true)
-MOE_KERNEL(moe_q8op, MOE_OFFSET, false, true)
-MOE_KERNEL(moe_q8op_pair, MOE_OFFSET, true, true)
+MOE_KERNEL(moe_q8, MOE_LEVELS, false, false, false)
+MOE_KERNEL(moe_q8_pair, MOE_LEVELS, true, false, false)
+MOE_KERNEL(moe_q8o, MOE_OFFSET, false, false, false)
+MOE_KERNEL(moe_q8o_pair, MOE_OFFSET, true, false, false)
+MOE_KERNEL(moe_dq, MOE_STORED, false, false, false)
+MOE_KERNEL(moe_dq_pair, MOE_STORED, true, false, false)
+MOE_KERNEL(moe_q8p, MOE_LEVELS, false, true, false)
+MOE_KERNEL(moe_q8p_pair, MOE_LEVELS, true, true, false)
+MOE_KERNEL(moe_q8op, MOE_OFFSET, false, true, false)
+MOE_KERNEL(moe_q8op_pair, MOE_OFFSET, true, true, false)
+MOE_KERNEL(moe_q8p_x, MOE_LEVELS, false, true, true)
+MOE_KERNEL(moe_q8p_pair_x, MOE_LEVELS, true, true, true)
+MOE_KERNEL(moe_q8op_x, MOE_OFFSET, false, true, true)
+MOE_KERNEL(moe_q8op_pair_x, MOE_OFFSET, true, true, true)

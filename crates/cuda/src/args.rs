@@ -347,7 +347,8 @@ kernel_args! {
     /// `row_bytes` and `ty`; the `*p` kernels read `act_q8`'s (qa, da, ab)
     /// instead of x. `x_pair`: a column of x per pair, else per token.
     MoeGemv(MoeGemvArgs) for [
-        MoeQ8, MoeQ8Pair, MoeQ8o, MoeQ8oPair, MoeDq, MoeDqPair, MoeQ8p, MoeQ8pPair, MoeQ8op, MoeQ8opPair
+        MoeQ8, MoeQ8Pair, MoeQ8o, MoeQ8oPair, MoeDq, MoeDqPair, MoeQ8p, MoeQ8pPair, MoeQ8op, MoeQ8opPair, MoeQ8pX,
+        MoeQ8pPairX, MoeQ8opX, MoeQ8opPairX
     ] {
         q: u64 => ptr, s: u64 => ptr, o: u64 => ptr, q2: u64 => ptr, s2: u64 => ptr, o2: u64 => ptr,
         row_bytes: u64 => u64, ty: i32 => i32, rows: i32 => i32, k: i32 => i32, x: u64 => ptr,

@@ -143,6 +143,12 @@ pub enum Kernel {
     MoeQ8pPair,
     MoeQ8op,
     MoeQ8opPair,
+    /// The four with int8 activations for one token, quantized by each
+    /// block in shared memory (no `ActQ8` launch).
+    MoeQ8pX,
+    MoeQ8pPairX,
+    MoeQ8opX,
+    MoeQ8opPairX,
     /// Levels times int8 activations on tensor cores, dense or over a
     /// plan's expert items: levels, levels with offsets, each also as a
     /// gated pair (levels_mma.cu).
@@ -203,7 +209,7 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 79] = [
+    pub const ALL: [Kernel; 83] = [
         Kernel::GetRows,
         Kernel::RmsNorm,
         Kernel::Binary,
@@ -247,6 +253,10 @@ impl Kernel {
         Kernel::MoeQ8pPair,
         Kernel::MoeQ8op,
         Kernel::MoeQ8opPair,
+        Kernel::MoeQ8pX,
+        Kernel::MoeQ8pPairX,
+        Kernel::MoeQ8opX,
+        Kernel::MoeQ8opPairX,
         Kernel::Q8pMma,
         Kernel::Q8pMmaO,
         Kernel::Q8pMmaPair,
@@ -331,6 +341,10 @@ impl Kernel {
             Kernel::MoeQ8pPair => ("fmat", "moe_q8p_pair"),
             Kernel::MoeQ8op => ("fmat", "moe_q8op"),
             Kernel::MoeQ8opPair => ("fmat", "moe_q8op_pair"),
+            Kernel::MoeQ8pX => ("fmat", "moe_q8p_x"),
+            Kernel::MoeQ8pPairX => ("fmat", "moe_q8p_pair_x"),
+            Kernel::MoeQ8opX => ("fmat", "moe_q8op_x"),
+            Kernel::MoeQ8opPairX => ("fmat", "moe_q8op_pair_x"),
             Kernel::Q8pMma => ("fmat", "q8p_mma"),
             Kernel::Q8pMmaO => ("fmat", "q8p_mma_o"),
             Kernel::Q8pMmaPair => ("fmat", "q8p_mma_pair"),

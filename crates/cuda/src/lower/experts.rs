@@ -23,6 +23,9 @@ use crate::Weight;
 /// levels_mma.cu `MMA_BN`).
 const ITEM_PAIRS: usize = 8;
 const MMA_ITEM_PAIRS: usize = 64;
+/// The most shared memory a decoding step's expert GEMV takes for its
+/// item's quantized activations (the default limit without opting in).
+const IN_BLOCK_SMEM: usize = 48 << 10;
 
 /// A plan in the workspace (`moe_plan`'s outputs) and its most items.
 #[derive(Clone, Copy)]
@@ -35,20 +38,25 @@ pub(super) struct MoePlan {
 
 /// The kernel for a weight held as `w` (gate and up of a pair share a kind:
 /// `supports` accepts no other pairs), for a gated pair or not, with int8
-/// activations (`paired`) or f32 ones.
-fn gemv_kernel(w: &Weight, up: Option<&Weight>, paired: bool) -> Kernel {
+/// activations (`paired`) or f32 ones; `in_block`: a decoding step's paired
+/// product quantizing its activations in each block.
+fn gemv_kernel(w: &Weight, up: Option<&Weight>, paired: bool, in_block: bool) -> Kernel {
     let offsets = w.quant == Some(QLayout::LevelsOffset) || up.is_some_and(|u| u.quant == Some(QLayout::LevelsOffset));
-    match (w.quant.is_some(), offsets, up.is_some(), paired) {
-        (false, _, false, _) => Kernel::MoeDq,
-        (false, _, true, _) => Kernel::MoeDqPair,
-        (true, false, false, false) => Kernel::MoeQ8,
-        (true, false, true, false) => Kernel::MoeQ8Pair,
-        (true, true, false, false) => Kernel::MoeQ8o,
-        (true, true, true, false) => Kernel::MoeQ8oPair,
-        (true, false, false, true) => Kernel::MoeQ8p,
-        (true, false, true, true) => Kernel::MoeQ8pPair,
-        (true, true, false, true) => Kernel::MoeQ8op,
-        (true, true, true, true) => Kernel::MoeQ8opPair,
+    match (w.quant.is_some(), offsets, up.is_some(), paired, in_block) {
+        (false, _, false, _, _) => Kernel::MoeDq,
+        (false, _, true, _, _) => Kernel::MoeDqPair,
+        (true, false, false, false, _) => Kernel::MoeQ8,
+        (true, false, true, false, _) => Kernel::MoeQ8Pair,
+        (true, true, false, false, _) => Kernel::MoeQ8o,
+        (true, true, true, false, _) => Kernel::MoeQ8oPair,
+        (true, false, false, true, false) => Kernel::MoeQ8p,
+        (true, false, true, true, false) => Kernel::MoeQ8pPair,
+        (true, true, false, true, false) => Kernel::MoeQ8op,
+        (true, true, true, true, false) => Kernel::MoeQ8opPair,
+        (true, false, false, true, true) => Kernel::MoeQ8pX,
+        (true, false, true, true, true) => Kernel::MoeQ8pPairX,
+        (true, true, false, true, true) => Kernel::MoeQ8opX,
+        (true, true, true, true, true) => Kernel::MoeQ8opPairX,
     }
 }
 
@@ -150,11 +158,14 @@ impl Lower<'_> {
         // integers); gate and up share the type's block size (`supports`).
         let ab = act_shift(w.ty);
         let paired = w.quant.is_some() && precision == Precision::Paired;
-        let (qa, da) = if paired { self.acts_q8(x, k, ab)? } else { (0, 0) };
         // A prompt's int8 levels go to the tensor cores, a block per 64 rows
-        // of an item of up to 64 pairs.
+        // of an item of up to 64 pairs; a decoding step's blocks quantize
+        // their item's activations themselves (at most 8 vectors of k).
         let n_tok = self.node_ref(ids).ne[1];
         let mma = paired && n_tok > super::FMAT_TOKENS && k % MMA_K == 0;
+        let x_smem = ITEM_PAIRS * (k + 4 * (k >> ab));
+        let in_block = paired && n_tok == 1 && x_smem <= IN_BLOCK_SMEM;
+        let (qa, da) = if paired && !in_block { self.acts_q8(x, k, ab)? } else { (0, 0) };
         let plan = self.moe_plan(ids, n_expert, if mma { MMA_ITEM_PAIRS } else { ITEM_PAIRS })?;
         if plan.max_items > 65535 {
             return super::fail(format!("{} expert items exceed a grid's rows", plan.max_items));
@@ -198,7 +209,8 @@ impl Lower<'_> {
             act,
         };
         let grid = (grid1(rows, 8).0, plan.max_items as u32, 1);
-        self.out.push(Launch::new(gemv_kernel(&w, up_w, paired), grid, 256, args));
+        let l = Launch::new(gemv_kernel(&w, up_w, paired, in_block), grid, 256, args);
+        self.out.push(if in_block { l.smem(x_smem) } else { l });
         Ok(1)
     }
 }
@@ -304,7 +316,7 @@ mod tests {
     #[test]
     fn expert_products_share_one_plan_and_pick_their_kernels() {
         for (ty, n, precision, pair, single, ab, per_item) in [
-            (GgmlType::Q4_K, 1, Precision::Paired, Kernel::MoeQ8opPair, Kernel::MoeQ8op, 8, 8),
+            (GgmlType::Q4_K, 1, Precision::Paired, Kernel::MoeQ8opPairX, Kernel::MoeQ8opX, 8, 8),
             (GgmlType::Q8_0, 5, Precision::Paired, Kernel::MoeQ8pPair, Kernel::MoeQ8p, 5, 8),
             (GgmlType::Q8_0, 37, Precision::Paired, Kernel::Q8pMmaPair32, Kernel::Q8pMma32, 5, 64),
             (GgmlType::Q4_K, 300, Precision::Paired, Kernel::Q8pMmaOPair32, Kernel::Q8pMmaO32, 8, 64),
@@ -323,13 +335,18 @@ mod tests {
                 _ => panic!("not a plan"),
             }
             let quantized = precision == Precision::Paired && ty != GgmlType::F16;
-            assert_eq!(kernels.iter().filter(|&&k| k == Kernel::ActQ8).count(), 2 * quantized as usize, "{ty}");
+            // One token's blocks quantize their activations themselves.
+            let act_q8 = 2 * (quantized && n > 1) as usize;
+            assert_eq!(kernels.iter().filter(|&&k| k == Kernel::ActQ8).count(), act_q8, "{ty}");
             let pairs = 4 * n;
             let items = pairs.min(pairs.div_ceil(per_item) + 16) as u32;
             for i in [up_gate, down] {
                 let (qa, a_ab, o, _, _) = expert_args(&l[i]);
                 assert_eq!(l[i].grid.1, items, "{ty} n={n}");
-                assert_eq!((qa != 0, a_ab), (quantized, ab), "{ty}");
+                assert_eq!((qa != 0, a_ab), (quantized && n > 1, ab), "{ty}");
+                if per_item == 8 {
+                    assert_eq!(l[i].smem > 0, quantized && n == 1, "{ty} n={n}: activations in shared memory");
+                }
                 assert_eq!(o != 0, matches!(ty, GgmlType::Q4_K | GgmlType::Q2_K), "{ty}");
             }
             assert_eq!((expert_args(&l[up_gate]).3, expert_args(&l[down]).3), (0, 1), "{ty}");
