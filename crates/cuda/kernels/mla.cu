@@ -46,17 +46,31 @@ __device__ __forceinline__ float4 levels4(u32 w, float sc, float of) {
 // MODE: HEADS_STORED (dq), HEADS_LEVELS (f32 x), HEADS_PAIRED (act_q8's
 // int8 x: qa, da in blocks of 2^ab; a quantized model's products, the
 // CPU's integers as in paired.cu).
+// HEADS_PAIRED_X: HEADS_PAIRED for one token, each block quantizing its
+// head's slice of x itself into shared memory (dynamic: k levels, then
+// k / 2^ab scales), as act_q8 would: no act_q8 launch.
 #define HEADS_STORED 0
 #define HEADS_LEVELS 1
 #define HEADS_PAIRED 2
+#define HEADS_PAIRED_X 3
 template <int MODE>
 __device__ __forceinline__ void heads_rows(const i8* q, const float* s, const float* o, u64 row_bytes, int type,
                                            int k, int stride, int offset, int len, int n_head, const float* x,
                                            const i8* qa, const float* da, int ab, int n_tok, float* out) {
+    extern __shared__ __align__(16) u8 heads_x[];
     pdl_wait();
     pdl_launch();
     int i = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31, h = blockIdx.y;
     int t0 = blockIdx.z * HEADS_MAXT, nt = min(HEADS_MAXT, n_tok - t0);
+    if (MODE == HEADS_PAIRED_X) {
+        i8* xq = (i8*)heads_x;
+        float* xd = (float*)(heads_x + k);
+        for (int b = threadIdx.x >> 5; b < (k >> ab); b += 8)
+            quant_block(x + (u64)h * k + (b << ab), xq + (b << ab), xd + b, ab, lane);
+        __syncthreads();
+        qa = xq;
+        da = xd;
+    }
     if (i >= len) return;
     u64 row = (u64)h * stride + offset + i;
     const float* xh = x + ((u64)t0 * n_head + h) * k;
@@ -64,12 +78,13 @@ __device__ __forceinline__ void heads_rows(const i8* q, const float* s, const fl
     float acc[HEADS_MAXT];
 #pragma unroll
     for (int t = 0; t < HEADS_MAXT; ++t) acc[t] = 0.0f;
-    if (MODE == HEADS_PAIRED) {
+    if (MODE == HEADS_PAIRED || MODE == HEADS_PAIRED_X) {
         const u32* qr = (const u32*)(q + row * k);
         const float* sr = s + row * (k >> 4);
         const float* orw = o ? o + row * (k >> 4) : nullptr;
-        // Token t's head-h slice starts at element ((t0 + t)·n_head + h)·k.
-        u64 e0 = ((u64)t0 * n_head + h) * k;
+        // Token t's head-h slice starts at element ((t0 + t)·n_head + h)·k
+        // (in shared memory, the one token's slice at 0).
+        u64 e0 = MODE == HEADS_PAIRED_X ? 0 : ((u64)t0 * n_head + h) * k;
         for (int c = lane; c < (k >> 2); c += 32) {
             u32 w = __ldg(qr + c);
             float sc = __ldg(sr + (c >> 2)), of = orw ? __ldg(orw + (c >> 2)) : 0.0f;
@@ -77,8 +92,8 @@ __device__ __forceinline__ void heads_rows(const i8* q, const float* s, const fl
             for (int t = 0; t < HEADS_MAXT; ++t) {
                 if (t >= nt) break;
                 u64 e = e0 + t * xt + 4 * c;
-                int av = __ldg((const int*)(qa + e));
-                acc[t] += paired_word(w, av, sc, of, __ldg(da + (e >> ab)), orw != nullptr);
+                int av = *(const int*)(qa + e);
+                acc[t] += paired_word(w, av, sc, of, da[e >> ab], orw != nullptr);
             }
         }
     } else if (MODE == HEADS_LEVELS) {
@@ -180,6 +195,7 @@ __device__ __forceinline__ void heads_cols(const i8* q, const float* s, const fl
 
 HEADS_KERNEL(heads_q8, heads_rows, HEADS_LEVELS, 256)
 HEADS_KERNEL(heads_q8p, heads_rows, HEADS_PAIRED, 256)
+HEADS_KERNEL(heads_q8p_x, heads_rows, HEADS_PAIRED_X, 256)
 HEADS_KERNEL(heads_dq, heads_rows, HEADS_STORED, 256)
 HEADS_KERNEL(heads_q8_t, heads_cols, HEADS_LEVELS, 128)
 HEADS_KERNEL(heads_dq_t, heads_cols, HEADS_STORED, 128)

@@ -420,7 +420,7 @@ kernel_args! {
     /// of a weight of `k`-wide rows, as levels (q, s, o; `o` 0: no offsets)
     /// or stored bytes (`q`, `row_bytes`, `ty`).
     /// `heads_q8p` reads `act_q8`'s (qa, da, ab) instead of x.
-    MulMatHeads(MulMatHeadsArgs) for [HeadsQ8, HeadsQ8p, HeadsDq, HeadsQ8T, HeadsDqT] {
+    MulMatHeads(MulMatHeadsArgs) for [HeadsQ8, HeadsQ8p, HeadsQ8pX, HeadsDq, HeadsQ8T, HeadsDqT] {
         q: u64 => ptr, s: u64 => ptr, o: u64 => ptr, row_bytes: u64 => u64, ty: i32 => i32, k: i32 => i32,
         stride: i32 => i32, offset: i32 => i32, len: i32 => i32, n_head: i32 => i32, x: u64 => ptr,
         qa: u64 => ptr, da: u64 => ptr, ab: i32 => i32, n_tok: i32 => i32, out: u64 => ptr,

@@ -187,6 +187,8 @@ pub enum Kernel {
     Columns,
     HeadsQ8,
     HeadsQ8p,
+    /// `HeadsQ8p` for one token, each block quantizing its head's slice.
+    HeadsQ8pX,
     HeadsDq,
     HeadsQ8T,
     HeadsDqT,
@@ -209,7 +211,7 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 83] = [
+    pub const ALL: [Kernel; 84] = [
         Kernel::GetRows,
         Kernel::RmsNorm,
         Kernel::Binary,
@@ -281,6 +283,7 @@ impl Kernel {
         Kernel::Columns,
         Kernel::HeadsQ8,
         Kernel::HeadsQ8p,
+        Kernel::HeadsQ8pX,
         Kernel::HeadsDq,
         Kernel::HeadsQ8T,
         Kernel::HeadsDqT,
@@ -369,6 +372,7 @@ impl Kernel {
             Kernel::Columns => ("fmat", "columns"),
             Kernel::HeadsQ8 => ("fmat", "heads_q8"),
             Kernel::HeadsQ8p => ("fmat", "heads_q8p"),
+            Kernel::HeadsQ8pX => ("fmat", "heads_q8p_x"),
             Kernel::HeadsDq => ("fmat", "heads_dq"),
             Kernel::HeadsQ8T => ("fmat", "heads_q8_t"),
             Kernel::HeadsDqT => ("fmat", "heads_dq_t"),
