@@ -72,9 +72,13 @@ struct MoeArgs {
     const float* da;
     int ab;
     int x_pair, k_used;
+    // The plan's items and pair order, or, with `items` null (one token),
+    // none: item y is pair y alone, of expert ids[y].
     const int4* items;
     const int* n_items;
     const int* sorted;
+    const int* ids;
+    int n_expert;
     float* out;
     int act;
 };
@@ -177,15 +181,24 @@ __device__ __forceinline__ void moe_gemv(const MoeArgs& a) {
     extern __shared__ __align__(16) u8 moe_x[];
     pdl_wait();
     pdl_launch();
-    if ((int)blockIdx.y >= *a.n_items) return;
+    int4 item;
+    if (a.items) {
+        if ((int)blockIdx.y >= *a.n_items) return;
+        item = a.items[blockIdx.y];
+    } else {
+        // One token: the router's k_used experts are distinct, so each pair
+        // is an item of its own, and no plan is needed.
+        int e = a.ids[blockIdx.y];
+        if (e < 0 || e >= a.n_expert) return;
+        item = make_int4(e, blockIdx.y, 1, 0);
+    }
     int warp = threadIdx.x >> 5, row = blockIdx.x * 8 + warp, lane = threadIdx.x & 31;
-    int4 item = a.items[blockIdx.y];
     int pairs[MOE_MAXT];
     u64 xo[MOE_MAXT];
     float acc[MOE_MAXT], acc2[MOE_MAXT];
 #pragma unroll
     for (int t = 0; t < MOE_MAXT; ++t) {
-        int p = t < item.z ? a.sorted[item.y + t] : 0;
+        int p = t < item.z ? (a.sorted ? a.sorted[item.y + t] : item.y + t) : 0;
         pairs[t] = p;
         xo[t] = (u64)(a.x_pair ? p : p / a.k_used) * a.k;
         acc[t] = 0.0f;
@@ -200,7 +213,7 @@ __device__ __forceinline__ void moe_gemv(const MoeArgs& a) {
         float* xd = (float*)(moe_x + MOE_MAXT * a.k);
         for (int b = warp; b < nv * nb; b += 8) {
             int v = b / nb, bi = b - v * nb;
-            u64 src = a.x_pair ? (u64)a.sorted[item.y + v] * a.k : 0;
+            u64 src = a.x_pair ? (u64)(a.sorted ? a.sorted[item.y + v] : item.y + v) * a.k : 0;
             quant_block(a.x + src + ((u64)bi << a.ab), xq + v * a.k + (bi << a.ab), xd + v * nb + bi, a.ab, lane);
         }
         __syncthreads();
@@ -224,9 +237,9 @@ __device__ __forceinline__ void moe_gemv(const MoeArgs& a) {
     extern "C" __global__ void __launch_bounds__(256) NAME(                                                          \
         const i8* q, const float* s, const float* o, const i8* q2, const float* s2, const float* o2, u64 row_bytes,   \
         int type, int rows, int k, const float* x, const i8* qa, const float* da, int ab, int x_pair, int k_used,     \
-        const int4* items, const int* n_items, const int* sorted, float* out, int act) {                             \
-        MoeArgs a = {q,      s,      o,     q2,    s2,      o2,     row_bytes, type, rows, k, x,                     \
-                     qa,     da,     ab,    x_pair, k_used, items, n_items,   sorted, out,  act};                    \
+        const int4* items, const int* n_items, const int* sorted, const int* ids, int n_expert, float* out, int act) { \
+        MoeArgs a = {q,  s,      o,      q2,    s2,      o2,     row_bytes, type,     rows, k,  x,  qa,              \
+                     da, ab,     x_pair, k_used, items, n_items, sorted,    ids,      n_expert, out, act};           \
         moe_gemv<KIND, PAIR, PAIRED, QX>(a);                                                                         \
     }
 

@@ -218,6 +218,74 @@ extern "C" __global__ void mla_store(const float* c, const float* k_pe, u8* cach
     }
 }
 
+// kv_a's rows [c | k_pe] ([rank + rope, n_tok]) straight into the latent
+// cache at row pos[t]: c normed (× w when not null; `rms_norm`'s double sum
+// and roundings) and k_pe rotated (`rope_rotate`, one head of `rope`): the
+// two columns, the norm, the rope and `mla_store` of the graph in one launch,
+// with their floats. grid: n_tok, block 256.
+extern "C" __global__ void __launch_bounds__(256) mla_kv_store(const float* kv, const float* w, float eps, u8* cache,
+                                                               const int* pos, int rank, int rope, int type,
+                                                               const float* factors, int n_rot, int mode, float base,
+                                                               float fscale, float y_low, float y_high, float y_ext,
+                                                               float y_mag) {
+    __shared__ double scratch[32];
+    pdl_wait();
+    pdl_launch();
+    int t = blockIdx.x, width = rank + rope, p = pos[t];
+    const float* row = kv + (u64)t * width;
+    u64 dst = (u64)p * width;
+    double ss = 0.0;
+    for (int e = threadIdx.x; e < rank; e += blockDim.x) ss += (double)row[e] * (double)row[e];
+    ss = block_reduce(ss, scratch, 0.0, Sum());
+    float inv = (float)(1.0 / sqrt(ss / rank + (double)eps));
+    auto put = [&](int e, float v) {
+        if (type == T_F16)
+            ((u16*)cache)[dst + e] = f2h(v);
+        else
+            ((float*)cache)[dst + e] = v;
+    };
+    for (int e = threadIdx.x; e < rank; e += blockDim.x) {
+        float v = row[e] * inv;
+        put(e, w ? v * w[e] : v);
+    }
+    for (int i = threadIdx.x; i < rope / 2; i += blockDim.x) {
+        int a, b;
+        float ya, yb;
+        rope_rotate(row + rank, i, p, n_rot, mode, base, fscale, factors, y_low, y_high, y_ext, y_mag, &a, &b, &ya,
+                    &yb);
+        put(rank + a, ya);
+        put(rank + b, yb);
+    }
+}
+
+// q's rows of n_head heads [nope | rope] ([(nope + rope) · n_head, n_tok])
+// split into q_nope [nope · n_head, n_tok] and the rotated q_pe [rope ·
+// n_head, n_tok]: two columns and a rope in one launch. A thread per
+// (token, head, j): j < nope copies element j, past it rotates pair j − nope.
+extern "C" __global__ void mla_q_split(const float* q, float* q_nope, float* q_pe, const int* pos, int n_head,
+                                       int n_tok, int nope, int rope, const float* factors, int n_rot, int mode,
+                                       float base, float fscale, float y_low, float y_high, float y_ext, float y_mag) {
+    pdl_wait();
+    pdl_launch();
+    int per = nope + rope / 2;
+    u64 total = (u64)n_tok * n_head * per;
+    for (u64 idx = blockIdx.x * (u64)blockDim.x + threadIdx.x; idx < total; idx += (u64)gridDim.x * blockDim.x) {
+        int j = idx % per;
+        u64 th = idx / per;
+        const float* xh = q + th * (nope + rope);
+        if (j < nope) {
+            q_nope[th * nope + j] = xh[j];
+            continue;
+        }
+        int a, b;
+        float ya, yb;
+        rope_rotate(xh + nope, j - nope, pos[th / n_head], n_rot, mode, base, fscale, factors, y_low, y_high, y_ext,
+                    y_mag, &a, &b, &ya, &yb);
+        q_pe[th * rope + a] = ya;
+        q_pe[th * rope + b] = yb;
+    }
+}
+
 // Attention over the latent cache (Op::LatentAttention): head h of token t
 // scores cache row j as (q_lat_h · c_j + q_pe_h · k_pe_j) · scale for
 // j ≤ pos[t], and its output is the softmax-weighted sum of the rows' c_j

@@ -352,8 +352,8 @@ kernel_args! {
     ] {
         q: u64 => ptr, s: u64 => ptr, o: u64 => ptr, q2: u64 => ptr, s2: u64 => ptr, o2: u64 => ptr,
         row_bytes: u64 => u64, ty: i32 => i32, rows: i32 => i32, k: i32 => i32, x: u64 => ptr,
-        qa: u64 => ptr, da: u64 => ptr, ab: i32 => i32, x_pair: i32 => i32, k_used: i32 => i32, items: u64 => ptr, n_items: u64 => ptr, sorted: u64 => ptr,
-        out: u64 => ptr, act: Act => act,
+        qa: u64 => ptr, da: u64 => ptr, ab: i32 => i32, x_pair: i32 => i32, k_used: i32 => i32, items: u64 => ptr,
+        n_items: u64 => ptr, sorted: u64 => ptr, ids: u64 => ptr, n_expert: i32 => i32, out: u64 => ptr, act: Act => act,
     }
     /// The tensor-core products of levels with int8 activations
     /// (levels_mma.cu): dense over `n_tok` tokens (`items` 0) or experts
@@ -429,6 +429,22 @@ kernel_args! {
     MlaStore(MlaStoreArgs) for [MlaStore] {
         c: u64 => ptr, k_pe: u64 => ptr, cache: u64 => ptr, pos: u64 => ptr, rank: i32 => i32, rope: i32 => i32,
         ty: i32 => i32,
+    }
+    /// `mla_kv_store`: kv_a's `[c | k_pe]` rows into the latent cache at
+    /// `pos`, c normed (× `w`, 0: unweighted) and k_pe rotated (one head of
+    /// `rope`; the rope kernel's parameters).
+    MlaKvStore(MlaKvStoreArgs) for [MlaKvStore] {
+        kv: u64 => ptr, w: u64 => ptr, eps: f32 => f32, cache: u64 => ptr, pos: u64 => ptr, rank: i32 => i32,
+        rope: i32 => i32, ty: i32 => i32, factors: u64 => ptr, n_rot: i32 => i32, mode: RopeMode => mode,
+        base: f32 => f32, fscale: f32 => f32, y_low: f32 => f32, y_high: f32 => f32, y_ext: f32 => f32,
+        y_mag: f32 => f32,
+    }
+    /// `mla_q_split`: q's heads into q_nope and the rotated q_pe.
+    MlaQSplit(MlaQSplitArgs) for [MlaQSplit] {
+        q: u64 => ptr, q_nope: u64 => ptr, q_pe: u64 => ptr, pos: u64 => ptr, n_head: i32 => i32, n_tok: i32 => i32,
+        nope: i32 => i32, rope: i32 => i32, factors: u64 => ptr, n_rot: i32 => i32, mode: RopeMode => mode,
+        base: f32 => f32, fscale: f32 => f32, y_low: f32 => f32, y_high: f32 => f32, y_ext: f32 => f32,
+        y_mag: f32 => f32,
     }
     /// `mla_attention`: `n_split` splits of `split` cache rows (`part` their
     /// states when more than one).

@@ -193,6 +193,10 @@ pub enum Kernel {
     HeadsQ8T,
     HeadsDqT,
     MlaStore,
+    /// kv_a's rows normed and rotated into the latent cache, and q's heads
+    /// split with q_pe rotated: the graph's columns, norm, ropes and store.
+    MlaKvStore,
+    MlaQSplit,
     MlaAttention,
     /// A prompt's latent attention on tensor cores (F16 caches).
     MlaAttentionMma,
@@ -211,7 +215,7 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 84] = [
+    pub const ALL: [Kernel; 86] = [
         Kernel::GetRows,
         Kernel::RmsNorm,
         Kernel::Binary,
@@ -288,6 +292,8 @@ impl Kernel {
         Kernel::HeadsQ8T,
         Kernel::HeadsDqT,
         Kernel::MlaStore,
+        Kernel::MlaKvStore,
+        Kernel::MlaQSplit,
         Kernel::MlaAttention,
         Kernel::MlaAttentionMma,
         Kernel::MlaMerge,
@@ -377,6 +383,8 @@ impl Kernel {
             Kernel::HeadsQ8T => ("fmat", "heads_q8_t"),
             Kernel::HeadsDqT => ("fmat", "heads_dq_t"),
             Kernel::MlaStore => ("fmat", "mla_store"),
+            Kernel::MlaKvStore => ("fmat", "mla_kv_store"),
+            Kernel::MlaQSplit => ("fmat", "mla_q_split"),
             Kernel::MlaAttention => ("fmat", "mla_attention"),
             Kernel::MlaAttentionMma => ("attention", "mla_attention_mma"),
             Kernel::MlaMerge => ("fmat", "mla_merge"),

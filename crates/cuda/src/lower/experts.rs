@@ -6,7 +6,9 @@
 //! node (a layer's gate/up and down share it), and each GEMV launches a
 //! block row per possible item, `min(pairs, ⌈pairs / 8⌉ + n_expert)`; the
 //! blocks past the plan's count return. So the launch list is the same for
-//! every routing, and a decoding step replays as one graph.
+//! every routing, and a decoding step replays as one graph. One token's
+//! GEMVs take no plan: its k_used experts are distinct, so block row y is
+//! pair y, of expert `ids[y]`.
 
 use tern_graph::{NodeId, Op, Precision};
 
@@ -166,7 +168,11 @@ impl Lower<'_> {
         let x_smem = ITEM_PAIRS * (k + 4 * (k >> ab));
         let in_block = paired && n_tok == 1 && x_smem <= IN_BLOCK_SMEM;
         let (qa, da) = if paired && !in_block { self.acts_q8(x, k, ab)? } else { (0, 0) };
-        let plan = self.moe_plan(ids, n_expert, if mma { MMA_ITEM_PAIRS } else { ITEM_PAIRS })?;
+        let plan = if n_tok == 1 && !mma {
+            MoePlan { items: 0, n_items: 0, sorted: 0, max_items: self.node_ref(ids).n_elements() }
+        } else {
+            self.moe_plan(ids, n_expert, if mma { MMA_ITEM_PAIRS } else { ITEM_PAIRS })?
+        };
         if plan.max_items > 65535 {
             return super::fail(format!("{} expert items exceed a grid's rows", plan.max_items));
         }
@@ -205,6 +211,8 @@ impl Lower<'_> {
             items: plan.items,
             n_items: plan.n_items,
             sorted: plan.sorted,
+            ids: self.ptr(ids)?,
+            n_expert: n_expert as i32,
             out: self.ptr(id)?,
             act,
         };
@@ -306,8 +314,9 @@ mod tests {
         }
     }
 
-    /// One plan for the router's ids serves both expert products; a
-    /// quantized model's products quantize each input once, in the blocks
+    /// One plan for the router's ids serves both expert products (one
+    /// token's take none: a block row a pair); a quantized model's products
+    /// quantize each input once, in the blocks
     /// the type pairs with (Q4_K: Q8_K's 256; Q8_0: 32), and take the
     /// offset kernels only for a type with offsets; past 8 tokens they run
     /// on tensor cores. The grid has a row of blocks per possible item:
@@ -327,19 +336,24 @@ mod tests {
             let l = lowered(ty, n, precision);
             let kernels: Vec<Kernel> = l.iter().map(|l| l.kernel).collect();
             let at = |k: Kernel| kernels.iter().position(|&x| x == k).unwrap_or_else(|| panic!("{ty}: no {k:?}"));
-            assert_eq!(kernels.iter().filter(|&&k| k == Kernel::MoePlan).count(), 1, "{ty}: {kernels:?}");
-            let (plan, up_gate, down) = (at(Kernel::MoePlan), at(pair), at(single));
-            assert!(plan < up_gate && up_gate < down, "{ty}: {kernels:?}");
-            match l[plan].args {
-                Args::MoePlan(p) => assert_eq!(p.per_item, per_item as i32, "{ty} n={n}"),
-                _ => panic!("not a plan"),
+            let plans = kernels.iter().filter(|&&k| k == Kernel::MoePlan).count();
+            assert_eq!(plans, (n > 1) as usize, "{ty}: {kernels:?}");
+            let (up_gate, down) = (at(pair), at(single));
+            assert!(up_gate < down, "{ty}: {kernels:?}");
+            if n > 1 {
+                let plan = at(Kernel::MoePlan);
+                assert!(plan < up_gate, "{ty}: {kernels:?}");
+                match l[plan].args {
+                    Args::MoePlan(p) => assert_eq!(p.per_item, per_item as i32, "{ty} n={n}"),
+                    _ => panic!("not a plan"),
+                }
             }
             let quantized = precision == Precision::Paired && ty != GgmlType::F16;
             // One token's blocks quantize their activations themselves.
             let act_q8 = 2 * (quantized && n > 1) as usize;
             assert_eq!(kernels.iter().filter(|&&k| k == Kernel::ActQ8).count(), act_q8, "{ty}");
             let pairs = 4 * n;
-            let items = pairs.min(pairs.div_ceil(per_item) + 16) as u32;
+            let items = if n == 1 { pairs } else { pairs.min(pairs.div_ceil(per_item) + 16) } as u32;
             for i in [up_gate, down] {
                 let (qa, a_ab, o, _, _) = expert_args(&l[i]);
                 assert_eq!(l[i].grid.1, items, "{ty} n={n}");
@@ -351,6 +365,7 @@ mod tests {
             }
             assert_eq!((expert_args(&l[up_gate]).3, expert_args(&l[down]).3), (0, 1), "{ty}");
             assert_eq!(expert_args(&l[up_gate]).4, expert_args(&l[down]).4, "{ty}: one plan");
+            assert_eq!(expert_args(&l[down]).4 == 0, n == 1, "{ty} n={n}: one token's products read the ids");
         }
     }
 }

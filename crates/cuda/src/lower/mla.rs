@@ -232,7 +232,9 @@ impl Lower<'_> {
             rope: p.rope as i32,
             ty,
         };
-        self.out.push(Launch::new(Kernel::MlaStore, (n_tok as u32, 1, 1), 256, store));
+        if !self.stored.contains(&id) {
+            self.out.push(Launch::new(Kernel::MlaStore, (n_tok as u32, 1, 1), 256, store));
+        }
         // A split's states for every (token, head): rank + 4 floats each.
         let per_split = n_tok * p.n_head * (p.rank + 4) * 4;
         let width = p.rank + p.rope;
