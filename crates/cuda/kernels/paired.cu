@@ -9,16 +9,20 @@
 
 // One block of 2^ab activations (xb) quantized into qb and *d by one warp:
 // lane i takes elements 2^ab/32 · i ..; 5: Q8_0, whose d is then rounded to
-// f16 as its block stores it; 8: Q8_K.
-__device__ __forceinline__ void quant_block(const float* xb, i8* qb, float* d, int ab, int lane) {
+// f16 as its block stores it; 8: Q8_K. With `nwb` (the block's slice of a
+// norm's weight), x · inv · nwb is quantized: rms_norm's two roundings.
+__device__ __forceinline__ void quant_block(const float* xb, i8* qb, float* d, int ab, int lane,
+                                            const float* nwb = nullptr, float inv = 1.0f) {
     int per = (1 << ab) >> 5;
     xb += lane * per;
     qb += lane * per;
+    if (nwb) nwb += lane * per;
     float v[8];
     float am = 0.0f;
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
         v[i] = i < per ? xb[i] : 0.0f;
+        if (nwb && i < per) v[i] = v[i] * inv * nwb[i];
         am = fmaxf(am, fabsf(v[i]));
     }
     am = warp_max(am);
@@ -94,15 +98,20 @@ Q8P_KERNEL(q8p_gemv1, 1, 4)
 // (dynamic: k levels, then k / 2^ab scales), so a decoding step's paired
 // products need no act_q8 launch: the block's 8 warps take x's blocks in
 // turn (k/2^ab warp passes over at most a few KB from L2), then each its
-// row. The first level words are loaded before `pdl_wait`. PAIR: each warp
+// row. With `norm_w` (else null) x is first RMS-normed with that weight, with
+// `rms_norm`'s double sum in its order (256 threads) and its roundings, so
+// the norm needs no launch either. The first level words are loaded before
+// `pdl_wait`. PAIR: each warp
 // takes row `row` of both the gate (q, s, o) and the up matrix (q2, s2, o2)
 // and writes act(gate) · up, so a gated FFN's two products and its
 // activation are one launch.
 template <bool PAIR>
 __device__ __forceinline__ void q8p_gemv1x_rows(const i8* q, const float* s, const float* o, const i8* q2,
                                                 const float* s2, const float* o2, int rows, int k, const float* x,
-                                                int ab, float* out, const float* res, int act) {
+                                                int ab, float* out, const float* res, int act,
+                                                const float* norm_w, float eps) {
     extern __shared__ __align__(16) u8 q8p_sm[];
+    __shared__ double scratch[32];
     i8* xq = (i8*)q8p_sm;
     float* xd = (float*)(q8p_sm + k);
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -117,7 +126,15 @@ __device__ __forceinline__ void q8p_gemv1x_rows(const i8* q, const float* s, con
     if (live) q8_fetch(qr, sr, orw, lane, nw, w, sc, of);
     pdl_wait();
     pdl_launch();
-    for (int b = warp; b < (k >> ab); b += 8) quant_block(x + (b << ab), xq + (b << ab), xd + b, ab, lane);
+    float inv = 1.0f;
+    if (norm_w) {
+        double ss = 0.0;
+        for (int e = threadIdx.x; e < k; e += blockDim.x) ss += (double)x[e] * (double)x[e];
+        ss = block_reduce(ss, scratch, 0.0, Sum());
+        inv = (float)(1.0 / sqrt(ss / k + (double)eps));
+    }
+    for (int b = warp; b < (k >> ab); b += 8)
+        quant_block(x + (b << ab), xq + (b << ab), xd + b, ab, lane, norm_w ? norm_w + (b << ab) : nullptr, inv);
     __syncthreads();
     if (!live) return;
     float acc[FMAT_MAXT];
@@ -157,13 +174,14 @@ __device__ __forceinline__ void q8p_gemv1x_rows(const i8* q, const float* s, con
 
 extern "C" __global__ void __launch_bounds__(256, 4) q8p_gemv1x(const i8* q, const float* s, const float* o, int rows,
                                                                  int k, const float* x, int ab, float* out,
-                                                                 const float* res) {
-    q8p_gemv1x_rows<false>(q, s, o, nullptr, nullptr, nullptr, rows, k, x, ab, out, res, 0);
+                                                                 const float* res, const float* nw, float eps) {
+    q8p_gemv1x_rows<false>(q, s, o, nullptr, nullptr, nullptr, rows, k, x, ab, out, res, 0, nw, eps);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 4) q8p_gemv1x_pair(const i8* q, const float* s, const float* o,
                                                                       const i8* q2, const float* s2, const float* o2,
                                                                       int rows, int k, const float* x, int ab,
-                                                                      float* out, int act) {
-    q8p_gemv1x_rows<true>(q, s, o, q2, s2, o2, rows, k, x, ab, out, nullptr, act);
+                                                                      float* out, int act, const float* nw,
+                                                                      float eps) {
+    q8p_gemv1x_rows<true>(q, s, o, q2, s2, o2, rows, k, x, ab, out, nullptr, act, nw, eps);
 }

@@ -322,16 +322,18 @@ kernel_args! {
         da: u64 => ptr, ab: i32 => i32, n_tok: i32 => i32, out: u64 => ptr, out_stride: u64 => u64,
         res: u64 => ptr,
     }
-    /// One token's `Q8pGemv` quantizing x itself (`x`: f32, blocks of 2^ab).
+    /// One token's `Q8pGemv` quantizing x itself (`x`: f32, blocks of 2^ab);
+    /// `nw` not 0: x RMS-normed with that weight row and `eps` first.
     Q8pGemv1x(Q8pGemv1xArgs) for [Q8pGemv1x] {
         q: u64 => ptr, s: u64 => ptr, o: u64 => ptr, rows: i32 => i32, k: i32 => i32, x: u64 => ptr,
-        ab: i32 => i32, out: u64 => ptr, res: u64 => ptr,
+        ab: i32 => i32, out: u64 => ptr, res: u64 => ptr, nw: u64 => ptr, eps: f32 => f32,
     }
     /// One token's gate (q, s, o) and up (q2, s2, o2) products and
     /// act(gate) · up in one launch, x quantized as `Q8pGemv1x` does.
     Q8pGemv1xPair(Q8pGemv1xPairArgs) for [Q8pGemv1xPair] {
         q: u64 => ptr, s: u64 => ptr, o: u64 => ptr, q2: u64 => ptr, s2: u64 => ptr, o2: u64 => ptr,
         rows: i32 => i32, k: i32 => i32, x: u64 => ptr, ab: i32 => i32, out: u64 => ptr, act: Act => act,
+        nw: u64 => ptr, eps: f32 => f32,
     }
     /// `o` 0: no offsets.
     GetRowsQ8(GetRowsQ8Args) for [GetRowsQ8] {

@@ -93,9 +93,12 @@ fn bind(g: &Graph, alias: Option<(NodeId, NodeId)>, staged: &[&str]) -> (Buffers
                 let ternary = ty.is_ternary().then_some(TernaryShape { k_pad: n.ne[0], rows: n.ne[1], groups });
                 let ptr = (1 << 41) + (id.0 as u64) * (1 << 24);
                 let staged = staged.contains(&name).then_some(1 << 20);
-                let quant = (ty == GgmlType::Q6_K).then_some(QLayout::Q6K);
-                let weight =
-                    Weight { ty, ptr_codes: ptr, ptr_scales: ptr + 4096, ptr_offsets: 0, ternary, quant, staged };
+                let quant = match crate::weights::Held::of(ty, n.ne) {
+                    Some(crate::weights::Held::Quant(l)) if ternary.is_none() => Some(l),
+                    _ => None,
+                };
+                let ptr_offsets = if quant == Some(QLayout::LevelsOffset) { ptr + 8192 } else { 0 };
+                let weight = Weight { ty, ptr_codes: ptr, ptr_scales: ptr + 4096, ptr_offsets, ternary, quant, staged };
                 let backing = if staged.is_some() { Backing::Mapped(ptr as usize) } else { Backing::Device };
                 let buffer = bufs.insert(DevBuf { ptr, bytes: 1 << 24, weight: Some(weight), backing });
                 TensorLoc { buffer, offset: 0, nbytes: n.nbytes() }
@@ -656,4 +659,45 @@ fn yarn_ropes_stay_out_of_the_attention() {
     assert_eq!(kernels(&ls)[..5], [NormQuant, TernaryGemv1, Rope, Rope, KvStore]);
     let Args::Attention(a) = ls[5].args else { panic!("{:?}", ls[5].args) };
     assert_eq!(a.r.on, 0, "q arrives rotated");
+}
+
+/// One token's norm read only by paired products of int8 levels (Q4_K with
+/// offsets, Q8_0 without) folds into them: no `rms_norm` launch, each
+/// `q8p_gemv1x` norms x with the weight row itself. Not when nothing after
+/// them reads x (its bytes may be reused), nor when a reader is a float
+/// matrix (its kernel takes no norm).
+#[test]
+fn a_norm_read_by_paired_levels_folds_into_them() {
+    use Kernel::*;
+    let graph = |keep_x: bool, wb_ty| {
+        let mut g = Graph::new();
+        let x = g.weight(0, "x", GgmlType::F32, [E, 1, 1, 1]);
+        let wn = g.weight(1, "attn_norm", GgmlType::F32, [E, 1, 1, 1]);
+        let wa = g.weight(2, "a", GgmlType::Q4_K, [E, E, 1, 1]);
+        let wb = g.weight(3, "b", wb_ty, [E, E, 1, 1]);
+        let n = g.rms_norm(x, 1e-6);
+        let h = g.mul(n, wn);
+        let (a, b) = (g.mul_mat(wa, h, Precision::Paired), g.mul_mat(wb, h, Precision::Paired));
+        let c = g.add(a, b);
+        let out = if keep_x { g.add(x, c) } else { c };
+        g.mark_output(out);
+        Layer { g, x, norm_out: h }
+    };
+    let ls = launches(&graph(true, GgmlType::Q8_0), None);
+    assert_eq!(kernels(&ls), [Q8pGemv1x, Q8pGemv1x, Binary]);
+    for l in &ls[..2] {
+        let Args::Q8pGemv1x(a) = l.args else { panic!("{:?}", l.args) };
+        assert!(a.nw != 0 && a.eps == 1e-6, "the norm's weight and eps");
+    }
+    let Args::Q8pGemv1x(a) = ls[1].args else { panic!() };
+    assert!(a.res != 0, "the second product adds the first");
+    for (keep_x, ty, want) in [
+        (false, GgmlType::Q8_0, vec![RmsNorm, Q8pGemv1x, Q8pGemv1x]),
+        (true, GgmlType::F32, vec![RmsNorm, Q8pGemv1x, F32Gemv, Binary]),
+    ] {
+        let ls = launches(&graph(keep_x, ty), None);
+        assert_eq!(kernels(&ls), want, "keep x {keep_x}, {ty}");
+        let Args::Q8pGemv1x(a) = ls[1].args else { panic!("{:?}", ls[1].args) };
+        assert_eq!(a.nw, 0, "keep x {keep_x}, {ty}: x arrives normed");
+    }
 }
