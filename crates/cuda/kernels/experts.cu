@@ -50,10 +50,12 @@ extern "C" __global__ void __launch_bounds__(1024) moe_plan(const int* ids, int 
 
 // How the expert tensors are held: int8 levels with a scale per 16
 // (qlayout.rs), the same with an offset per 16 (either matrix of a pair may
-// have none: its `o` is null), or stored float bytes read by `dq`.
+// have none: its `o` is null), stored float bytes read by `dq`, or the
+// file's Q4_K blocks (q4k.cu; one token, int8 activations).
 #define MOE_LEVELS 0
 #define MOE_OFFSET 1
 #define MOE_STORED 2
+#define MOE_Q4K 3
 
 struct MoeArgs {
     // The (gate) matrix: levels (or stored bytes), scales, offsets.
@@ -90,6 +92,24 @@ template <int KIND, bool PAIR, bool PAIRED>
 __device__ __forceinline__ void moe_row(const MoeArgs& a, int e, int row, int lane, const u64* xo, int cnt,
                                         const i8* qa, const float* da, float* acc, float* acc2) {
     u64 grow = (u64)e * a.rows + row;
+    if (KIND == MOE_Q4K) {
+        u64 rb = (u64)(a.k >> 8) * Q4K_BLOCK;
+        const u8* wr = (const u8*)a.q + grow * rb;
+        const u8* wr2 = (const u8*)a.q2 + grow * rb;
+        int nu = (a.k >> 8) * 4;
+#pragma unroll 2
+        for (int u = lane; u < nu; u += 32) {
+            Q4KUnit w = q4k_load(wr, u), w2;
+            if (PAIR) w2 = q4k_load(wr2, u);
+#pragma unroll
+            for (int t = 0; t < MOE_MAXT; ++t) {
+                if (t >= cnt) break;
+                acc[t] += q4k_dot(w, u, qa + xo[t], da + (xo[t] >> 8));
+                if (PAIR) acc2[t] += q4k_dot(w2, u, qa + xo[t], da + (xo[t] >> 8));
+            }
+        }
+        return;
+    }
     if (KIND == MOE_STORED) {
         const u8* wr = (const u8*)a.q + grow * a.row_bytes;
         const u8* wr2 = (const u8*)a.q2 + grow * a.row_bytes;
@@ -257,3 +277,5 @@ MOE_KERNEL(moe_q8p_x, MOE_LEVELS, false, true, true)
 MOE_KERNEL(moe_q8p_pair_x, MOE_LEVELS, true, true, true)
 MOE_KERNEL(moe_q8op_x, MOE_OFFSET, false, true, true)
 MOE_KERNEL(moe_q8op_pair_x, MOE_OFFSET, true, true, true)
+MOE_KERNEL(moe_q4k_x, MOE_Q4K, false, true, true)
+MOE_KERNEL(moe_q4k_pair_x, MOE_Q4K, true, true, true)

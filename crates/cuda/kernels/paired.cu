@@ -94,24 +94,41 @@ __device__ __forceinline__ float paired_word(u32 w, int a, float sc, float of, f
 Q8P_KERNEL(q8p_gemv, FMAT_MAXT, 1)
 Q8P_KERNEL(q8p_gemv1, 1, 4)
 
+// One token's x quantized by a block into shared memory: k levels at xq, the
+// k / 2^ab scales at xd, the block's 8 warps taking x's blocks in turn (k/2^ab
+// warp passes over at most a few KB from L2). With `norm_w` (else null) x is
+// first RMS-normed with that weight, with `rms_norm`'s double sum in its
+// order (256 threads) and its roundings, so the norm needs no launch. Ends
+// with the block's barrier.
+__device__ __forceinline__ void quant_x(const float* x, int k, int ab, const float* norm_w, float eps, i8* xq,
+                                        float* xd) {
+    __shared__ double scratch[32];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    float inv = 1.0f;
+    if (norm_w) {
+        double ss = 0.0;
+        for (int e = threadIdx.x; e < k; e += blockDim.x) ss += (double)x[e] * (double)x[e];
+        ss = block_reduce(ss, scratch, 0.0, Sum());
+        inv = (float)(1.0 / sqrt(ss / k + (double)eps));
+    }
+    for (int b = warp; b < (k >> ab); b += 8)
+        quant_block(x + (b << ab), xq + (b << ab), xd + b, ab, lane, norm_w ? norm_w + (b << ab) : nullptr, inv);
+    __syncthreads();
+}
+
 // One token's product, x quantized by each block itself into shared memory
-// (dynamic: k levels, then k / 2^ab scales), so a decoding step's paired
-// products need no act_q8 launch: the block's 8 warps take x's blocks in
-// turn (k/2^ab warp passes over at most a few KB from L2), then each its
-// row. With `norm_w` (else null) x is first RMS-normed with that weight, with
-// `rms_norm`'s double sum in its order (256 threads) and its roundings, so
-// the norm needs no launch either. The first level words are loaded before
-// `pdl_wait`. PAIR: each warp
-// takes row `row` of both the gate (q, s, o) and the up matrix (q2, s2, o2)
-// and writes act(gate) · up, so a gated FFN's two products and its
-// activation are one launch.
+// (dynamic: k levels, then k / 2^ab scales; `quant_x`), so a decoding
+// step's paired products need neither an act_q8 nor a norm launch; then
+// each warp its row. The first level words are loaded before `pdl_wait`.
+// PAIR: each warp takes row `row` of both the gate (q, s, o) and the up
+// matrix (q2, s2, o2) and writes act(gate) · up, so a gated FFN's two
+// products and its activation are one launch.
 template <bool PAIR>
 __device__ __forceinline__ void q8p_gemv1x_rows(const i8* q, const float* s, const float* o, const i8* q2,
                                                 const float* s2, const float* o2, int rows, int k, const float* x,
                                                 int ab, float* out, const float* res, int act,
                                                 const float* norm_w, float eps) {
     extern __shared__ __align__(16) u8 q8p_sm[];
-    __shared__ double scratch[32];
     i8* xq = (i8*)q8p_sm;
     float* xd = (float*)(q8p_sm + k);
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -126,16 +143,7 @@ __device__ __forceinline__ void q8p_gemv1x_rows(const i8* q, const float* s, con
     if (live) q8_fetch(qr, sr, orw, lane, nw, w, sc, of);
     pdl_wait();
     pdl_launch();
-    float inv = 1.0f;
-    if (norm_w) {
-        double ss = 0.0;
-        for (int e = threadIdx.x; e < k; e += blockDim.x) ss += (double)x[e] * (double)x[e];
-        ss = block_reduce(ss, scratch, 0.0, Sum());
-        inv = (float)(1.0 / sqrt(ss / k + (double)eps));
-    }
-    for (int b = warp; b < (k >> ab); b += 8)
-        quant_block(x + (b << ab), xq + (b << ab), xd + b, ab, lane, norm_w ? norm_w + (b << ab) : nullptr, inv);
-    __syncthreads();
+    quant_x(x, k, ab, norm_w, eps, xq, xd);
     if (!live) return;
     float acc[FMAT_MAXT];
 #pragma unroll

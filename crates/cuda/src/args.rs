@@ -328,6 +328,17 @@ kernel_args! {
         q: u64 => ptr, s: u64 => ptr, o: u64 => ptr, rows: i32 => i32, k: i32 => i32, x: u64 => ptr,
         ab: i32 => i32, out: u64 => ptr, res: u64 => ptr, nw: u64 => ptr, eps: f32 => f32,
     }
+    /// One token's product of Q4_K blocks `w` (q4k.cu), x quantized as
+    /// `Q8pGemv1x` does (`nw` not 0: normed first).
+    Q4kGemv1x(Q4kGemv1xArgs) for [Q4kGemv1x] {
+        w: u64 => ptr, rows: i32 => i32, k: i32 => i32, x: u64 => ptr, out: u64 => ptr, res: u64 => ptr,
+        nw: u64 => ptr, eps: f32 => f32,
+    }
+    /// One token's gate (w) and up (w2) products of Q4_K blocks and act(gate) · up.
+    Q4kGemv1xPair(Q4kGemv1xPairArgs) for [Q4kGemv1xPair] {
+        w: u64 => ptr, w2: u64 => ptr, rows: i32 => i32, k: i32 => i32, x: u64 => ptr, out: u64 => ptr,
+        act: Act => act, nw: u64 => ptr, eps: f32 => f32,
+    }
     /// One token's gate (q, s, o) and up (q2, s2, o2) products and
     /// act(gate) · up in one launch, x quantized as `Q8pGemv1x` does.
     Q8pGemv1xPair(Q8pGemv1xPairArgs) for [Q8pGemv1xPair] {
@@ -350,7 +361,7 @@ kernel_args! {
     /// instead of x. `x_pair`: a column of x per pair, else per token.
     MoeGemv(MoeGemvArgs) for [
         MoeQ8, MoeQ8Pair, MoeQ8o, MoeQ8oPair, MoeDq, MoeDqPair, MoeQ8p, MoeQ8pPair, MoeQ8op, MoeQ8opPair, MoeQ8pX,
-        MoeQ8pPairX, MoeQ8opX, MoeQ8opPairX
+        MoeQ8pPairX, MoeQ8opX, MoeQ8opPairX, MoeQ4kX, MoeQ4kPairX
     ] {
         q: u64 => ptr, s: u64 => ptr, o: u64 => ptr, q2: u64 => ptr, s2: u64 => ptr, o2: u64 => ptr,
         row_bytes: u64 => u64, ty: i32 => i32, rows: i32 => i32, k: i32 => i32, x: u64 => ptr,

@@ -44,6 +44,7 @@ pub const SOURCES: &[(&str, &str)] = &[
         concat!(
             include_str!("../kernels/fmat.cu"),
             include_str!("../kernels/paired.cu"),
+            include_str!("../kernels/q4k.cu"),
             include_str!("../kernels/experts.cu"),
             include_str!("../kernels/levels_mma.cu"),
             include_str!("../kernels/mla.cu")
@@ -116,6 +117,10 @@ pub enum Kernel {
     Q8pGemv1x,
     /// `Q8pGemv1x` of a gate/up pair with the activation (paired.cu).
     Q8pGemv1xPair,
+    /// One token's products of Q4_K weights in the file's blocks (q4k.cu),
+    /// x quantized in each block; alone and as a gated pair.
+    Q4kGemv1x,
+    Q4kGemv1xPair,
     /// Q6_K planes (`qlayout.rs`) times f32 activations, up to 8 tokens.
     Q6KGemv,
     /// `Q6KGemv` for one token (the decoding head), with fewer registers.
@@ -149,6 +154,9 @@ pub enum Kernel {
     MoeQ8pPairX,
     MoeQ8opX,
     MoeQ8opPairX,
+    /// One token's expert GEMVs over the file's Q4_K blocks.
+    MoeQ4kX,
+    MoeQ4kPairX,
     /// Levels times int8 activations on tensor cores, dense or over a
     /// plan's expert items: levels, levels with offsets, each also as a
     /// gated pair (levels_mma.cu).
@@ -215,7 +223,7 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 86] = [
+    pub const ALL: [Kernel; 90] = [
         Kernel::GetRows,
         Kernel::RmsNorm,
         Kernel::Binary,
@@ -241,6 +249,8 @@ impl Kernel {
         Kernel::Q8pGemv1,
         Kernel::Q8pGemv1x,
         Kernel::Q8pGemv1xPair,
+        Kernel::Q4kGemv1x,
+        Kernel::Q4kGemv1xPair,
         Kernel::Q6KGemv,
         Kernel::Q6KGemv1,
         Kernel::Q6KGemv1Q8,
@@ -263,6 +273,8 @@ impl Kernel {
         Kernel::MoeQ8pPairX,
         Kernel::MoeQ8opX,
         Kernel::MoeQ8opPairX,
+        Kernel::MoeQ4kX,
+        Kernel::MoeQ4kPairX,
         Kernel::Q8pMma,
         Kernel::Q8pMmaO,
         Kernel::Q8pMmaPair,
@@ -332,6 +344,8 @@ impl Kernel {
             Kernel::Q8pGemv1 => ("fmat", "q8p_gemv1"),
             Kernel::Q8pGemv1x => ("fmat", "q8p_gemv1x"),
             Kernel::Q8pGemv1xPair => ("fmat", "q8p_gemv1x_pair"),
+            Kernel::Q4kGemv1x => ("fmat", "q4k_gemv1x"),
+            Kernel::Q4kGemv1xPair => ("fmat", "q4k_gemv1x_pair"),
             Kernel::F16Gemv => ("fmat", "f16_gemv"),
             Kernel::F32Gemv => ("fmat", "f32_gemv"),
             Kernel::GetRowsQ8 => ("fmat", "get_rows_q8"),
@@ -354,6 +368,8 @@ impl Kernel {
             Kernel::MoeQ8pPairX => ("fmat", "moe_q8p_pair_x"),
             Kernel::MoeQ8opX => ("fmat", "moe_q8op_x"),
             Kernel::MoeQ8opPairX => ("fmat", "moe_q8op_pair_x"),
+            Kernel::MoeQ4kX => ("fmat", "moe_q4k_x"),
+            Kernel::MoeQ4kPairX => ("fmat", "moe_q4k_pair_x"),
             Kernel::Q8pMma => ("fmat", "q8p_mma"),
             Kernel::Q8pMmaO => ("fmat", "q8p_mma_o"),
             Kernel::Q8pMmaPair => ("fmat", "q8p_mma_pair"),

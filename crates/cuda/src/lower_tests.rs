@@ -98,7 +98,9 @@ fn bind(g: &Graph, alias: Option<(NodeId, NodeId)>, staged: &[&str]) -> (Buffers
                     _ => None,
                 };
                 let ptr_offsets = if quant == Some(QLayout::LevelsOffset) { ptr + 8192 } else { 0 };
-                let weight = Weight { ty, ptr_codes: ptr, ptr_scales: ptr + 4096, ptr_offsets, ternary, quant, staged };
+                let ptr_native = if crate::weights::keeps_native(ty, n.ne[0]) { ptr + 12288 } else { 0 };
+                let weight =
+                    Weight { ty, ptr_codes: ptr, ptr_scales: ptr + 4096, ptr_offsets, ptr_native, ternary, quant, staged };
                 let backing = if staged.is_some() { Backing::Mapped(ptr as usize) } else { Backing::Device };
                 let buffer = bufs.insert(DevBuf { ptr, bytes: 1 << 24, weight: Some(weight), backing });
                 TensorLoc { buffer, offset: 0, nbytes: n.nbytes() }
@@ -661,11 +663,12 @@ fn yarn_ropes_stay_out_of_the_attention() {
     assert_eq!(a.r.on, 0, "q arrives rotated");
 }
 
-/// One token's norm read only by paired products of int8 levels (Q4_K with
-/// offsets, Q8_0 without) folds into them: no `rms_norm` launch, each
-/// `q8p_gemv1x` norms x with the weight row itself. Not when nothing after
-/// them reads x (its bytes may be reused), nor when a reader is a float
-/// matrix (its kernel takes no norm).
+/// One token's norm read only by paired products of int8 levels (Q4_K,
+/// read in the file's blocks by `q4k_gemv1x`; Q8_0 as levels by
+/// `q8p_gemv1x`) folds into them: no `rms_norm` launch, each product norms x
+/// with the weight row itself. Not when nothing after them reads x (its
+/// bytes may be reused), nor when a reader is a float matrix (its kernel
+/// takes no norm).
 #[test]
 fn a_norm_read_by_paired_levels_folds_into_them() {
     use Kernel::*;
@@ -683,21 +686,24 @@ fn a_norm_read_by_paired_levels_folds_into_them() {
         g.mark_output(out);
         Layer { g, x, norm_out: h }
     };
+    let norm_of = |l: &crate::launch::Launch| match l.args {
+        Args::Q8pGemv1x(a) => (a.nw, a.eps, a.res),
+        Args::Q4kGemv1x(a) => (a.nw, a.eps, a.res),
+        ref a => panic!("{a:?}"),
+    };
     let ls = launches(&graph(true, GgmlType::Q8_0), None);
-    assert_eq!(kernels(&ls), [Q8pGemv1x, Q8pGemv1x, Binary]);
+    assert_eq!(kernels(&ls), [Q4kGemv1x, Q8pGemv1x, Binary]);
     for l in &ls[..2] {
-        let Args::Q8pGemv1x(a) = l.args else { panic!("{:?}", l.args) };
-        assert!(a.nw != 0 && a.eps == 1e-6, "the norm's weight and eps");
+        let (nw, eps, _) = norm_of(l);
+        assert!(nw != 0 && eps == 1e-6, "the norm's weight and eps");
     }
-    let Args::Q8pGemv1x(a) = ls[1].args else { panic!() };
-    assert!(a.res != 0, "the second product adds the first");
+    assert!(norm_of(&ls[1]).2 != 0, "the second product adds the first");
     for (keep_x, ty, want) in [
-        (false, GgmlType::Q8_0, vec![RmsNorm, Q8pGemv1x, Q8pGemv1x]),
-        (true, GgmlType::F32, vec![RmsNorm, Q8pGemv1x, F32Gemv, Binary]),
+        (false, GgmlType::Q8_0, vec![RmsNorm, Q4kGemv1x, Q8pGemv1x]),
+        (true, GgmlType::F32, vec![RmsNorm, Q4kGemv1x, F32Gemv, Binary]),
     ] {
         let ls = launches(&graph(keep_x, ty), None);
         assert_eq!(kernels(&ls), want, "keep x {keep_x}, {ty}");
-        let Args::Q8pGemv1x(a) = ls[1].args else { panic!("{:?}", ls[1].args) };
-        assert_eq!(a.nw, 0, "keep x {keep_x}, {ty}: x arrives normed");
+        assert_eq!(norm_of(&ls[1]).0, 0, "keep x {keep_x}, {ty}: x arrives normed");
     }
 }

@@ -216,8 +216,15 @@ impl Lower<'_> {
             out: self.ptr(id)?,
             act,
         };
+        // Q4_K experts are read in the file's blocks (`q4k.cu`).
+        let native = in_block && w.ptr_native != 0 && up_w.is_none_or(|u| u.ptr_native != 0);
+        let (kernel, args) = match (native, up_w) {
+            (true, Some(u)) => (Kernel::MoeQ4kPairX, MoeGemvArgs { q: w.ptr_native, q2: u.ptr_native, ..args }),
+            (true, None) => (Kernel::MoeQ4kX, MoeGemvArgs { q: w.ptr_native, ..args }),
+            (false, _) => (gemv_kernel(&w, up_w, paired, in_block), args),
+        };
         let grid = (grid1(rows, 8).0, plan.max_items as u32, 1);
-        let l = Launch::new(gemv_kernel(&w, up_w, paired, in_block), grid, 256, args);
+        let l = Launch::new(kernel, grid, 256, args);
         self.out.push(if in_block { l.smem(x_smem) } else { l });
         Ok(1)
     }
@@ -287,6 +294,7 @@ mod tests {
                         ptr_codes: ptr,
                         ptr_scales: ptr + 4096,
                         ptr_offsets: if offsets { ptr + 8192 } else { 0 },
+                        ptr_native: if crate::weights::keeps_native(ty, node.ne[0]) { ptr + 12288 } else { 0 },
                         ternary: None,
                         quant,
                         staged: None,
@@ -325,7 +333,8 @@ mod tests {
     #[test]
     fn expert_products_share_one_plan_and_pick_their_kernels() {
         for (ty, n, precision, pair, single, ab, per_item) in [
-            (GgmlType::Q4_K, 1, Precision::Paired, Kernel::MoeQ8opPairX, Kernel::MoeQ8opX, 8, 8),
+            (GgmlType::Q4_K, 1, Precision::Paired, Kernel::MoeQ4kPairX, Kernel::MoeQ4kX, 8, 8),
+            (GgmlType::Q5_K, 1, Precision::Paired, Kernel::MoeQ8opPairX, Kernel::MoeQ8opX, 8, 8),
             (GgmlType::Q8_0, 5, Precision::Paired, Kernel::MoeQ8pPair, Kernel::MoeQ8p, 5, 8),
             (GgmlType::Q8_0, 37, Precision::Paired, Kernel::Q8pMmaPair32, Kernel::Q8pMma32, 5, 64),
             (GgmlType::Q4_K, 300, Precision::Paired, Kernel::Q8pMmaOPair32, Kernel::Q8pMmaO32, 8, 64),
@@ -361,7 +370,7 @@ mod tests {
                 if per_item == 8 {
                     assert_eq!(l[i].smem > 0, quantized && n == 1, "{ty} n={n}: activations in shared memory");
                 }
-                assert_eq!(o != 0, matches!(ty, GgmlType::Q4_K | GgmlType::Q2_K), "{ty}");
+                assert_eq!(o != 0, matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q2_K), "{ty}");
             }
             assert_eq!((expert_args(&l[up_gate]).3, expert_args(&l[down]).3), (0, 1), "{ty}");
             assert_eq!(expert_args(&l[up_gate]).4, expert_args(&l[down]).4, "{ty}: one plan");

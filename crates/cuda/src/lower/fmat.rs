@@ -8,8 +8,8 @@ use tern_quant::{ActType, GgmlType};
 
 use super::{grid1, Lower, Need, FMAT_TOKENS, MMA_COLS, MMA_K, MMA_ROWS, MMA_SMEM};
 use crate::args::{
-    Act, ActQ8Args, F16GemvArgs, FmatGemvArgs, GemvIo, MmaArgs, Q6KGemv1Q8Args, Q6KGemvArgs, Q8GemvArgs, Q8pGemv1xArgs,
-    Q8pGemv1xPairArgs, Q8pGemvArgs,
+    Act, ActQ8Args, F16GemvArgs, FmatGemvArgs, GemvIo, MmaArgs, Q4kGemv1xArgs, Q4kGemv1xPairArgs, Q6KGemv1Q8Args,
+    Q6KGemvArgs, Q8GemvArgs, Q8pGemv1xArgs, Q8pGemv1xPairArgs, Q8pGemvArgs,
 };
 use crate::kernels::Kernel;
 use crate::launch::Launch;
@@ -203,7 +203,15 @@ impl Lower<'_> {
         let x_smem = (k + 4 * (k >> ab)).next_multiple_of(16);
         let (nw, eps) = norm.map_or((0, 0.0), |n| (n.w, n.eps));
         if pairs && n_tok == 1 && x_smem <= PAIRED_X_SMEM {
+            // Q4_K weights are read in the file's blocks (`q4k.cu`).
+            let native = w.ptr_native != 0;
             if let Some((up, a, act)) = self.levels_pair(nodes, i, w)? {
+                if native && up.ptr_native != 0 {
+                    let (w, w2, out) = (w.ptr_native, up.ptr_native, self.ptr(a)?);
+                    let args = Q4kGemv1xPairArgs { w, w2, rows: rows as i32, k: k as i32, x, out, act, nw, eps };
+                    self.out.push(Launch::new(Kernel::Q4kGemv1xPair, grid1(rows, 8), 256, args).smem(x_smem));
+                    return Ok(3);
+                }
                 let args = Q8pGemv1xPairArgs {
                     q: w.ptr_codes,
                     s: w.ptr_scales,
@@ -222,6 +230,11 @@ impl Lower<'_> {
                 };
                 self.out.push(Launch::new(Kernel::Q8pGemv1xPair, grid1(rows, 8), 256, args).smem(x_smem));
                 return Ok(3);
+            }
+            if native {
+                let args = Q4kGemv1xArgs { w: w.ptr_native, rows: rows as i32, k: k as i32, x, out, res, nw, eps };
+                self.out.push(Launch::new(Kernel::Q4kGemv1x, grid1(rows, 8), 256, args).smem(x_smem));
+                return Ok(consumed);
             }
             let args = Q8pGemv1xArgs {
                 q: w.ptr_codes,
