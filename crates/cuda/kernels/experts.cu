@@ -190,12 +190,16 @@ __device__ __forceinline__ void moe_row(const MoeArgs& a, int e, int row, int la
     }
 }
 
-// grid: (ceil(rows / 8), the plan's most items), block 256: warp w of block
-// (x, y) computes row 8x + w of item y's expert for the item's pairs. QX (a
-// decoding step's one token, int8 activations): the block quantizes the
-// activations it reads itself, as act_q8 would, into shared memory
-// (dynamic: MOE_MAXT vectors of k levels, then their k / 2^ab scales): the
-// token's x, or each pair's column of x (x_pair); no act_q8 launch.
+// grid: (ceil(rows / (8 · MOE_ROWS(QX))), the plan's most items), block
+// 256: warp w of block (x, y) computes rows (MOE_ROWS · x + r) · 8 + w of
+// item y's expert for the item's pairs. QX (a decoding step's one token,
+// int8 activations): the block quantizes the activations it reads itself,
+// as act_q8 would, into shared memory (dynamic: MOE_MAXT vectors of k
+// levels, then their k / 2^ab scales): the token's x, or each pair's column
+// of x (x_pair); no act_q8 launch. Such a block takes two rows a warp, so
+// that fewer blocks quantize the same vector (lower/experts.rs
+// `QX_ROWS`).
+#define MOE_ROWS(QX) ((QX) ? 2 : 1)
 template <int KIND, bool PAIR, bool PAIRED, bool QX>
 __device__ __forceinline__ void moe_gemv(const MoeArgs& a) {
     extern __shared__ __align__(16) u8 moe_x[];
@@ -212,17 +216,14 @@ __device__ __forceinline__ void moe_gemv(const MoeArgs& a) {
         if (e < 0 || e >= a.n_expert) return;
         item = make_int4(e, blockIdx.y, 1, 0);
     }
-    int warp = threadIdx.x >> 5, row = blockIdx.x * 8 + warp, lane = threadIdx.x & 31;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int pairs[MOE_MAXT];
     u64 xo[MOE_MAXT];
-    float acc[MOE_MAXT], acc2[MOE_MAXT];
 #pragma unroll
     for (int t = 0; t < MOE_MAXT; ++t) {
         int p = t < item.z ? (a.sorted ? a.sorted[item.y + t] : item.y + t) : 0;
         pairs[t] = p;
         xo[t] = (u64)(a.x_pair ? p : p / a.k_used) * a.k;
-        acc[t] = 0.0f;
-        acc2[t] = 0.0f;
     }
     const i8* qa = a.qa;
     const float* da = a.da;
@@ -231,25 +232,36 @@ __device__ __forceinline__ void moe_gemv(const MoeArgs& a) {
         int nv = a.x_pair ? item.z : 1, nb = a.k >> a.ab;
         i8* xq = (i8*)moe_x;
         float* xd = (float*)(moe_x + MOE_MAXT * a.k);
-        for (int b = warp; b < nv * nb; b += 8) {
+        // Block b of the nv vectors is block b % nb of vector b / nb.
+        auto src = [&](int b) {
             int v = b / nb, bi = b - v * nb;
-            u64 src = a.x_pair ? (u64)(a.sorted ? a.sorted[item.y + v] : item.y + v) * a.k : 0;
-            quant_block(a.x + src + ((u64)bi << a.ab), xq + v * a.k + (bi << a.ab), xd + v * nb + bi, a.ab, lane);
-        }
+            u64 at = a.x_pair ? (u64)(a.sorted ? a.sorted[item.y + v] : item.y + v) * a.k : 0;
+            return a.x + at + ((u64)bi << a.ab);
+        };
+        quant_blocks(nv * nb, a.ab, src, xq, xd, nullptr, 1.0f);
         __syncthreads();
 #pragma unroll
         for (int t = 0; t < MOE_MAXT; ++t) xo[t] = (u64)(a.x_pair ? t : 0) * a.k;
         qa = xq;
         da = xd;
     }
-    if (row >= a.rows) return;
-    moe_row<KIND, PAIR, PAIRED>(a, item.x, row, lane, xo, item.z, qa, da, acc, acc2);
+    for (int r = 0; r < MOE_ROWS(QX); ++r) {
+        int row = (blockIdx.x * MOE_ROWS(QX) + r) * 8 + warp;
+        if (row >= a.rows) return;
+        float acc[MOE_MAXT], acc2[MOE_MAXT];
 #pragma unroll
-    for (int t = 0; t < MOE_MAXT; ++t) {
-        if (t >= item.z) break;
-        float y = warp_sum(acc[t]);
-        if (PAIR) y = gated(y, warp_sum(acc2[t]), a.act);
-        if (lane == 0) a.out[(u64)pairs[t] * a.rows + row] = y;
+        for (int t = 0; t < MOE_MAXT; ++t) {
+            acc[t] = 0.0f;
+            acc2[t] = 0.0f;
+        }
+        moe_row<KIND, PAIR, PAIRED>(a, item.x, row, lane, xo, item.z, qa, da, acc, acc2);
+#pragma unroll
+        for (int t = 0; t < MOE_MAXT; ++t) {
+            if (t >= item.z) break;
+            float y = warp_sum(acc[t]);
+            if (PAIR) y = gated(y, warp_sum(acc2[t]), a.act);
+            if (lane == 0) a.out[(u64)pairs[t] * a.rows + row] = y;
+        }
     }
 }
 

@@ -8,29 +8,74 @@
 // than the CPU's. Compiled after fmat.cu (its `store_row`).
 
 // One block of 2^ab activations (xb) quantized into qb and *d by one warp:
-// lane i takes elements 2^ab/32 · i ..; 5: Q8_0, whose d is then rounded to
-// f16 as its block stores it; 8: Q8_K. With `nwb` (the block's slice of a
-// norm's weight), x · inv · nwb is quantized: rms_norm's two roundings.
-__device__ __forceinline__ void quant_block(const float* xb, i8* qb, float* d, int ab, int lane,
-                                            const float* nwb = nullptr, float inv = 1.0f) {
-    int per = (1 << ab) >> 5;
-    xb += lane * per;
-    qb += lane * per;
-    if (nwb) nwb += lane * per;
-    float v[8];
+// lane i takes elements PER · i .. + PER (PER = 2^ab / 32); ab 5: Q8_0, whose
+// d is then rounded to f16 as its block stores it; 8: Q8_K (the two the
+// CPU pairs weights with). With `nwb` (the block's slice of a norm's
+// weight), x · inv · nwb is quantized: rms_norm's two roundings.
+// `quant_load` reads a lane's elements, `quant_store` reduces and writes.
+template <int PER>
+__device__ __forceinline__ void quant_load(const float* xb, int lane, const float* nwb, float inv, float* v) {
+    xb += lane * PER;
+#pragma unroll
+    for (int i = 0; i < PER; ++i) v[i] = nwb ? xb[i] * inv * nwb[lane * PER + i] : xb[i];
+}
+
+template <int PER>
+__device__ __forceinline__ void quant_store(const float* v, i8* qb, float* d, int lane) {
     float am = 0.0f;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        v[i] = i < per ? xb[i] : 0.0f;
-        if (nwb && i < per) v[i] = v[i] * inv * nwb[i];
-        am = fmaxf(am, fabsf(v[i]));
-    }
+    for (int i = 0; i < PER; ++i) am = fmaxf(am, fabsf(v[i]));
     am = warp_max(am);
     float dq = am / 127.0f, id = dq != 0.0f ? 1.0f / dq : 0.0f;
 #pragma unroll
-    for (int i = 0; i < 8; ++i)
-        if (i < per) qb[i] = (i8)max(-128, min(127, (int)roundf(v[i] * id)));
-    if (lane == 0) *d = ab == 5 ? h2f(f2h(dq)) : dq;
+    for (int i = 0; i < PER; ++i) qb[lane * PER + i] = (i8)max(-128, min(127, (int)roundf(v[i] * id)));
+    if (lane == 0) *d = PER == 1 ? h2f(f2h(dq)) : dq;
+}
+
+__device__ __forceinline__ void quant_block(const float* xb, i8* qb, float* d, int ab, int lane) {
+    float v[8];
+    if (ab == 5) {
+        quant_load<1>(xb, lane, nullptr, 1.0f, v);
+        quant_store<1>(v, qb, d, lane);
+    } else {
+        quant_load<8>(xb, lane, nullptr, 1.0f, v);
+        quant_store<8>(v, qb, d, lane);
+    }
+}
+
+// Blocks warp, warp + 8, ... < n of 2^ab activations quantized by a block's
+// eight warps (block b's x at src(b), its levels at xq + b · 2^ab, its
+// scale at xd[b]), each warp loading 8 floats a lane before reducing any:
+// one block of 256, eight of 32 (a row of 1408 in blocks of 32 is 5.5
+// blocks a warp), so that their loads overlap. `norm_w`: x is normed (as
+// quant_load's `nwb`).
+template <int PER, typename Src>
+__device__ __forceinline__ void quant_blocks_t(int n, Src src, i8* xq, float* xd, const float* norm_w, float inv) {
+    constexpr int ahead = 8 / PER, ab = PER == 1 ? 5 : 8;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int b0 = warp; b0 < n; b0 += 8 * ahead) {
+        float v[ahead][PER];
+#pragma unroll
+        for (int j = 0; j < ahead; ++j) {
+            int b = b0 + 8 * j;
+            if (b < n) quant_load<PER>(src(b), lane, norm_w ? norm_w + (b << ab) : nullptr, inv, v[j]);
+        }
+#pragma unroll
+        for (int j = 0; j < ahead; ++j) {
+            int b = b0 + 8 * j;
+            if (b >= n) break;
+            quant_store<PER>(v[j], xq + (b << ab), xd + b, lane);
+        }
+    }
+}
+
+template <typename Src>
+__device__ __forceinline__ void quant_blocks(int n, int ab, Src src, i8* xq, float* xd, const float* norm_w,
+                                             float inv) {
+    if (ab == 5)
+        quant_blocks_t<1>(n, src, xq, xd, norm_w, inv);
+    else
+        quant_blocks_t<8>(n, src, xq, xd, norm_w, inv);
 }
 
 // x: f32 [k, n] → q: i8 [k, n], d: f32 [k / 2^ab, n], blocks of 2^ab. A warp
@@ -95,15 +140,14 @@ Q8P_KERNEL(q8p_gemv, FMAT_MAXT, 1)
 Q8P_KERNEL(q8p_gemv1, 1, 4)
 
 // One token's x quantized by a block into shared memory: k levels at xq, the
-// k / 2^ab scales at xd, the block's 8 warps taking x's blocks in turn (k/2^ab
-// warp passes over at most a few KB from L2). With `norm_w` (else null) x is
+// k / 2^ab scales at xd (`quant_blocks`: at most a few KB from L2). With
+// `norm_w` (else null) x is
 // first RMS-normed with that weight, with `rms_norm`'s double sum in its
 // order (256 threads) and its roundings, so the norm needs no launch. Ends
 // with the block's barrier.
 __device__ __forceinline__ void quant_x(const float* x, int k, int ab, const float* norm_w, float eps, i8* xq,
                                         float* xd) {
     __shared__ double scratch[32];
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     float inv = 1.0f;
     if (norm_w) {
         double ss = 0.0;
@@ -111,8 +155,7 @@ __device__ __forceinline__ void quant_x(const float* x, int k, int ab, const flo
         ss = block_reduce(ss, scratch, 0.0, Sum());
         inv = (float)(1.0 / sqrt(ss / k + (double)eps));
     }
-    for (int b = warp; b < (k >> ab); b += 8)
-        quant_block(x + (b << ab), xq + (b << ab), xd + b, ab, lane, norm_w ? norm_w + (b << ab) : nullptr, inv);
+    quant_blocks(k >> ab, ab, [&](int b) { return x + (b << ab); }, xq, xd, norm_w, inv);
     __syncthreads();
 }
 

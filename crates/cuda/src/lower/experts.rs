@@ -25,6 +25,9 @@ use crate::Weight;
 /// levels_mma.cu `MMA_BN`).
 const ITEM_PAIRS: usize = 8;
 const MMA_ITEM_PAIRS: usize = 64;
+/// Rows a warp of a decoding step's expert GEMV takes (experts.cu
+/// `MOE_ROWS`): its block quantizes the item's activations once for 16 rows.
+const QX_ROWS: usize = 2;
 /// The most shared memory a decoding step's expert GEMV takes for its
 /// item's quantized activations (the default limit without opting in).
 const IN_BLOCK_SMEM: usize = 48 << 10;
@@ -223,7 +226,8 @@ impl Lower<'_> {
             (true, None) => (Kernel::MoeQ4kX, MoeGemvArgs { q: w.ptr_native, ..args }),
             (false, _) => (gemv_kernel(&w, up_w, paired, in_block), args),
         };
-        let grid = (grid1(rows, 8).0, plan.max_items as u32, 1);
+        let per_block = if in_block { 8 * QX_ROWS } else { 8 };
+        let grid = (grid1(rows, per_block).0, plan.max_items as u32, 1);
         let l = Launch::new(kernel, grid, 256, args);
         self.out.push(if in_block { l.smem(x_smem) } else { l });
         Ok(1)
@@ -366,6 +370,10 @@ mod tests {
             for i in [up_gate, down] {
                 let (qa, a_ab, o, _, _) = expert_args(&l[i]);
                 assert_eq!(l[i].grid.1, items, "{ty} n={n}");
+                // 256 rows: 8 a block, 16 where the block quantizes x
+                // itself, 64 on tensor cores.
+                let blocks = if per_item == 64 { 4 } else if quantized && n == 1 { 16 } else { 32 };
+                assert_eq!(l[i].grid.0, blocks, "{ty} n={n}");
                 assert_eq!((qa != 0, a_ab), (quantized && n > 1, ab), "{ty}");
                 if per_item == 8 {
                     assert_eq!(l[i].smem > 0, quantized && n == 1, "{ty} n={n}: activations in shared memory");
