@@ -55,37 +55,22 @@ extern "C" __global__ void gated_act(const float* gate, const float* up, float* 
 }
 
 // x: [head_dim * n_head, n_tok]. One thread per (token, head, pair).
-// mode 0 = adjacent pairs, 1 = NeoX (i, i + n_rot/2). YaRN's ramp
-// (`rope_angle_yarn`) where `y_ext` is not 0 or `y_mag` not 1; otherwise
-// the plain angle, so ropes without YaRN keep their bits.
+// mode 0 = adjacent pairs, 1 = NeoX (i, i + n_rot/2); `rope_rotate`.
 extern "C" __global__ void rope(const float* x, float* out, const int* pos, const float* factors, int head_dim,
                                 int n_head, int n_tok, int n_rot, int mode, float base, float fscale, float y_low,
                                 float y_high, float y_ext, float y_mag) {
-    bool yarn = y_ext != 0.0f || y_mag != 1.0f;
     pdl_wait();
     pdl_launch();
     u64 total = (u64)n_tok * n_head * (head_dim / 2);
     for (u64 idx = blockIdx.x * (u64)blockDim.x + threadIdx.x; idx < total; idx += (u64)gridDim.x * blockDim.x) {
         int i = idx % (head_dim / 2);
         u64 th = idx / (head_dim / 2);
-        int t = th / n_head;
-        const float* xh = x + th * head_dim;
-        float* oh = out + th * head_dim;
-        int a, b;
-        if (!rope_pair(i, n_rot, mode, &a, &b)) {
-            // Dimensions past n_rot pass through; each thread copies two.
-            oh[a] = xh[a];
-            oh[b] = xh[b];
-            continue;
-        }
-        double c, s;
-        if (yarn)
-            rope_angle_yarn(pos[t], i, n_rot, base, fscale, factors, y_low, y_high, y_ext, y_mag, &c, &s);
-        else
-            rope_angle(pos[t], i, n_rot, base, fscale, factors, &c, &s);
-        double x0 = xh[a], x1 = xh[b];
-        oh[a] = (float)(x0 * c - x1 * s);
-        oh[b] = (float)(x0 * s + x1 * c);
+        int t = th / n_head, a, b;
+        float ya, yb;
+        rope_rotate(x + th * head_dim, i, pos[t], n_rot, mode, base, fscale, factors, y_low, y_high, y_ext, y_mag, &a,
+                    &b, &ya, &yb);
+        out[th * head_dim + a] = ya;
+        out[th * head_dim + b] = yb;
     }
 }
 

@@ -46,17 +46,31 @@ __device__ __forceinline__ float4 levels4(u32 w, float sc, float of) {
 // MODE: HEADS_STORED (dq), HEADS_LEVELS (f32 x), HEADS_PAIRED (act_q8's
 // int8 x: qa, da in blocks of 2^ab; a quantized model's products, the
 // CPU's integers as in paired.cu).
+// HEADS_PAIRED_X: HEADS_PAIRED for one token, each block quantizing its
+// head's slice of x itself into shared memory (dynamic: k levels, then
+// k / 2^ab scales), as act_q8 would: no act_q8 launch.
 #define HEADS_STORED 0
 #define HEADS_LEVELS 1
 #define HEADS_PAIRED 2
+#define HEADS_PAIRED_X 3
 template <int MODE>
 __device__ __forceinline__ void heads_rows(const i8* q, const float* s, const float* o, u64 row_bytes, int type,
                                            int k, int stride, int offset, int len, int n_head, const float* x,
                                            const i8* qa, const float* da, int ab, int n_tok, float* out) {
+    extern __shared__ __align__(16) u8 heads_x[];
     pdl_wait();
     pdl_launch();
     int i = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31, h = blockIdx.y;
     int t0 = blockIdx.z * HEADS_MAXT, nt = min(HEADS_MAXT, n_tok - t0);
+    if (MODE == HEADS_PAIRED_X) {
+        i8* xq = (i8*)heads_x;
+        float* xd = (float*)(heads_x + k);
+        for (int b = threadIdx.x >> 5; b < (k >> ab); b += 8)
+            quant_block(x + (u64)h * k + (b << ab), xq + (b << ab), xd + b, ab, lane);
+        __syncthreads();
+        qa = xq;
+        da = xd;
+    }
     if (i >= len) return;
     u64 row = (u64)h * stride + offset + i;
     const float* xh = x + ((u64)t0 * n_head + h) * k;
@@ -64,12 +78,13 @@ __device__ __forceinline__ void heads_rows(const i8* q, const float* s, const fl
     float acc[HEADS_MAXT];
 #pragma unroll
     for (int t = 0; t < HEADS_MAXT; ++t) acc[t] = 0.0f;
-    if (MODE == HEADS_PAIRED) {
+    if (MODE == HEADS_PAIRED || MODE == HEADS_PAIRED_X) {
         const u32* qr = (const u32*)(q + row * k);
         const float* sr = s + row * (k >> 4);
         const float* orw = o ? o + row * (k >> 4) : nullptr;
-        // Token t's head-h slice starts at element ((t0 + t)·n_head + h)·k.
-        u64 e0 = ((u64)t0 * n_head + h) * k;
+        // Token t's head-h slice starts at element ((t0 + t)·n_head + h)·k
+        // (in shared memory, the one token's slice at 0).
+        u64 e0 = MODE == HEADS_PAIRED_X ? 0 : ((u64)t0 * n_head + h) * k;
         for (int c = lane; c < (k >> 2); c += 32) {
             u32 w = __ldg(qr + c);
             float sc = __ldg(sr + (c >> 2)), of = orw ? __ldg(orw + (c >> 2)) : 0.0f;
@@ -77,8 +92,8 @@ __device__ __forceinline__ void heads_rows(const i8* q, const float* s, const fl
             for (int t = 0; t < HEADS_MAXT; ++t) {
                 if (t >= nt) break;
                 u64 e = e0 + t * xt + 4 * c;
-                int av = __ldg((const int*)(qa + e));
-                acc[t] += paired_word(w, av, sc, of, __ldg(da + (e >> ab)), orw != nullptr);
+                int av = *(const int*)(qa + e);
+                acc[t] += paired_word(w, av, sc, of, da[e >> ab], orw != nullptr);
             }
         }
     } else if (MODE == HEADS_LEVELS) {
@@ -180,6 +195,7 @@ __device__ __forceinline__ void heads_cols(const i8* q, const float* s, const fl
 
 HEADS_KERNEL(heads_q8, heads_rows, HEADS_LEVELS, 256)
 HEADS_KERNEL(heads_q8p, heads_rows, HEADS_PAIRED, 256)
+HEADS_KERNEL(heads_q8p_x, heads_rows, HEADS_PAIRED_X, 256)
 HEADS_KERNEL(heads_dq, heads_rows, HEADS_STORED, 256)
 HEADS_KERNEL(heads_q8_t, heads_cols, HEADS_LEVELS, 128)
 HEADS_KERNEL(heads_dq_t, heads_cols, HEADS_STORED, 128)
@@ -199,6 +215,74 @@ extern "C" __global__ void mla_store(const float* c, const float* k_pe, u8* cach
             ((u16*)cache)[dst + e] = f2h(v);
         else
             ((float*)cache)[dst + e] = v;
+    }
+}
+
+// kv_a's rows [c | k_pe] ([rank + rope, n_tok]) straight into the latent
+// cache at row pos[t]: c normed (× w when not null; `rms_norm`'s double sum
+// and roundings) and k_pe rotated (`rope_rotate`, one head of `rope`): the
+// two columns, the norm, the rope and `mla_store` of the graph in one launch,
+// with their floats. grid: n_tok, block 256.
+extern "C" __global__ void __launch_bounds__(256) mla_kv_store(const float* kv, const float* w, float eps, u8* cache,
+                                                               const int* pos, int rank, int rope, int type,
+                                                               const float* factors, int n_rot, int mode, float base,
+                                                               float fscale, float y_low, float y_high, float y_ext,
+                                                               float y_mag) {
+    __shared__ double scratch[32];
+    pdl_wait();
+    pdl_launch();
+    int t = blockIdx.x, width = rank + rope, p = pos[t];
+    const float* row = kv + (u64)t * width;
+    u64 dst = (u64)p * width;
+    double ss = 0.0;
+    for (int e = threadIdx.x; e < rank; e += blockDim.x) ss += (double)row[e] * (double)row[e];
+    ss = block_reduce(ss, scratch, 0.0, Sum());
+    float inv = (float)(1.0 / sqrt(ss / rank + (double)eps));
+    auto put = [&](int e, float v) {
+        if (type == T_F16)
+            ((u16*)cache)[dst + e] = f2h(v);
+        else
+            ((float*)cache)[dst + e] = v;
+    };
+    for (int e = threadIdx.x; e < rank; e += blockDim.x) {
+        float v = row[e] * inv;
+        put(e, w ? v * w[e] : v);
+    }
+    for (int i = threadIdx.x; i < rope / 2; i += blockDim.x) {
+        int a, b;
+        float ya, yb;
+        rope_rotate(row + rank, i, p, n_rot, mode, base, fscale, factors, y_low, y_high, y_ext, y_mag, &a, &b, &ya,
+                    &yb);
+        put(rank + a, ya);
+        put(rank + b, yb);
+    }
+}
+
+// q's rows of n_head heads [nope | rope] ([(nope + rope) · n_head, n_tok])
+// split into q_nope [nope · n_head, n_tok] and the rotated q_pe [rope ·
+// n_head, n_tok]: two columns and a rope in one launch. A thread per
+// (token, head, j): j < nope copies element j, past it rotates pair j − nope.
+extern "C" __global__ void mla_q_split(const float* q, float* q_nope, float* q_pe, const int* pos, int n_head,
+                                       int n_tok, int nope, int rope, const float* factors, int n_rot, int mode,
+                                       float base, float fscale, float y_low, float y_high, float y_ext, float y_mag) {
+    pdl_wait();
+    pdl_launch();
+    int per = nope + rope / 2;
+    u64 total = (u64)n_tok * n_head * per;
+    for (u64 idx = blockIdx.x * (u64)blockDim.x + threadIdx.x; idx < total; idx += (u64)gridDim.x * blockDim.x) {
+        int j = idx % per;
+        u64 th = idx / per;
+        const float* xh = q + th * (nope + rope);
+        if (j < nope) {
+            q_nope[th * nope + j] = xh[j];
+            continue;
+        }
+        int a, b;
+        float ya, yb;
+        rope_rotate(xh + nope, j - nope, pos[th / n_head], n_rot, mode, base, fscale, factors, y_low, y_high, y_ext,
+                    y_mag, &a, &b, &ya, &yb);
+        q_pe[th * rope + a] = ya;
+        q_pe[th * rope + b] = yb;
     }
 }
 

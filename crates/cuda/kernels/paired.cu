@@ -8,25 +8,74 @@
 // than the CPU's. Compiled after fmat.cu (its `store_row`).
 
 // One block of 2^ab activations (xb) quantized into qb and *d by one warp:
-// lane i takes elements 2^ab/32 · i ..; 5: Q8_0, whose d is then rounded to
-// f16 as its block stores it; 8: Q8_K.
-__device__ __forceinline__ void quant_block(const float* xb, i8* qb, float* d, int ab, int lane) {
-    int per = (1 << ab) >> 5;
-    xb += lane * per;
-    qb += lane * per;
-    float v[8];
+// lane i takes elements PER · i .. + PER (PER = 2^ab / 32); ab 5: Q8_0, whose
+// d is then rounded to f16 as its block stores it; 8: Q8_K (the two the
+// CPU pairs weights with). With `nwb` (the block's slice of a norm's
+// weight), x · inv · nwb is quantized: rms_norm's two roundings.
+// `quant_load` reads a lane's elements, `quant_store` reduces and writes.
+template <int PER>
+__device__ __forceinline__ void quant_load(const float* xb, int lane, const float* nwb, float inv, float* v) {
+    xb += lane * PER;
+#pragma unroll
+    for (int i = 0; i < PER; ++i) v[i] = nwb ? xb[i] * inv * nwb[lane * PER + i] : xb[i];
+}
+
+template <int PER>
+__device__ __forceinline__ void quant_store(const float* v, i8* qb, float* d, int lane) {
     float am = 0.0f;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        v[i] = i < per ? xb[i] : 0.0f;
-        am = fmaxf(am, fabsf(v[i]));
-    }
+    for (int i = 0; i < PER; ++i) am = fmaxf(am, fabsf(v[i]));
     am = warp_max(am);
     float dq = am / 127.0f, id = dq != 0.0f ? 1.0f / dq : 0.0f;
 #pragma unroll
-    for (int i = 0; i < 8; ++i)
-        if (i < per) qb[i] = (i8)max(-128, min(127, (int)roundf(v[i] * id)));
-    if (lane == 0) *d = ab == 5 ? h2f(f2h(dq)) : dq;
+    for (int i = 0; i < PER; ++i) qb[lane * PER + i] = (i8)max(-128, min(127, (int)roundf(v[i] * id)));
+    if (lane == 0) *d = PER == 1 ? h2f(f2h(dq)) : dq;
+}
+
+__device__ __forceinline__ void quant_block(const float* xb, i8* qb, float* d, int ab, int lane) {
+    float v[8];
+    if (ab == 5) {
+        quant_load<1>(xb, lane, nullptr, 1.0f, v);
+        quant_store<1>(v, qb, d, lane);
+    } else {
+        quant_load<8>(xb, lane, nullptr, 1.0f, v);
+        quant_store<8>(v, qb, d, lane);
+    }
+}
+
+// Blocks warp, warp + 8, ... < n of 2^ab activations quantized by a block's
+// eight warps (block b's x at src(b), its levels at xq + b · 2^ab, its
+// scale at xd[b]), each warp loading 8 floats a lane before reducing any:
+// one block of 256, eight of 32 (a row of 1408 in blocks of 32 is 5.5
+// blocks a warp), so that their loads overlap. `norm_w`: x is normed (as
+// quant_load's `nwb`).
+template <int PER, typename Src>
+__device__ __forceinline__ void quant_blocks_t(int n, Src src, i8* xq, float* xd, const float* norm_w, float inv) {
+    constexpr int ahead = 8 / PER, ab = PER == 1 ? 5 : 8;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int b0 = warp; b0 < n; b0 += 8 * ahead) {
+        float v[ahead][PER];
+#pragma unroll
+        for (int j = 0; j < ahead; ++j) {
+            int b = b0 + 8 * j;
+            if (b < n) quant_load<PER>(src(b), lane, norm_w ? norm_w + (b << ab) : nullptr, inv, v[j]);
+        }
+#pragma unroll
+        for (int j = 0; j < ahead; ++j) {
+            int b = b0 + 8 * j;
+            if (b >= n) break;
+            quant_store<PER>(v[j], xq + (b << ab), xd + b, lane);
+        }
+    }
+}
+
+template <typename Src>
+__device__ __forceinline__ void quant_blocks(int n, int ab, Src src, i8* xq, float* xd, const float* norm_w,
+                                             float inv) {
+    if (ab == 5)
+        quant_blocks_t<1>(n, src, xq, xd, norm_w, inv);
+    else
+        quant_blocks_t<8>(n, src, xq, xd, norm_w, inv);
 }
 
 // x: f32 [k, n] → q: i8 [k, n], d: f32 [k / 2^ab, n], blocks of 2^ab. A warp
@@ -90,18 +139,38 @@ __device__ __forceinline__ float paired_word(u32 w, int a, float sc, float of, f
 Q8P_KERNEL(q8p_gemv, FMAT_MAXT, 1)
 Q8P_KERNEL(q8p_gemv1, 1, 4)
 
+// One token's x quantized by a block into shared memory: k levels at xq, the
+// k / 2^ab scales at xd (`quant_blocks`: at most a few KB from L2). With
+// `norm_w` (else null) x is
+// first RMS-normed with that weight, with `rms_norm`'s double sum in its
+// order (256 threads) and its roundings, so the norm needs no launch. Ends
+// with the block's barrier.
+__device__ __forceinline__ void quant_x(const float* x, int k, int ab, const float* norm_w, float eps, i8* xq,
+                                        float* xd) {
+    __shared__ double scratch[32];
+    float inv = 1.0f;
+    if (norm_w) {
+        double ss = 0.0;
+        for (int e = threadIdx.x; e < k; e += blockDim.x) ss += (double)x[e] * (double)x[e];
+        ss = block_reduce(ss, scratch, 0.0, Sum());
+        inv = (float)(1.0 / sqrt(ss / k + (double)eps));
+    }
+    quant_blocks(k >> ab, ab, [&](int b) { return x + (b << ab); }, xq, xd, norm_w, inv);
+    __syncthreads();
+}
+
 // One token's product, x quantized by each block itself into shared memory
-// (dynamic: k levels, then k / 2^ab scales), so a decoding step's paired
-// products need no act_q8 launch: the block's 8 warps take x's blocks in
-// turn (k/2^ab warp passes over at most a few KB from L2), then each its
-// row. The first level words are loaded before `pdl_wait`. PAIR: each warp
-// takes row `row` of both the gate (q, s, o) and the up matrix (q2, s2, o2)
-// and writes act(gate) · up, so a gated FFN's two products and its
-// activation are one launch.
+// (dynamic: k levels, then k / 2^ab scales; `quant_x`), so a decoding
+// step's paired products need neither an act_q8 nor a norm launch; then
+// each warp its row. The first level words are loaded before `pdl_wait`.
+// PAIR: each warp takes row `row` of both the gate (q, s, o) and the up
+// matrix (q2, s2, o2) and writes act(gate) · up, so a gated FFN's two
+// products and its activation are one launch.
 template <bool PAIR>
 __device__ __forceinline__ void q8p_gemv1x_rows(const i8* q, const float* s, const float* o, const i8* q2,
                                                 const float* s2, const float* o2, int rows, int k, const float* x,
-                                                int ab, float* out, const float* res, int act) {
+                                                int ab, float* out, const float* res, int act,
+                                                const float* norm_w, float eps) {
     extern __shared__ __align__(16) u8 q8p_sm[];
     i8* xq = (i8*)q8p_sm;
     float* xd = (float*)(q8p_sm + k);
@@ -117,8 +186,7 @@ __device__ __forceinline__ void q8p_gemv1x_rows(const i8* q, const float* s, con
     if (live) q8_fetch(qr, sr, orw, lane, nw, w, sc, of);
     pdl_wait();
     pdl_launch();
-    for (int b = warp; b < (k >> ab); b += 8) quant_block(x + (b << ab), xq + (b << ab), xd + b, ab, lane);
-    __syncthreads();
+    quant_x(x, k, ab, norm_w, eps, xq, xd);
     if (!live) return;
     float acc[FMAT_MAXT];
 #pragma unroll
@@ -157,13 +225,14 @@ __device__ __forceinline__ void q8p_gemv1x_rows(const i8* q, const float* s, con
 
 extern "C" __global__ void __launch_bounds__(256, 4) q8p_gemv1x(const i8* q, const float* s, const float* o, int rows,
                                                                  int k, const float* x, int ab, float* out,
-                                                                 const float* res) {
-    q8p_gemv1x_rows<false>(q, s, o, nullptr, nullptr, nullptr, rows, k, x, ab, out, res, 0);
+                                                                 const float* res, const float* nw, float eps) {
+    q8p_gemv1x_rows<false>(q, s, o, nullptr, nullptr, nullptr, rows, k, x, ab, out, res, 0, nw, eps);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 4) q8p_gemv1x_pair(const i8* q, const float* s, const float* o,
                                                                       const i8* q2, const float* s2, const float* o2,
                                                                       int rows, int k, const float* x, int ab,
-                                                                      float* out, int act) {
-    q8p_gemv1x_rows<true>(q, s, o, q2, s2, o2, rows, k, x, ab, out, nullptr, act);
+                                                                      float* out, int act, const float* nw,
+                                                                      float eps) {
+    q8p_gemv1x_rows<true>(q, s, o, q2, s2, o2, rows, k, x, ab, out, nullptr, act, nw, eps);
 }

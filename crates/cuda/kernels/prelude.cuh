@@ -147,6 +147,29 @@ __device__ __forceinline__ bool rope_pair(int i, int n_rot, int mode, int* a, in
     return true;
 }
 
+// Rotation pair i of one head at position pos (the `rope` kernel's
+// arithmetic, shared by the kernels that rotate as they copy): the pair's
+// dimensions in *a, *b and their values in *ya, *yb; dimensions past n_rot
+// pass through. YaRN's ramp where `y_ext` is not 0 or `y_mag` not 1,
+// otherwise the plain angle, so ropes without YaRN keep their bits.
+__device__ __forceinline__ void rope_rotate(const float* xh, int i, int pos, int n_rot, int mode, float base,
+                                            float fscale, const float* factors, float y_low, float y_high,
+                                            float y_ext, float y_mag, int* a, int* b, float* ya, float* yb) {
+    if (!rope_pair(i, n_rot, mode, a, b)) {
+        *ya = xh[*a];
+        *yb = xh[*b];
+        return;
+    }
+    double c, s;
+    if (y_ext != 0.0f || y_mag != 1.0f)
+        rope_angle_yarn(pos, i, n_rot, base, fscale, factors, y_low, y_high, y_ext, y_mag, &c, &s);
+    else
+        rope_angle(pos, i, n_rot, base, fscale, factors, &c, &s);
+    double x0 = xh[*a], x1 = xh[*b];
+    *ya = (float)(x0 * c - x1 * s);
+    *yb = (float)(x0 * s + x1 * c);
+}
+
 // One element of a weight row in any of the float or block formats.
 __device__ __forceinline__ float dq(const u8* row, int e, int type) {
     switch (type) {

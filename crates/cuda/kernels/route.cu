@@ -14,6 +14,9 @@
 #define ROUTE_MAX_EXPERTS 1024
 #define ROUTE_MAX_K 32
 #define ROUTE_MAX_GROUPS 64
+// The most experts whose choice is made by rank (every expert against
+// every other) rather than in k rounds of a block arg-max.
+#define ROUTE_RANK_MAX 256
 
 // f32 e^x rounded once from the double result: the correctly rounded value
 // but where the exact one lies within about 2^-29 ulp of a rounding
@@ -163,36 +166,53 @@ extern "C" __global__ void __launch_bounds__(ROUTE_THREADS)
         __syncthreads();
     }
 
-    // k rounds of a block arg-max over the experts not yet taken: each
-    // thread's best of its experts, the warp's, then warp 0 over the warps'.
     int* out = ids + (u64)blockIdx.x * k;
-    for (int j = 0; j < k; j++) {
-        float bv = 0.0f;
-        int bi = -1;
+    if (n <= ROUTE_RANK_MAX) {
+        // An expert's rank is how many rank before it in `route_better`'s
+        // strict total order; the k of rank below k are the choice, best
+        // first: what k rounds of arg-max pick, in one pass (the threads
+        // read each score together, a broadcast).
         for (int e = tid; e < n; e += blockDim.x) {
-            if (!sh.taken[e] && (bi < 0 || route_better(sh.sel[e], e, bv, bi))) {
-                bv = sh.sel[e];
-                bi = e;
+            float v = sh.sel[e];
+            int rank = 0;
+            for (int f = 0; f < n; f++) rank += route_better(sh.sel[f], f, v, e);
+            if (rank < k) {
+                sh.chosen[rank] = e;
+                out[rank] = e;
             }
         }
-        warp_best(&bv, &bi);
-        if (lane == 0) {
-            sh.best_v[warp] = bv;
-            sh.best_i[warp] = bi;
-        }
         __syncthreads();
-        if (warp == 0) {
-            bv = lane < nw ? sh.best_v[lane] : 0.0f;
-            bi = lane < nw ? sh.best_i[lane] : -1;
+    } else {
+        // k rounds of a block arg-max over the experts not yet taken: each
+        // thread's best of its experts, the warp's, then warp 0 over the warps'.
+        for (int j = 0; j < k; j++) {
+            float bv = 0.0f;
+            int bi = -1;
+            for (int e = tid; e < n; e += blockDim.x) {
+                if (!sh.taken[e] && (bi < 0 || route_better(sh.sel[e], e, bv, bi))) {
+                    bv = sh.sel[e];
+                    bi = e;
+                }
+            }
             warp_best(&bv, &bi);
-            // k ≤ n_expert (the host checks), so some expert is left.
             if (lane == 0) {
-                sh.chosen[j] = bi;
-                sh.taken[bi] = 1;
-                out[j] = bi;
+                sh.best_v[warp] = bv;
+                sh.best_i[warp] = bi;
             }
+            __syncthreads();
+            if (warp == 0) {
+                bv = lane < nw ? sh.best_v[lane] : 0.0f;
+                bi = lane < nw ? sh.best_i[lane] : -1;
+                warp_best(&bv, &bi);
+                // k ≤ n_expert (the host checks), so some expert is left.
+                if (lane == 0) {
+                    sh.chosen[j] = bi;
+                    sh.taken[bi] = 1;
+                    out[j] = bi;
+                }
+            }
+            __syncthreads();
         }
-        __syncthreads();
     }
     if (w && tid == 0) weights_of(sh.prob, sh.chosen, n, k, norm, scale, w + (u64)blockIdx.x * k);
 }

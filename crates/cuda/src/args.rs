@@ -322,16 +322,29 @@ kernel_args! {
         da: u64 => ptr, ab: i32 => i32, n_tok: i32 => i32, out: u64 => ptr, out_stride: u64 => u64,
         res: u64 => ptr,
     }
-    /// One token's `Q8pGemv` quantizing x itself (`x`: f32, blocks of 2^ab).
+    /// One token's `Q8pGemv` quantizing x itself (`x`: f32, blocks of 2^ab);
+    /// `nw` not 0: x RMS-normed with that weight row and `eps` first.
     Q8pGemv1x(Q8pGemv1xArgs) for [Q8pGemv1x] {
         q: u64 => ptr, s: u64 => ptr, o: u64 => ptr, rows: i32 => i32, k: i32 => i32, x: u64 => ptr,
-        ab: i32 => i32, out: u64 => ptr, res: u64 => ptr,
+        ab: i32 => i32, out: u64 => ptr, res: u64 => ptr, nw: u64 => ptr, eps: f32 => f32,
+    }
+    /// One token's product of Q4_K blocks `w` (q4k.cu), x quantized as
+    /// `Q8pGemv1x` does (`nw` not 0: normed first).
+    Q4kGemv1x(Q4kGemv1xArgs) for [Q4kGemv1x] {
+        w: u64 => ptr, rows: i32 => i32, k: i32 => i32, x: u64 => ptr, out: u64 => ptr, res: u64 => ptr,
+        nw: u64 => ptr, eps: f32 => f32,
+    }
+    /// One token's gate (w) and up (w2) products of Q4_K blocks and act(gate) · up.
+    Q4kGemv1xPair(Q4kGemv1xPairArgs) for [Q4kGemv1xPair] {
+        w: u64 => ptr, w2: u64 => ptr, rows: i32 => i32, k: i32 => i32, x: u64 => ptr, out: u64 => ptr,
+        act: Act => act, nw: u64 => ptr, eps: f32 => f32,
     }
     /// One token's gate (q, s, o) and up (q2, s2, o2) products and
     /// act(gate) · up in one launch, x quantized as `Q8pGemv1x` does.
     Q8pGemv1xPair(Q8pGemv1xPairArgs) for [Q8pGemv1xPair] {
         q: u64 => ptr, s: u64 => ptr, o: u64 => ptr, q2: u64 => ptr, s2: u64 => ptr, o2: u64 => ptr,
         rows: i32 => i32, k: i32 => i32, x: u64 => ptr, ab: i32 => i32, out: u64 => ptr, act: Act => act,
+        nw: u64 => ptr, eps: f32 => f32,
     }
     /// `o` 0: no offsets.
     GetRowsQ8(GetRowsQ8Args) for [GetRowsQ8] {
@@ -347,12 +360,13 @@ kernel_args! {
     /// `row_bytes` and `ty`; the `*p` kernels read `act_q8`'s (qa, da, ab)
     /// instead of x. `x_pair`: a column of x per pair, else per token.
     MoeGemv(MoeGemvArgs) for [
-        MoeQ8, MoeQ8Pair, MoeQ8o, MoeQ8oPair, MoeDq, MoeDqPair, MoeQ8p, MoeQ8pPair, MoeQ8op, MoeQ8opPair
+        MoeQ8, MoeQ8Pair, MoeQ8o, MoeQ8oPair, MoeDq, MoeDqPair, MoeQ8p, MoeQ8pPair, MoeQ8op, MoeQ8opPair, MoeQ8pX,
+        MoeQ8pPairX, MoeQ8opX, MoeQ8opPairX, MoeQ4kX, MoeQ4kPairX
     ] {
         q: u64 => ptr, s: u64 => ptr, o: u64 => ptr, q2: u64 => ptr, s2: u64 => ptr, o2: u64 => ptr,
         row_bytes: u64 => u64, ty: i32 => i32, rows: i32 => i32, k: i32 => i32, x: u64 => ptr,
-        qa: u64 => ptr, da: u64 => ptr, ab: i32 => i32, x_pair: i32 => i32, k_used: i32 => i32, items: u64 => ptr, n_items: u64 => ptr, sorted: u64 => ptr,
-        out: u64 => ptr, act: Act => act,
+        qa: u64 => ptr, da: u64 => ptr, ab: i32 => i32, x_pair: i32 => i32, k_used: i32 => i32, items: u64 => ptr,
+        n_items: u64 => ptr, sorted: u64 => ptr, ids: u64 => ptr, n_expert: i32 => i32, out: u64 => ptr, act: Act => act,
     }
     /// The tensor-core products of levels with int8 activations
     /// (levels_mma.cu): dense over `n_tok` tokens (`items` 0) or experts
@@ -419,7 +433,7 @@ kernel_args! {
     /// of a weight of `k`-wide rows, as levels (q, s, o; `o` 0: no offsets)
     /// or stored bytes (`q`, `row_bytes`, `ty`).
     /// `heads_q8p` reads `act_q8`'s (qa, da, ab) instead of x.
-    MulMatHeads(MulMatHeadsArgs) for [HeadsQ8, HeadsQ8p, HeadsDq, HeadsQ8T, HeadsDqT] {
+    MulMatHeads(MulMatHeadsArgs) for [HeadsQ8, HeadsQ8p, HeadsQ8pX, HeadsDq, HeadsQ8T, HeadsDqT] {
         q: u64 => ptr, s: u64 => ptr, o: u64 => ptr, row_bytes: u64 => u64, ty: i32 => i32, k: i32 => i32,
         stride: i32 => i32, offset: i32 => i32, len: i32 => i32, n_head: i32 => i32, x: u64 => ptr,
         qa: u64 => ptr, da: u64 => ptr, ab: i32 => i32, n_tok: i32 => i32, out: u64 => ptr,
@@ -428,6 +442,22 @@ kernel_args! {
     MlaStore(MlaStoreArgs) for [MlaStore] {
         c: u64 => ptr, k_pe: u64 => ptr, cache: u64 => ptr, pos: u64 => ptr, rank: i32 => i32, rope: i32 => i32,
         ty: i32 => i32,
+    }
+    /// `mla_kv_store`: kv_a's `[c | k_pe]` rows into the latent cache at
+    /// `pos`, c normed (× `w`, 0: unweighted) and k_pe rotated (one head of
+    /// `rope`; the rope kernel's parameters).
+    MlaKvStore(MlaKvStoreArgs) for [MlaKvStore] {
+        kv: u64 => ptr, w: u64 => ptr, eps: f32 => f32, cache: u64 => ptr, pos: u64 => ptr, rank: i32 => i32,
+        rope: i32 => i32, ty: i32 => i32, factors: u64 => ptr, n_rot: i32 => i32, mode: RopeMode => mode,
+        base: f32 => f32, fscale: f32 => f32, y_low: f32 => f32, y_high: f32 => f32, y_ext: f32 => f32,
+        y_mag: f32 => f32,
+    }
+    /// `mla_q_split`: q's heads into q_nope and the rotated q_pe.
+    MlaQSplit(MlaQSplitArgs) for [MlaQSplit] {
+        q: u64 => ptr, q_nope: u64 => ptr, q_pe: u64 => ptr, pos: u64 => ptr, n_head: i32 => i32, n_tok: i32 => i32,
+        nope: i32 => i32, rope: i32 => i32, factors: u64 => ptr, n_rot: i32 => i32, mode: RopeMode => mode,
+        base: f32 => f32, fscale: f32 => f32, y_low: f32 => f32, y_high: f32 => f32, y_ext: f32 => f32,
+        y_mag: f32 => f32,
     }
     /// `mla_attention`: `n_split` splits of `split` cache rows (`part` their
     /// states when more than one).

@@ -44,6 +44,7 @@ pub const SOURCES: &[(&str, &str)] = &[
         concat!(
             include_str!("../kernels/fmat.cu"),
             include_str!("../kernels/paired.cu"),
+            include_str!("../kernels/q4k.cu"),
             include_str!("../kernels/experts.cu"),
             include_str!("../kernels/levels_mma.cu"),
             include_str!("../kernels/mla.cu")
@@ -116,6 +117,10 @@ pub enum Kernel {
     Q8pGemv1x,
     /// `Q8pGemv1x` of a gate/up pair with the activation (paired.cu).
     Q8pGemv1xPair,
+    /// One token's products of Q4_K weights in the file's blocks (q4k.cu),
+    /// x quantized in each block; alone and as a gated pair.
+    Q4kGemv1x,
+    Q4kGemv1xPair,
     /// Q6_K planes (`qlayout.rs`) times f32 activations, up to 8 tokens.
     Q6KGemv,
     /// `Q6KGemv` for one token (the decoding head), with fewer registers.
@@ -143,6 +148,15 @@ pub enum Kernel {
     MoeQ8pPair,
     MoeQ8op,
     MoeQ8opPair,
+    /// The four with int8 activations for one token, quantized by each
+    /// block in shared memory (no `ActQ8` launch).
+    MoeQ8pX,
+    MoeQ8pPairX,
+    MoeQ8opX,
+    MoeQ8opPairX,
+    /// One token's expert GEMVs over the file's Q4_K blocks.
+    MoeQ4kX,
+    MoeQ4kPairX,
     /// Levels times int8 activations on tensor cores, dense or over a
     /// plan's expert items: levels, levels with offsets, each also as a
     /// gated pair (levels_mma.cu).
@@ -181,10 +195,16 @@ pub enum Kernel {
     Columns,
     HeadsQ8,
     HeadsQ8p,
+    /// `HeadsQ8p` for one token, each block quantizing its head's slice.
+    HeadsQ8pX,
     HeadsDq,
     HeadsQ8T,
     HeadsDqT,
     MlaStore,
+    /// kv_a's rows normed and rotated into the latent cache, and q's heads
+    /// split with q_pe rotated: the graph's columns, norm, ropes and store.
+    MlaKvStore,
+    MlaQSplit,
     MlaAttention,
     /// A prompt's latent attention on tensor cores (F16 caches).
     MlaAttentionMma,
@@ -203,7 +223,7 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 79] = [
+    pub const ALL: [Kernel; 90] = [
         Kernel::GetRows,
         Kernel::RmsNorm,
         Kernel::Binary,
@@ -229,6 +249,8 @@ impl Kernel {
         Kernel::Q8pGemv1,
         Kernel::Q8pGemv1x,
         Kernel::Q8pGemv1xPair,
+        Kernel::Q4kGemv1x,
+        Kernel::Q4kGemv1xPair,
         Kernel::Q6KGemv,
         Kernel::Q6KGemv1,
         Kernel::Q6KGemv1Q8,
@@ -247,6 +269,12 @@ impl Kernel {
         Kernel::MoeQ8pPair,
         Kernel::MoeQ8op,
         Kernel::MoeQ8opPair,
+        Kernel::MoeQ8pX,
+        Kernel::MoeQ8pPairX,
+        Kernel::MoeQ8opX,
+        Kernel::MoeQ8opPairX,
+        Kernel::MoeQ4kX,
+        Kernel::MoeQ4kPairX,
         Kernel::Q8pMma,
         Kernel::Q8pMmaO,
         Kernel::Q8pMmaPair,
@@ -271,10 +299,13 @@ impl Kernel {
         Kernel::Columns,
         Kernel::HeadsQ8,
         Kernel::HeadsQ8p,
+        Kernel::HeadsQ8pX,
         Kernel::HeadsDq,
         Kernel::HeadsQ8T,
         Kernel::HeadsDqT,
         Kernel::MlaStore,
+        Kernel::MlaKvStore,
+        Kernel::MlaQSplit,
         Kernel::MlaAttention,
         Kernel::MlaAttentionMma,
         Kernel::MlaMerge,
@@ -313,6 +344,8 @@ impl Kernel {
             Kernel::Q8pGemv1 => ("fmat", "q8p_gemv1"),
             Kernel::Q8pGemv1x => ("fmat", "q8p_gemv1x"),
             Kernel::Q8pGemv1xPair => ("fmat", "q8p_gemv1x_pair"),
+            Kernel::Q4kGemv1x => ("fmat", "q4k_gemv1x"),
+            Kernel::Q4kGemv1xPair => ("fmat", "q4k_gemv1x_pair"),
             Kernel::F16Gemv => ("fmat", "f16_gemv"),
             Kernel::F32Gemv => ("fmat", "f32_gemv"),
             Kernel::GetRowsQ8 => ("fmat", "get_rows_q8"),
@@ -331,6 +364,12 @@ impl Kernel {
             Kernel::MoeQ8pPair => ("fmat", "moe_q8p_pair"),
             Kernel::MoeQ8op => ("fmat", "moe_q8op"),
             Kernel::MoeQ8opPair => ("fmat", "moe_q8op_pair"),
+            Kernel::MoeQ8pX => ("fmat", "moe_q8p_x"),
+            Kernel::MoeQ8pPairX => ("fmat", "moe_q8p_pair_x"),
+            Kernel::MoeQ8opX => ("fmat", "moe_q8op_x"),
+            Kernel::MoeQ8opPairX => ("fmat", "moe_q8op_pair_x"),
+            Kernel::MoeQ4kX => ("fmat", "moe_q4k_x"),
+            Kernel::MoeQ4kPairX => ("fmat", "moe_q4k_pair_x"),
             Kernel::Q8pMma => ("fmat", "q8p_mma"),
             Kernel::Q8pMmaO => ("fmat", "q8p_mma_o"),
             Kernel::Q8pMmaPair => ("fmat", "q8p_mma_pair"),
@@ -355,10 +394,13 @@ impl Kernel {
             Kernel::Columns => ("fmat", "columns"),
             Kernel::HeadsQ8 => ("fmat", "heads_q8"),
             Kernel::HeadsQ8p => ("fmat", "heads_q8p"),
+            Kernel::HeadsQ8pX => ("fmat", "heads_q8p_x"),
             Kernel::HeadsDq => ("fmat", "heads_dq"),
             Kernel::HeadsQ8T => ("fmat", "heads_q8_t"),
             Kernel::HeadsDqT => ("fmat", "heads_dq_t"),
             Kernel::MlaStore => ("fmat", "mla_store"),
+            Kernel::MlaKvStore => ("fmat", "mla_kv_store"),
+            Kernel::MlaQSplit => ("fmat", "mla_q_split"),
             Kernel::MlaAttention => ("fmat", "mla_attention"),
             Kernel::MlaAttentionMma => ("attention", "mla_attention_mma"),
             Kernel::MlaMerge => ("fmat", "mla_merge"),

@@ -27,7 +27,7 @@
 //! `CudaOptions::wgmma` off, the mma.sync GEMM takes 256-row tiles; where a
 //! matrix has a scale per 256-chunk, 128-row tiles on every device.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use tern_backend::TensorLoc;
 use tern_graph::{DType, Graph, NodeId, Op};
@@ -48,6 +48,7 @@ mod attention;
 mod experts;
 mod fmat;
 mod mla;
+mod mla_prep;
 mod quant;
 mod route;
 pub(crate) use fmat::is_q6k_q8;
@@ -178,6 +179,11 @@ struct Lower<'a> {
     head_norm: HashMap<NodeId, fmat::HeadNorm>,
     /// Rope nodes left for the attention that reads them (fused with its cache store).
     deferred_rope: Vec<NodeId>,
+    /// Nodes whose work an earlier fused launch did (MLA's columns, norm
+    /// and ropes): they get no launch of their own.
+    absorbed: HashSet<NodeId>,
+    /// Latent attentions whose cache rows `mla_kv_store` already wrote.
+    stored: HashSet<NodeId>,
     in_split: Vec<bool>,
     /// Multiprocessors of the device, for kernels whose blocks walk rows.
     sms: usize,
@@ -259,6 +265,8 @@ pub fn lower(
         moe_plans: HashMap::new(),
         head_norm: HashMap::new(),
         deferred_rope: Vec::new(),
+        absorbed: HashSet::new(),
+        stored: HashSet::new(),
         in_split,
         sms,
         wgmma,
@@ -353,9 +361,13 @@ impl Lower<'_> {
     /// Lowers `nodes[i]` (and any nodes fused into it); returns how many were consumed.
     fn node(&mut self, nodes: &[NodeId], i: usize) -> Result<usize, Need> {
         let id = nodes[i];
+        if self.absorbed.contains(&id) {
+            return Ok(1);
+        }
         let node = self.node_ref(id).clone();
         match &node.op {
             Op::Weight(_) | Op::Input(_) | Op::KvCache { .. } => Ok(1),
+            Op::Columns { .. } if self.mla_kv_store(id)? || self.mla_q_split(id)? => Ok(1),
             Op::Columns { width, start, len } => self.columns(id, *width, *start, *len).map(|()| 1),
             Op::MulMatHeads { .. } => self.mul_mat_heads(id).map(|()| 1),
             Op::LatentAttention(p) => self.latent_attention(id, p).map(|()| 1),

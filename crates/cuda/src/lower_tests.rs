@@ -93,9 +93,14 @@ fn bind(g: &Graph, alias: Option<(NodeId, NodeId)>, staged: &[&str]) -> (Buffers
                 let ternary = ty.is_ternary().then_some(TernaryShape { k_pad: n.ne[0], rows: n.ne[1], groups });
                 let ptr = (1 << 41) + (id.0 as u64) * (1 << 24);
                 let staged = staged.contains(&name).then_some(1 << 20);
-                let quant = (ty == GgmlType::Q6_K).then_some(QLayout::Q6K);
+                let quant = match crate::weights::Held::of(ty, n.ne) {
+                    Some(crate::weights::Held::Quant(l)) if ternary.is_none() => Some(l),
+                    _ => None,
+                };
+                let ptr_offsets = if quant == Some(QLayout::LevelsOffset) { ptr + 8192 } else { 0 };
+                let ptr_native = if crate::weights::keeps_native(ty, n.ne[0]) { ptr + 12288 } else { 0 };
                 let weight =
-                    Weight { ty, ptr_codes: ptr, ptr_scales: ptr + 4096, ptr_offsets: 0, ternary, quant, staged };
+                    Weight { ty, ptr_codes: ptr, ptr_scales: ptr + 4096, ptr_offsets, ptr_native, ternary, quant, staged };
                 let backing = if staged.is_some() { Backing::Mapped(ptr as usize) } else { Backing::Device };
                 let buffer = bufs.insert(DevBuf { ptr, bytes: 1 << 24, weight: Some(weight), backing });
                 TensorLoc { buffer, offset: 0, nbytes: n.nbytes() }
@@ -549,11 +554,15 @@ fn plan_keys_change_with_every_location_and_shape() {
 }
 
 /// DeepSeek's MLA (16 heads, rank 512, rope 64, F16 per-head weights:
-/// stored, `heads_dq`) in a cache of 2048 rows: its YaRN ropes run as rope
-/// launches carrying the ramp; decoding cuts the cache into 32 splits of 64
+/// stored, `heads_dq`) in a cache of 2048 rows, as `models::mla` builds it:
+/// q's columns and q_pe's YaRN rope are one `mla_q_split`, kv's columns,
+/// the latent's norm, k_pe's rope and the cache store one `mla_kv_store`,
+/// both carrying the ramp. Decoding cuts the cache into 32 splits of 64
 /// rows and merges them, a prompt takes one split and no merge. Over an F16
 /// cache the attention runs on tensor cores (two tokens × 16 heads a
 /// block), over an F32 cache on CUDA cores (a token's 16 heads a block).
+/// Without the latent's norm, or with q_pe's rope placed over q, the
+/// launches stay apart.
 #[test]
 fn latent_attention_lowers_to_store_splits_and_merge() {
     use tern_graph::{HeadMatMul, LatentAttentionParams, Yarn};
@@ -568,42 +577,56 @@ fn latent_attention_lowers_to_store_splits_and_merge() {
         freq_scale: 0.025,
         yarn: Some(yarn),
     };
+    // (q, the rope of q_pe, the graph).
+    let graph = |n: usize, cache_ty, norm: bool| {
+        let mut g = Graph::new();
+        let q = g.weight(0, "x", GgmlType::F32, [(nope + rope) * nh, n, 1, 1]);
+        let kv = g.weight(1, "x", GgmlType::F32, [rank + rope, n, 1, 1]);
+        let wk = g.weight(2, "attn_k_b", GgmlType::F16, [nope, rank, nh, 1]);
+        let wn = g.weight(3, "kv_a_norm", GgmlType::F32, [rank, 1, 1, 1]);
+        let cache = g.kv_cache(0, KvKind::K, cache_ty, [rank + rope, 2048, 1, 1]);
+        let pos = g.input(InputKind::Positions, n);
+        let q_nope = g.columns(q, nope + rope, 0, nope);
+        let q_pe = g.columns(q, nope + rope, nope, rope);
+        let mut c = g.columns(kv, rank + rope, 0, rank);
+        let k_pe = g.columns(kv, rank + rope, rank, rope);
+        if norm {
+            let c_n = g.rms_norm(c, 1e-6);
+            c = g.mul(c_n, wn);
+        }
+        let (q_pe, k_pe) = (g.rope(q_pe, pos, None, r), g.rope(k_pe, pos, None, r));
+        let mm = HeadMatMul { n_head: nh, stride: rank, offset: 0, len: rank, transposed: false };
+        let q_lat = g.mul_mat_heads(wk, q_nope, mm, Precision::Float);
+        let p = LatentAttentionParams { layer: 0, n_head: nh, rank, rope, scale: 0.1, kv_pos: 0 };
+        let a = g.latent_attention(q_lat, q_pe, c, k_pe, cache, pos, p);
+        g.mark_output(a);
+        (q, q_pe, Layer { g, x: q, norm_out: q })
+    };
     for (cache_ty, attention) in [(GgmlType::F16, MlaAttentionMma), (GgmlType::F32, MlaAttention)] {
         for n in [1usize, 70] {
-            let mut g = Graph::new();
-            let q = g.weight(0, "x", GgmlType::F32, [(nope + rope) * nh, n, 1, 1]);
-            let kv = g.weight(1, "x", GgmlType::F32, [rank + rope, n, 1, 1]);
-            let wk = g.weight(2, "attn_k_b", GgmlType::F16, [nope, rank, nh, 1]);
-            let cache = g.kv_cache(0, KvKind::K, cache_ty, [rank + rope, 2048, 1, 1]);
-            let pos = g.input(InputKind::Positions, n);
-            let q_nope = g.columns(q, nope + rope, 0, nope);
-            let q_pe = g.columns(q, nope + rope, nope, rope);
-            let c = g.columns(kv, rank + rope, 0, rank);
-            let k_pe = g.columns(kv, rank + rope, rank, rope);
-            let (q_pe, k_pe) = (g.rope(q_pe, pos, None, r), g.rope(k_pe, pos, None, r));
-            let mm = HeadMatMul { n_head: nh, stride: rank, offset: 0, len: rank, transposed: false };
-            let q_lat = g.mul_mat_heads(wk, q_nope, mm, Precision::Float);
-            let p = LatentAttentionParams { layer: 0, n_head: nh, rank, rope, scale: 0.1, kv_pos: 0 };
-            let a = g.latent_attention(q_lat, q_pe, c, k_pe, cache, pos, p);
-            g.mark_output(a);
-            let l = Layer { g, x: q, norm_out: q };
+            let (_, _, l) = graph(n, cache_ty, true);
             let ls = launches(&l, None);
-            let mut want = vec![Columns, Columns, Columns, Columns, Rope, Rope, HeadsDq, MlaStore, attention];
+            let mut want = vec![MlaQSplit, MlaKvStore, HeadsDq, attention];
             if n == 1 {
                 want.push(MlaMerge);
             }
             assert_eq!(kernels(&ls), want, "{n} tokens, {cache_ty} cache");
-            let Args::Rope(ra) = ls[4].args else { panic!("{:?}", ls[4].args) };
-            assert_eq!((ra.y_low, ra.y_high, ra.y_ext, ra.y_mag), (10.0, 23.0, 1.0, 1.0));
-            assert_eq!(ls[6].grid, (64, nh as u32, n.div_ceil(8) as u32), "a warp a row, 8 tokens a block");
+            let Args::MlaQSplit(qa) = ls[0].args else { panic!("{:?}", ls[0].args) };
+            assert_eq!((qa.n_head, qa.n_tok, qa.nope, qa.rope), (nh as i32, n as i32, nope as i32, rope as i32));
+            assert_eq!((qa.y_low, qa.y_high, qa.y_ext, qa.y_mag), (10.0, 23.0, 1.0, 1.0));
+            let Args::MlaKvStore(ka) = ls[1].args else { panic!("{:?}", ls[1].args) };
+            assert_eq!((ka.rank, ka.rope, ka.eps, ka.ty), (rank as i32, rope as i32, 1e-6, cache_ty.id() as i32));
+            assert!(ka.w != 0 && ka.y_high == 23.0, "the norm's weight and the ramp");
+            assert_eq!(ls[1].grid, (n as u32, 1, 1), "a block a token");
+            assert_eq!(ls[2].grid, (64, nh as u32, n.div_ceil(8) as u32), "a warp a row, 8 tokens a block");
             let splits = if n == 1 { 32 } else { 1 };
-            let (n_split, part) = match ls[8].args {
+            let (n_split, part) = match ls[3].args {
                 Args::MlaAttention(aa) => {
-                    assert_eq!(ls[8].grid, (splits as u32, n as u32, 1), "{n} tokens");
+                    assert_eq!(ls[3].grid, (splits as u32, n as u32, 1), "{n} tokens");
                     (aa.n_split, aa.part)
                 }
                 Args::MlaMma(aa) => {
-                    assert_eq!(ls[8].grid, (splits as u32, n.div_ceil(2) as u32, 1), "{n} tokens");
+                    assert_eq!(ls[3].grid, (splits as u32, n.div_ceil(2) as u32, 1), "{n} tokens");
                     (aa.n_split, aa.part)
                 }
                 ref a => panic!("{a:?}"),
@@ -612,6 +635,12 @@ fn latent_attention_lowers_to_store_splits_and_merge() {
             assert_eq!(part != 0, n == 1, "only splits leave states");
         }
     }
+    let (_, _, l) = graph(1, GgmlType::F16, false);
+    let want = [MlaQSplit, Columns, Columns, Rope, HeadsDq, MlaStore, MlaAttentionMma, MlaMerge];
+    assert_eq!(kernels(&launches(&l, None)), want, "no norm: kv's launches stay apart");
+    let (q, q_pe, l) = graph(1, GgmlType::F16, true);
+    let want = [Columns, Columns, MlaKvStore, Rope, HeadsDq, MlaAttentionMma, MlaMerge];
+    assert_eq!(kernels(&launches(&l, Some((q_pe, q)))), want, "q_pe's rope over q");
 }
 
 /// A YaRN rope is never fused into the attention (`rope_store`, the
@@ -632,4 +661,49 @@ fn yarn_ropes_stay_out_of_the_attention() {
     assert_eq!(kernels(&ls)[..5], [NormQuant, TernaryGemv1, Rope, Rope, KvStore]);
     let Args::Attention(a) = ls[5].args else { panic!("{:?}", ls[5].args) };
     assert_eq!(a.r.on, 0, "q arrives rotated");
+}
+
+/// One token's norm read only by paired products of int8 levels (Q4_K,
+/// read in the file's blocks by `q4k_gemv1x`; Q8_0 as levels by
+/// `q8p_gemv1x`) folds into them: no `rms_norm` launch, each product norms x
+/// with the weight row itself. Not when nothing after them reads x (its
+/// bytes may be reused), nor when a reader is a float matrix (its kernel
+/// takes no norm).
+#[test]
+fn a_norm_read_by_paired_levels_folds_into_them() {
+    use Kernel::*;
+    let graph = |keep_x: bool, wb_ty| {
+        let mut g = Graph::new();
+        let x = g.weight(0, "x", GgmlType::F32, [E, 1, 1, 1]);
+        let wn = g.weight(1, "attn_norm", GgmlType::F32, [E, 1, 1, 1]);
+        let wa = g.weight(2, "a", GgmlType::Q4_K, [E, E, 1, 1]);
+        let wb = g.weight(3, "b", wb_ty, [E, E, 1, 1]);
+        let n = g.rms_norm(x, 1e-6);
+        let h = g.mul(n, wn);
+        let (a, b) = (g.mul_mat(wa, h, Precision::Paired), g.mul_mat(wb, h, Precision::Paired));
+        let c = g.add(a, b);
+        let out = if keep_x { g.add(x, c) } else { c };
+        g.mark_output(out);
+        Layer { g, x, norm_out: h }
+    };
+    let norm_of = |l: &crate::launch::Launch| match l.args {
+        Args::Q8pGemv1x(a) => (a.nw, a.eps, a.res),
+        Args::Q4kGemv1x(a) => (a.nw, a.eps, a.res),
+        ref a => panic!("{a:?}"),
+    };
+    let ls = launches(&graph(true, GgmlType::Q8_0), None);
+    assert_eq!(kernels(&ls), [Q4kGemv1x, Q8pGemv1x, Binary]);
+    for l in &ls[..2] {
+        let (nw, eps, _) = norm_of(l);
+        assert!(nw != 0 && eps == 1e-6, "the norm's weight and eps");
+    }
+    assert!(norm_of(&ls[1]).2 != 0, "the second product adds the first");
+    for (keep_x, ty, want) in [
+        (false, GgmlType::Q8_0, vec![RmsNorm, Q4kGemv1x, Q8pGemv1x]),
+        (true, GgmlType::F32, vec![RmsNorm, Q4kGemv1x, F32Gemv, Binary]),
+    ] {
+        let ls = launches(&graph(keep_x, ty), None);
+        assert_eq!(kernels(&ls), want, "keep x {keep_x}, {ty}");
+        assert_eq!(norm_of(&ls[1]).0, 0, "keep x {keep_x}, {ty}: x arrives normed");
+    }
 }

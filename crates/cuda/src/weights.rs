@@ -71,6 +71,8 @@ pub(crate) struct Weight {
     pub ptr_scales: u64,
     /// [`QLayout::LevelsOffset`]'s offsets, else 0.
     pub ptr_offsets: u64,
+    /// The file's own blocks beside the levels ([`keeps_native`]), else 0.
+    pub ptr_native: u64,
     pub ternary: Option<TernaryShape>,
     /// How a block-quantized matrix is stored (`qlayout.rs`).
     pub quant: Option<QLayout>,
@@ -82,11 +84,21 @@ pub(crate) struct Weight {
 /// A repacked matrix as one byte image: its codes or levels, zeros to the
 /// next 256 bytes, then its f32 scales (which start at `scale_off`; Q6_K's
 /// planes carry their own scales and the kernels find them from k and rows),
-/// then any f32 offsets (at `offset_off`, 0 when none).
+/// then any f32 offsets (at `offset_off`, 0 when none), then, 256-aligned at
+/// `native_off` (0 when none), the file's blocks ([`keeps_native`]).
 pub(crate) struct Image {
     pub bytes: Vec<u8>,
     pub scale_off: usize,
     pub offset_off: usize,
+    pub native_off: usize,
+}
+
+/// Whether a weight keeps the file's blocks on the GPU beside its levels:
+/// Q4_K matrices and experts of whole blocks, which one token's products
+/// read at 4.5 bits a weight (`q4k.cu`) where the levels, scales and
+/// offsets take 12; prompts' tensor-core products read the levels.
+pub(crate) fn keeps_native(ty: GgmlType, k: usize) -> bool {
+    ty == GgmlType::Q4_K && k.is_multiple_of(256)
 }
 
 impl Image {
@@ -97,7 +109,15 @@ impl Image {
         bytes.extend_from_slice(levels);
         bytes.resize(scale_off, 0);
         bytes.extend(scales.iter().chain(offsets).flat_map(|s| s.to_le_bytes()));
-        Image { bytes, scale_off, offset_off }
+        Image { bytes, scale_off, offset_off, native_off: 0 }
+    }
+
+    /// Appends the file's blocks, 256-aligned.
+    fn with_native(mut self, data: &[u8]) -> Image {
+        self.native_off = self.bytes.len().next_multiple_of(256);
+        self.bytes.resize(self.native_off, 0);
+        self.bytes.extend_from_slice(data);
+        self
     }
 
     pub fn ternary(t: &GpuTernary) -> Image {
@@ -131,9 +151,14 @@ pub(crate) fn repack(desc: WeightDesc, data: &[u8], threads: usize) -> Option<Re
             let q = qlayout::pack(desc.ty, data, k, rows, threads);
             // SAFETY: i8 and u8 have the same layout.
             let levels: &[u8] = unsafe { std::slice::from_raw_parts(q.values.as_ptr() as *const u8, q.values.len()) };
-            Image::new(levels, &q.scales, &q.offsets)
+            let image = Image::new(levels, &q.scales, &q.offsets);
+            if keeps_native(desc.ty, k) {
+                image.with_native(data)
+            } else {
+                image
+            }
         }
-        QLayout::Q6K => Image { bytes: qlayout::pack_q6k(data, k, rows), scale_off: 0, offset_off: 0 },
+        QLayout::Q6K => Image { bytes: qlayout::pack_q6k(data, k, rows), scale_off: 0, offset_off: 0, native_off: 0 },
     };
     Some(Repacked { image, ternary: None, quant: Some(layout) })
 }
@@ -155,6 +180,9 @@ pub fn weight_bytes(desc: WeightDesc, file_bytes: usize) -> usize {
             let codes = rows.next_multiple_of(layout::ROW_ALIGN) * k_pad / 4;
             // One scale per row, or one per 256-chunk for files whose blocks disagree.
             codes.next_multiple_of(256) + rows * (k_pad / layout::CHUNK) * 4
+        }
+        Some(Held::Quant(layout)) if keeps_native(desc.ty, k) => {
+            qlayout::bytes(layout, k, rows).next_multiple_of(256) + file_bytes
         }
         Some(Held::Quant(layout)) => qlayout::bytes(layout, k, rows),
         Some(Held::Stored) | None => file_bytes,

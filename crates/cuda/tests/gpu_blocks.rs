@@ -1,8 +1,8 @@
 //! Float and block-quantized matmuls on the GPU against the CPU backend on
 //! random data, with poisoned outputs (`common::run`): every block type's
 //! GPU layout in the GEMVs and `get_rows`, a quantized model's paired
-//! products (one token's and a prompt's on tensor cores), and the Q6_K head
-//! with its folded final norm.
+//! products (one token's and a prompt's on tensor cores), and the norms
+//! folded into one token's products (the Q6_K head's, the levels').
 //!
 //! Needs a CUDA device: skipped with the reason when there is none, unless
 //! `TERN_REQUIRE_GPU=1`. Bounds, as max |gpu − cpu| / max |cpu|: f32 weights
@@ -190,5 +190,52 @@ fn final_norm_folded_into_the_q6k_head_matches_cpu() {
         eprintln!("{what}: {e:.1e}, {} launch(es) against {}", folded.1, apart.1);
         assert!(folded.0 == apart.0, "{what}: the folded norm's head differs from rms_norm then the head");
         assert!(folded.1 < apart.1, "{what}: {} launches, {} with the norm apart: not folded", folded.1, apart.1);
+    }
+}
+
+/// One token's norm folded into the paired products of int8 levels that
+/// read it (`q8p_gemv1x` and its gated pair norm x themselves, with
+/// rms_norm's double sum in its order): bit for bit the graph with the
+/// normed row also an output (where rms_norm runs as a launch of its own),
+/// in fewer launches; against the CPU 1e-4 of the largest output (its norm
+/// sums in another order, which can move an activation level at a tie).
+/// Two products of Q4_K (offsets) and Q8_0 summed; a gated Q4_K pair and
+/// its down product. The residual read of x after them keeps x alive.
+#[test]
+fn norm_folded_into_paired_levels_matches_cpu() {
+    let Some(mut gpu) = gpu() else { return };
+    let mut rng = Rng::new(47);
+    for k in [256usize, 2048] {
+        for gated in [false, true] {
+            let mut g = Graph::new();
+            let x = g.weight(0, "x", GgmlType::F32, [k, 1, 1, 1]);
+            let nw = g.weight(1, "nw", GgmlType::F32, [k, 1, 1, 1]);
+            let wa = g.weight(2, "wa", GgmlType::Q4_K, [k, 512, 1, 1]);
+            let wb_ty = if gated { GgmlType::Q4_K } else { GgmlType::Q8_0 };
+            let wb = g.weight(3, "wb", wb_ty, [k, 512, 1, 1]);
+            let wd = g.weight(4, "wd", GgmlType::Q8_0, [512, k, 1, 1]);
+            let n = g.rms_norm(x, 1e-6);
+            let m = g.mul(n, nw);
+            let (a, b) = (g.mul_mat(wa, m, Precision::Paired), g.mul_mat(wb, m, Precision::Paired));
+            let c = if gated { g.gated_act(a, b, tern_graph::Activation::Silu) } else { g.add(a, b) };
+            let d = g.mul_mat(wd, c, Precision::Paired);
+            let y = g.add(x, d);
+            let norm_w: Vec<f32> = rng.vec(k).iter().map(|v| 1.0 + 0.5 * v).collect();
+            let data = HashMap::from([
+                (x, bytes_f32(&rng.vec(k).iter().map(|v| 3.0 * v).collect::<Vec<_>>())),
+                (nw, bytes_f32(&norm_w)),
+                (wa, float_weight(GgmlType::Q4_K, k, 512, &mut rng)),
+                (wb, float_weight(wb_ty, k, 512, &mut rng)),
+                (wd, float_weight(GgmlType::Q8_0, 512, k, &mut rng)),
+            ]);
+            let what = format!("norm folded into paired levels k={k} gated={gated}");
+            let e = compare(&mut gpu, &g, &data, &[y], 1e-4, &what);
+            let folded = (run(&mut gpu, &g, &data, &[y]).remove(0), gpu.stats.last_launches);
+            g.mark_output(m);
+            let apart = (run(&mut gpu, &g, &data, &[y]).remove(0), gpu.stats.last_launches);
+            eprintln!("{what}: {e:.1e}, {} launch(es) against {}", folded.1, apart.1);
+            assert!(folded.0 == apart.0, "{what}: the folded norm's products differ from rms_norm then them");
+            assert!(folded.1 < apart.1, "{what}: {} launches, {} with the norm apart: not folded", folded.1, apart.1);
+        }
     }
 }

@@ -69,9 +69,11 @@ fn expert_products_match_cpu() {
     // (k, m, n_expert, k_used, tokens, piled)
     // Past 8 tokens the paired products run on tensor cores in items of up
     // to 64 pairs: 40 piled tokens fill some experts' items, 150 tokens over
-    // 32 experts give most experts two items and a partial row tile.
+    // 32 experts give most experts two items and a partial row tile. One
+    // token at k 2048 (DeepSeek-V2-Lite's width) walks whole Q4_K rows.
     let shapes = [
         (256usize, 96usize, 16usize, 4usize, 1usize, false),
+        (2048, 40, 16, 6, 1, false),
         (512, 130, 64, 6, 5, false),
         (256, 72, 16, 8, 40, true),
         (1024, 80, 32, 8, 150, false),

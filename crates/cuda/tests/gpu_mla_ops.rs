@@ -214,11 +214,11 @@ fn latent_attention_matches_cpu() {
 }
 
 /// DeepSeek's MLA from q and kv_a's output to the heads' values, as
-/// `models::mla` builds it: the slices, the YaRN ropes of q_pe and k_pe
-/// (which feed the latent attention, so they run as rope launches of their
-/// own), the absorbed key product (3-D Q8_0 `attn_k_b`), the attention, and
-/// the value product (3-D Q8_0 `attn_v_b`); one decoding token at 900, and
-/// a 9-token batch after it.
+/// `models::mla` builds it: the slices, the latent's norm, the YaRN ropes of
+/// q_pe and k_pe (on the GPU `mla_q_split` and `mla_kv_store`), the absorbed
+/// key product (3-D Q8_0 `attn_k_b`), the attention, and the value product
+/// (3-D Q8_0 `attn_v_b`); one decoding token at 900, and a 9-token batch
+/// after it.
 #[test]
 fn mla_chain_matches_cpu() {
     let Some(mut gpu) = gpu() else { return };
@@ -234,6 +234,7 @@ fn mla_chain_matches_cpu() {
             let kv = g.weight(1, "kv", GgmlType::F32, [rank + rope, n, 1, 1]);
             let wk = g.weight(2, "attn_k_b", GgmlType::Q8_0, [nope, rank, nh, 1]);
             let wv = g.weight(3, "attn_v_b", GgmlType::Q8_0, [rank, v, nh, 1]);
+            let wn = g.weight(4, "kv_a_norm", GgmlType::F32, [rank, 1, 1, 1]);
             let cache = g.kv_cache(0, KvKind::K, cache_ty, [rank + rope, n_ctx, 1, 1]);
             let pos = g.input(InputKind::Positions, n);
             let r = RopeParams {
@@ -248,6 +249,8 @@ fn mla_chain_matches_cpu() {
             let q_pe = g.columns(q, dk, nope, rope);
             let latent = g.columns(kv, rank + rope, 0, rank);
             let k_pe = g.columns(kv, rank + rope, rank, rope);
+            let latent = g.rms_norm(latent, 1e-6);
+            let latent = g.mul(latent, wn);
             let q_pe = g.rope(q_pe, pos, None, r);
             let k_pe = g.rope(k_pe, pos, None, r);
             let head = |stride, len| HeadMatMul { n_head: nh, stride, offset: 0, len, transposed: false };
@@ -262,6 +265,7 @@ fn mla_chain_matches_cpu() {
                 (kv, bytes_f32(&rng.vec((rank + rope) * n))),
                 (wk, k_b.clone()),
                 (wv, v_b.clone()),
+                (wn, bytes_f32(&rng.vec(rank))),
                 (cache, cache_bytes(cache_ty, &rng.vec((rank + rope) * n_ctx))),
                 (pos, bytes_i32(&positions)),
             ]);

@@ -129,9 +129,12 @@ fn golden_models_on_the_gpu_match_the_cpu() {
 /// A MoE fixture fully offloaded: teacher-forced logits within the moe
 /// class's bound of its peer's golden (`golden.rs`: mean KL ≤ 2e-2 nat, top-1
 /// on ≥ 80% of rows), and the CPU's 16 greedy tokens after the prompt. The
-/// distance to the CPU is printed: the GPU pairs int8 activations as the CPU
-/// does, but its f32 sums run in another order, and a random router near a
-/// tie may then choose another expert.
+/// GPU pairs int8 activations as the CPU does, but its f32 sums run in
+/// another order (as the CPU's own do on another ISA), and a random router
+/// near a tie may then choose another expert: its logits lie within the
+/// measured cpu→gpu max |Δ| of the CPU's. So the greedy tokens must be
+/// equal, or first differ where the CPU's best two logits are closer than
+/// that distance and the GPU took the CPU's second (`near_tie`).
 fn moe_on_the_gpu(model: &Path, golden: &str, ids: &[u32]) -> Result<(), String> {
     let dir = compact_dir();
     let eval = |ngl: usize| -> Result<(Vec<f32>, usize), String> {
@@ -150,21 +153,52 @@ fn moe_on_the_gpu(model: &Path, golden: &str, ids: &[u32]) -> Result<(), String>
     let (kl, max_abs, top1) = distance(&want, &got, n_vocab);
     let (c_kl, c_abs, c_top1) = distance(&cpu, &got, n_vocab);
     let prompt = &ids[..11];
-    let (g_cpu, _) = greedy(model, prompt, 16, 0, None);
+    let (g_cpu, s_cpu) = greedy(model, prompt, 16, 0, None);
     let (g_gpu, _) = greedy(model, prompt, 16, 99, None);
+    let first = g_cpu.iter().zip(&g_gpu).position(|(a, b)| a != b);
+    // The CPU's logits at the first difference: the prompt's last row (of
+    // the teacher-forced run, whose first rows are the prompt's), or the
+    // step after the token before it.
+    let tie = first.map(|i| {
+        let at = if i == 0 {
+            greedy_step(&cpu, prompt.len() - 1, n_vocab)
+        } else {
+            greedy_step(&s_cpu, i - 1, n_vocab)
+        };
+        near_tie(&at, g_gpu[i], c_abs)
+    });
     eprintln!(
         "{:<34} class moe: peer KL {kl:.2e} max|Δ| {max_abs:.4} top1 {:.1}% | cpu→gpu KL {c_kl:.2e} max|Δ| {c_abs:.4} \
          top1 {:.1}% | greedy {}",
         golden,
         top1 * 100.0,
         c_top1 * 100.0,
-        if g_cpu == g_gpu { "same" } else { "DIFFERENT" }
+        match (first, tie) {
+            (Some(i), Some(Some(gap))) => format!("same to step {i}, then the CPU's second at a gap of {gap:.4}"),
+            (Some(i), _) => format!("DIFFERENT at step {i}"),
+            _ => "same".into(),
+        }
     );
-    if kl <= 2e-2 && top1 >= 0.8 && g_cpu == g_gpu {
+    let greedy_ok = matches!(tie, None | Some(Some(_)));
+    if kl <= 2e-2 && top1 >= 0.8 && greedy_ok {
         Ok(())
     } else {
         Err(format!("peer KL {kl:.2e} top1 {top1} greedy {g_cpu:?} vs {g_gpu:?}"))
     }
+}
+
+/// Row `i` of a greedy run's step logits.
+fn greedy_step(steps: &[f32], i: usize, n_vocab: usize) -> Vec<f32> {
+    steps[i * n_vocab..(i + 1) * n_vocab].to_vec()
+}
+
+/// The gap between the best two of `logits` when `picked` is the second
+/// and the gap is under `bound`; else None.
+fn near_tie(logits: &[f32], picked: u32, bound: f64) -> Option<f32> {
+    let first = argmax(logits);
+    let second = (0..logits.len()).filter(|&j| j != first).max_by(|&a, &b| logits[a].total_cmp(&logits[b]))?;
+    let gap = logits[first] - logits[second];
+    (second == picked as usize && (gap as f64) < bound).then_some(gap)
 }
 
 /// The demo model with only its last two layers offloaded: a graph split

@@ -6,7 +6,9 @@
 //! node (a layer's gate/up and down share it), and each GEMV launches a
 //! block row per possible item, `min(pairs, ⌈pairs / 8⌉ + n_expert)`; the
 //! blocks past the plan's count return. So the launch list is the same for
-//! every routing, and a decoding step replays as one graph.
+//! every routing, and a decoding step replays as one graph. One token's
+//! GEMVs take no plan: its k_used experts are distinct, so block row y is
+//! pair y, of expert `ids[y]`.
 
 use tern_graph::{NodeId, Op, Precision};
 
@@ -23,6 +25,12 @@ use crate::Weight;
 /// levels_mma.cu `MMA_BN`).
 const ITEM_PAIRS: usize = 8;
 const MMA_ITEM_PAIRS: usize = 64;
+/// Rows a warp of a decoding step's expert GEMV takes (experts.cu
+/// `MOE_ROWS`): its block quantizes the item's activations once for 16 rows.
+const QX_ROWS: usize = 2;
+/// The most shared memory a decoding step's expert GEMV takes for its
+/// item's quantized activations (the default limit without opting in).
+const IN_BLOCK_SMEM: usize = 48 << 10;
 
 /// A plan in the workspace (`moe_plan`'s outputs) and its most items.
 #[derive(Clone, Copy)]
@@ -35,20 +43,25 @@ pub(super) struct MoePlan {
 
 /// The kernel for a weight held as `w` (gate and up of a pair share a kind:
 /// `supports` accepts no other pairs), for a gated pair or not, with int8
-/// activations (`paired`) or f32 ones.
-fn gemv_kernel(w: &Weight, up: Option<&Weight>, paired: bool) -> Kernel {
+/// activations (`paired`) or f32 ones; `in_block`: a decoding step's paired
+/// product quantizing its activations in each block.
+fn gemv_kernel(w: &Weight, up: Option<&Weight>, paired: bool, in_block: bool) -> Kernel {
     let offsets = w.quant == Some(QLayout::LevelsOffset) || up.is_some_and(|u| u.quant == Some(QLayout::LevelsOffset));
-    match (w.quant.is_some(), offsets, up.is_some(), paired) {
-        (false, _, false, _) => Kernel::MoeDq,
-        (false, _, true, _) => Kernel::MoeDqPair,
-        (true, false, false, false) => Kernel::MoeQ8,
-        (true, false, true, false) => Kernel::MoeQ8Pair,
-        (true, true, false, false) => Kernel::MoeQ8o,
-        (true, true, true, false) => Kernel::MoeQ8oPair,
-        (true, false, false, true) => Kernel::MoeQ8p,
-        (true, false, true, true) => Kernel::MoeQ8pPair,
-        (true, true, false, true) => Kernel::MoeQ8op,
-        (true, true, true, true) => Kernel::MoeQ8opPair,
+    match (w.quant.is_some(), offsets, up.is_some(), paired, in_block) {
+        (false, _, false, _, _) => Kernel::MoeDq,
+        (false, _, true, _, _) => Kernel::MoeDqPair,
+        (true, false, false, false, _) => Kernel::MoeQ8,
+        (true, false, true, false, _) => Kernel::MoeQ8Pair,
+        (true, true, false, false, _) => Kernel::MoeQ8o,
+        (true, true, true, false, _) => Kernel::MoeQ8oPair,
+        (true, false, false, true, false) => Kernel::MoeQ8p,
+        (true, false, true, true, false) => Kernel::MoeQ8pPair,
+        (true, true, false, true, false) => Kernel::MoeQ8op,
+        (true, true, true, true, false) => Kernel::MoeQ8opPair,
+        (true, false, false, true, true) => Kernel::MoeQ8pX,
+        (true, false, true, true, true) => Kernel::MoeQ8pPairX,
+        (true, true, false, true, true) => Kernel::MoeQ8opX,
+        (true, true, true, true, true) => Kernel::MoeQ8opPairX,
     }
 }
 
@@ -150,12 +163,19 @@ impl Lower<'_> {
         // integers); gate and up share the type's block size (`supports`).
         let ab = act_shift(w.ty);
         let paired = w.quant.is_some() && precision == Precision::Paired;
-        let (qa, da) = if paired { self.acts_q8(x, k, ab)? } else { (0, 0) };
         // A prompt's int8 levels go to the tensor cores, a block per 64 rows
-        // of an item of up to 64 pairs.
+        // of an item of up to 64 pairs; a decoding step's blocks quantize
+        // their item's activations themselves (at most 8 vectors of k).
         let n_tok = self.node_ref(ids).ne[1];
         let mma = paired && n_tok > super::FMAT_TOKENS && k % MMA_K == 0;
-        let plan = self.moe_plan(ids, n_expert, if mma { MMA_ITEM_PAIRS } else { ITEM_PAIRS })?;
+        let x_smem = ITEM_PAIRS * (k + 4 * (k >> ab));
+        let in_block = paired && n_tok == 1 && x_smem <= IN_BLOCK_SMEM;
+        let (qa, da) = if paired && !in_block { self.acts_q8(x, k, ab)? } else { (0, 0) };
+        let plan = if n_tok == 1 && !mma {
+            MoePlan { items: 0, n_items: 0, sorted: 0, max_items: self.node_ref(ids).n_elements() }
+        } else {
+            self.moe_plan(ids, n_expert, if mma { MMA_ITEM_PAIRS } else { ITEM_PAIRS })?
+        };
         if plan.max_items > 65535 {
             return super::fail(format!("{} expert items exceed a grid's rows", plan.max_items));
         }
@@ -194,11 +214,22 @@ impl Lower<'_> {
             items: plan.items,
             n_items: plan.n_items,
             sorted: plan.sorted,
+            ids: self.ptr(ids)?,
+            n_expert: n_expert as i32,
             out: self.ptr(id)?,
             act,
         };
-        let grid = (grid1(rows, 8).0, plan.max_items as u32, 1);
-        self.out.push(Launch::new(gemv_kernel(&w, up_w, paired), grid, 256, args));
+        // Q4_K experts are read in the file's blocks (`q4k.cu`).
+        let native = in_block && w.ptr_native != 0 && up_w.is_none_or(|u| u.ptr_native != 0);
+        let (kernel, args) = match (native, up_w) {
+            (true, Some(u)) => (Kernel::MoeQ4kPairX, MoeGemvArgs { q: w.ptr_native, q2: u.ptr_native, ..args }),
+            (true, None) => (Kernel::MoeQ4kX, MoeGemvArgs { q: w.ptr_native, ..args }),
+            (false, _) => (gemv_kernel(&w, up_w, paired, in_block), args),
+        };
+        let per_block = if in_block { 8 * QX_ROWS } else { 8 };
+        let grid = (grid1(rows, per_block).0, plan.max_items as u32, 1);
+        let l = Launch::new(kernel, grid, 256, args);
+        self.out.push(if in_block { l.smem(x_smem) } else { l });
         Ok(1)
     }
 }
@@ -267,6 +298,7 @@ mod tests {
                         ptr_codes: ptr,
                         ptr_scales: ptr + 4096,
                         ptr_offsets: if offsets { ptr + 8192 } else { 0 },
+                        ptr_native: if crate::weights::keeps_native(ty, node.ne[0]) { ptr + 12288 } else { 0 },
                         ternary: None,
                         quant,
                         staged: None,
@@ -294,8 +326,9 @@ mod tests {
         }
     }
 
-    /// One plan for the router's ids serves both expert products; a
-    /// quantized model's products quantize each input once, in the blocks
+    /// One plan for the router's ids serves both expert products (one
+    /// token's take none: a block row a pair); a quantized model's products
+    /// quantize each input once, in the blocks
     /// the type pairs with (Q4_K: Q8_K's 256; Q8_0: 32), and take the
     /// offset kernels only for a type with offsets; past 8 tokens they run
     /// on tensor cores. The grid has a row of blocks per possible item:
@@ -304,7 +337,8 @@ mod tests {
     #[test]
     fn expert_products_share_one_plan_and_pick_their_kernels() {
         for (ty, n, precision, pair, single, ab, per_item) in [
-            (GgmlType::Q4_K, 1, Precision::Paired, Kernel::MoeQ8opPair, Kernel::MoeQ8op, 8, 8),
+            (GgmlType::Q4_K, 1, Precision::Paired, Kernel::MoeQ4kPairX, Kernel::MoeQ4kX, 8, 8),
+            (GgmlType::Q5_K, 1, Precision::Paired, Kernel::MoeQ8opPairX, Kernel::MoeQ8opX, 8, 8),
             (GgmlType::Q8_0, 5, Precision::Paired, Kernel::MoeQ8pPair, Kernel::MoeQ8p, 5, 8),
             (GgmlType::Q8_0, 37, Precision::Paired, Kernel::Q8pMmaPair32, Kernel::Q8pMma32, 5, 64),
             (GgmlType::Q4_K, 300, Precision::Paired, Kernel::Q8pMmaOPair32, Kernel::Q8pMmaO32, 8, 64),
@@ -315,25 +349,40 @@ mod tests {
             let l = lowered(ty, n, precision);
             let kernels: Vec<Kernel> = l.iter().map(|l| l.kernel).collect();
             let at = |k: Kernel| kernels.iter().position(|&x| x == k).unwrap_or_else(|| panic!("{ty}: no {k:?}"));
-            assert_eq!(kernels.iter().filter(|&&k| k == Kernel::MoePlan).count(), 1, "{ty}: {kernels:?}");
-            let (plan, up_gate, down) = (at(Kernel::MoePlan), at(pair), at(single));
-            assert!(plan < up_gate && up_gate < down, "{ty}: {kernels:?}");
-            match l[plan].args {
-                Args::MoePlan(p) => assert_eq!(p.per_item, per_item as i32, "{ty} n={n}"),
-                _ => panic!("not a plan"),
+            let plans = kernels.iter().filter(|&&k| k == Kernel::MoePlan).count();
+            assert_eq!(plans, (n > 1) as usize, "{ty}: {kernels:?}");
+            let (up_gate, down) = (at(pair), at(single));
+            assert!(up_gate < down, "{ty}: {kernels:?}");
+            if n > 1 {
+                let plan = at(Kernel::MoePlan);
+                assert!(plan < up_gate, "{ty}: {kernels:?}");
+                match l[plan].args {
+                    Args::MoePlan(p) => assert_eq!(p.per_item, per_item as i32, "{ty} n={n}"),
+                    _ => panic!("not a plan"),
+                }
             }
             let quantized = precision == Precision::Paired && ty != GgmlType::F16;
-            assert_eq!(kernels.iter().filter(|&&k| k == Kernel::ActQ8).count(), 2 * quantized as usize, "{ty}");
+            // One token's blocks quantize their activations themselves.
+            let act_q8 = 2 * (quantized && n > 1) as usize;
+            assert_eq!(kernels.iter().filter(|&&k| k == Kernel::ActQ8).count(), act_q8, "{ty}");
             let pairs = 4 * n;
-            let items = pairs.min(pairs.div_ceil(per_item) + 16) as u32;
+            let items = if n == 1 { pairs } else { pairs.min(pairs.div_ceil(per_item) + 16) } as u32;
             for i in [up_gate, down] {
                 let (qa, a_ab, o, _, _) = expert_args(&l[i]);
                 assert_eq!(l[i].grid.1, items, "{ty} n={n}");
-                assert_eq!((qa != 0, a_ab), (quantized, ab), "{ty}");
-                assert_eq!(o != 0, matches!(ty, GgmlType::Q4_K | GgmlType::Q2_K), "{ty}");
+                // 256 rows: 8 a block, 16 where the block quantizes x
+                // itself, 64 on tensor cores.
+                let blocks = if per_item == 64 { 4 } else if quantized && n == 1 { 16 } else { 32 };
+                assert_eq!(l[i].grid.0, blocks, "{ty} n={n}");
+                assert_eq!((qa != 0, a_ab), (quantized && n > 1, ab), "{ty}");
+                if per_item == 8 {
+                    assert_eq!(l[i].smem > 0, quantized && n == 1, "{ty} n={n}: activations in shared memory");
+                }
+                assert_eq!(o != 0, matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q2_K), "{ty}");
             }
             assert_eq!((expert_args(&l[up_gate]).3, expert_args(&l[down]).3), (0, 1), "{ty}");
             assert_eq!(expert_args(&l[up_gate]).4, expert_args(&l[down]).4, "{ty}: one plan");
+            assert_eq!(expert_args(&l[down]).4 == 0, n == 1, "{ty} n={n}: one token's products read the ids");
         }
     }
 }

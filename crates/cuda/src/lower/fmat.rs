@@ -1,24 +1,26 @@
 //! Lowering the matmuls of float and block-quantized weights (heads, and the
-//! projections of non-ternary models), and the final norm that a one-token
-//! Q6_K head takes into its own launch.
+//! projections of non-ternary models), and the norms that one token's
+//! products take into their own launches: the final norm into a Q6_K head,
+//! a norm read only by paired products of int8 levels into each of them.
 
 use tern_graph::{Node, NodeId, Op, Precision};
 use tern_quant::{ActType, GgmlType};
 
 use super::{grid1, Lower, Need, FMAT_TOKENS, MMA_COLS, MMA_K, MMA_ROWS, MMA_SMEM};
 use crate::args::{
-    Act, ActQ8Args, F16GemvArgs, FmatGemvArgs, GemvIo, MmaArgs, Q6KGemv1Q8Args, Q6KGemvArgs, Q8GemvArgs, Q8pGemv1xArgs,
-    Q8pGemv1xPairArgs, Q8pGemvArgs,
+    Act, ActQ8Args, F16GemvArgs, FmatGemvArgs, GemvIo, MmaArgs, Q4kGemv1xArgs, Q4kGemv1xPairArgs, Q6KGemv1Q8Args,
+    Q6KGemvArgs, Q8GemvArgs, Q8pGemv1xArgs, Q8pGemv1xPairArgs, Q8pGemvArgs,
 };
 use crate::kernels::Kernel;
 use crate::launch::Launch;
 use crate::qlayout::QLayout;
 use crate::Weight;
 
-/// `rms_norm(x) · w` of one row that no launch writes: the head reading it
-/// norms `x` itself.
+/// `rms_norm(x) · w` of one row that no launch writes: the products reading
+/// it norm `x` themselves.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct HeadNorm {
+    src: NodeId,
     x: u64,
     w: u64,
     eps: f32,
@@ -99,7 +101,54 @@ impl Lower<'_> {
         if !folds {
             return Ok(false);
         }
-        let norm = HeadNorm { x: self.ptr(x)?, w: self.ptr(mn.srcs[1])?, eps };
+        let norm = HeadNorm { src: x, x: self.ptr(x)?, w: self.ptr(mn.srcs[1])?, eps };
+        self.head_norm.insert(m, norm);
+        Ok(true)
+    }
+
+    /// `rms_norm` at `nodes[i]`, then `mul` by a weight row, of one token,
+    /// read only by paired products of int8 levels that quantize x in their
+    /// blocks (`q8p_gemv1x`, its gated pair): each norms x itself, so
+    /// neither node gets a launch. x must outlive them: a later node of this
+    /// split reads it (the residual connection), so the memory plan keeps
+    /// its bytes until then.
+    pub(super) fn norm_into_levels(&mut self, nodes: &[NodeId], i: usize, eps: f32) -> Result<bool, Need> {
+        let id = nodes[i];
+        let Some(&m) = nodes.get(i + 1) else { return Ok(false) };
+        let (node, mn) = (self.node_ref(id), self.node_ref(m));
+        let (x, k) = (node.srcs[0], node.ne[0]);
+        let row_ok = node.n_rows() == 1
+            && matches!(mn.op, Op::Mul)
+            && mn.srcs[0] == id
+            && self.uses[id.index()] == 1
+            && self.node_ref(mn.srcs[1]).n_elements() == k
+            && self.node_ref(mn.srcs[1]).dtype == tern_graph::DType::F32;
+        let readers = &self.readers[m.index()];
+        if !row_ok || readers.is_empty() || readers.len() != self.uses[m.index()] as usize {
+            return Ok(false);
+        }
+        let at = |n: NodeId| nodes.iter().position(|&v| v == n);
+        let mut last = 0;
+        for &r in readers {
+            let rn = self.node_ref(r);
+            let Some(w) = self.weight(rn.srcs[0]).filter(|_| rn.srcs[1] == m && rn.srcs[0] != m) else {
+                return Ok(false);
+            };
+            let levels = matches!(w.quant, Some(QLayout::Levels | QLayout::LevelsOffset)) && w.staged.is_none();
+            let paired = matches!(rn.op, Op::MulMat { precision: Precision::Paired }) && rn.ne[1] == 1;
+            let fits = (k + 4 * (k >> act_shift(w.ty))).next_multiple_of(16) <= PAIRED_X_SMEM;
+            match at(r) {
+                Some(p) if levels && paired && fits && w.ternary.is_none() && !self.overlaps(r, x) => {
+                    last = last.max(p)
+                }
+                _ => return Ok(false),
+            }
+        }
+        let outlived = self.readers[x.index()].iter().any(|&r| r != id && at(r).is_some_and(|p| p > last));
+        if !outlived {
+            return Ok(false);
+        }
+        let norm = HeadNorm { src: x, x: self.ptr(x)?, w: self.ptr(mn.srcs[1])?, eps };
         self.head_norm.insert(m, norm);
         Ok(true)
     }
@@ -130,13 +179,15 @@ impl Lower<'_> {
         let id = nodes[i];
         let node = self.node_ref(id).clone();
         let (k, rows, n_tok) = (self.node_ref(node.srcs[0]).ne[0], node.ne[0], node.ne[1]);
-        // The sum may not be written over the activations this kernel reads.
-        let fused = self.residual(id, nodes.get(i + 1).copied())?.filter(|(add, _)| !self.overlaps(*add, node.srcs[1]));
+        let norm = self.head_norm.get(&node.srcs[1]).copied();
+        // The sum may not be written over the activations this kernel reads
+        // (a folded norm's source, else x).
+        let read = norm.map_or(node.srcs[1], |n| n.src);
+        let fused = self.residual(id, nodes.get(i + 1).copied())?.filter(|(add, _)| !self.overlaps(*add, read));
         let (out, res, consumed) = match fused {
             Some((add, r)) => (self.ptr(add)?, r, 2),
             None => (self.ptr(id)?, 0, 1),
         };
-        let norm = self.head_norm.get(&node.srcs[1]).copied();
         let x = match norm {
             Some(n) => n.x,
             None => self.ptr(node.srcs[1])?,
@@ -147,11 +198,20 @@ impl Lower<'_> {
         // integers): one token's quantized by the GEMV's blocks themselves
         // (x's levels and scales in shared memory), a batch's by `act_q8`.
         let levels = matches!(w.quant, Some(QLayout::Levels | QLayout::LevelsOffset));
-        let pairs = levels && matches!(node.op, Op::MulMat { precision: Precision::Paired }) && norm.is_none();
+        let pairs = levels && matches!(node.op, Op::MulMat { precision: Precision::Paired });
         let ab = act_shift(w.ty);
         let x_smem = (k + 4 * (k >> ab)).next_multiple_of(16);
+        let (nw, eps) = norm.map_or((0, 0.0), |n| (n.w, n.eps));
         if pairs && n_tok == 1 && x_smem <= PAIRED_X_SMEM {
+            // Q4_K weights are read in the file's blocks (`q4k.cu`).
+            let native = w.ptr_native != 0;
             if let Some((up, a, act)) = self.levels_pair(nodes, i, w)? {
+                if native && up.ptr_native != 0 {
+                    let (w, w2, out) = (w.ptr_native, up.ptr_native, self.ptr(a)?);
+                    let args = Q4kGemv1xPairArgs { w, w2, rows: rows as i32, k: k as i32, x, out, act, nw, eps };
+                    self.out.push(Launch::new(Kernel::Q4kGemv1xPair, grid1(rows, 8), 256, args).smem(x_smem));
+                    return Ok(3);
+                }
                 let args = Q8pGemv1xPairArgs {
                     q: w.ptr_codes,
                     s: w.ptr_scales,
@@ -165,9 +225,16 @@ impl Lower<'_> {
                     ab,
                     out: self.ptr(a)?,
                     act,
+                    nw,
+                    eps,
                 };
                 self.out.push(Launch::new(Kernel::Q8pGemv1xPair, grid1(rows, 8), 256, args).smem(x_smem));
                 return Ok(3);
+            }
+            if native {
+                let args = Q4kGemv1xArgs { w: w.ptr_native, rows: rows as i32, k: k as i32, x, out, res, nw, eps };
+                self.out.push(Launch::new(Kernel::Q4kGemv1x, grid1(rows, 8), 256, args).smem(x_smem));
+                return Ok(consumed);
             }
             let args = Q8pGemv1xArgs {
                 q: w.ptr_codes,
@@ -179,9 +246,14 @@ impl Lower<'_> {
                 ab,
                 out,
                 res,
+                nw,
+                eps,
             };
             self.out.push(Launch::new(Kernel::Q8pGemv1x, grid1(rows, 8), 256, args).smem(x_smem));
             return Ok(consumed);
+        }
+        if norm.is_some() && !q6k_q8 {
+            return super::fail("a folded norm reaches a product that does not norm its input");
         }
         // A prompt's int8 levels, and a quantized model's Q6_K planes, go to
         // the tensor cores (64 rows × 64 tokens a block); float matrices of
@@ -267,7 +339,6 @@ impl Lower<'_> {
                 // `Q6_SLOT`).
                 let blocks = rows.div_ceil(8).min(3 * self.sms.max(1));
                 let smem = (k + k / 64).next_multiple_of(16) + 8 * 2080;
-                let (nw, eps) = norm.map_or((0, 0.0), |n| (n.w, n.eps));
                 let args = Q6KGemv1Q8Args { base: w.ptr_codes, io, nw, eps };
                 Launch::new(Kernel::Q6KGemv1Q8, (blocks as u32, 1, 1), 256, args).smem(smem)
             } else if w.quant == Some(QLayout::Q6K) {

@@ -26,6 +26,9 @@ use crate::weights::Held;
 
 /// Tokens a block of the per-head products takes (`HEADS_MAXT`).
 const HEADS_TOKENS: usize = 8;
+/// The most shared memory a one-token paired head product takes for its
+/// slice's levels and scales (the default limit without opting in).
+const HEADS_X_SMEM: usize = 48 << 10;
 /// Keys a tile of the tensor-core prompt attention, and the widest cache row
 /// its warps' query fragments hold (mla_mma.cu `MLA_MMA_KEYS`, 9 k-steps of
 /// 16 a warp).
@@ -148,7 +151,9 @@ impl Lower<'_> {
         // transposed products stay in f32).
         let ab = act_shift(w.ty);
         let paired = levels && !mm.transposed && precision == Precision::Paired && k.is_multiple_of(1 << ab);
-        let (qa, da) = if paired { self.acts_q8(node.srcs[1], k, ab)? } else { (0, 0) };
+        // One token's blocks quantize their head's slice themselves.
+        let in_block = paired && n_tok == 1 && k + 4 * (k >> ab) <= HEADS_X_SMEM;
+        let (qa, da) = if paired && !in_block { self.acts_q8(node.srcs[1], k, ab)? } else { (0, 0) };
         if paired && n_tok > HEADS_TOKENS && k.is_multiple_of(MMA_K) {
             // A prompt's heads on the tensor cores: a block per 64 of a
             // head's rows and 64 tokens.
@@ -188,12 +193,18 @@ impl Lower<'_> {
             let kernel = if levels { Kernel::HeadsQ8T } else { Kernel::HeadsDqT };
             Launch::new(kernel, (k.div_ceil(512) as u32, h, z), 128, args).smem(HEADS_TOKENS * mm.len * 4)
         } else {
-            let kernel = match (levels, paired) {
-                (true, true) => Kernel::HeadsQ8p,
-                (true, false) => Kernel::HeadsQ8,
-                (false, _) => Kernel::HeadsDq,
+            let kernel = match (levels, paired, in_block) {
+                (true, true, true) => Kernel::HeadsQ8pX,
+                (true, true, false) => Kernel::HeadsQ8p,
+                (true, false, _) => Kernel::HeadsQ8,
+                (false, _, _) => Kernel::HeadsDq,
             };
-            Launch::new(kernel, (mm.len.div_ceil(8) as u32, h, z), 256, args)
+            let l = Launch::new(kernel, (mm.len.div_ceil(8) as u32, h, z), 256, args);
+            if in_block {
+                l.smem(k + 4 * (k >> ab))
+            } else {
+                l
+            }
         };
         self.out.push(l);
         Ok(())
@@ -221,7 +232,9 @@ impl Lower<'_> {
             rope: p.rope as i32,
             ty,
         };
-        self.out.push(Launch::new(Kernel::MlaStore, (n_tok as u32, 1, 1), 256, store));
+        if !self.stored.contains(&id) {
+            self.out.push(Launch::new(Kernel::MlaStore, (n_tok as u32, 1, 1), 256, store));
+        }
         // A split's states for every (token, head): rank + 4 floats each.
         let per_split = n_tok * p.n_head * (p.rank + 4) * 4;
         let width = p.rank + p.rope;

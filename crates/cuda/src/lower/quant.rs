@@ -43,7 +43,7 @@ impl Lower<'_> {
     }
 
     pub(super) fn rms_norm(&mut self, nodes: &[NodeId], i: usize, eps: f32) -> Result<usize, Need> {
-        if self.norm_into_head(nodes, i, eps)? {
+        if self.norm_into_head(nodes, i, eps)? || self.norm_into_levels(nodes, i, eps)? {
             return Ok(2);
         }
         let node = self.node_ref(nodes[i]).clone();
