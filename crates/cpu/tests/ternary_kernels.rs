@@ -41,7 +41,13 @@ fn weights(ty: GgmlType, k: usize, rows: usize, grouped: bool, rng: &mut Rng) ->
 fn check(ty: GgmlType, k: usize, rows: usize, n: usize, grouped: bool, packing: Packing, rng: &mut Rng) {
     let w = weights(ty, k, rows, grouped, rng);
     let x: Vec<f32> = (0..k * n).map(|_| rng.f32() * 3.0).collect();
-    let scale = TensorScale::of(ty, &w, k * rows);
+    compare(ty, [k, rows, n], &w, &x, grouped, packing);
+}
+
+/// Every ISA's `gemm` of the file-format weights `w` (`rows` of `k`) and
+/// activations `x` (`n` rows of `k`) against the reference, bit for bit.
+fn compare(ty: GgmlType, [k, rows, n]: [usize; 3], w: &[u8], x: &[f32], grouped: bool, packing: Packing) {
+    let scale = TensorScale::of(ty, w, k * rows);
     let row_bytes = ty.row_bytes(k as u64).unwrap() as usize;
     let ab = act_row_bytes(ActType::Q8_Row, k);
     let mut want = vec![0f32; rows * n];
@@ -52,7 +58,7 @@ fn check(ty: GgmlType, k: usize, rows: usize, n: usize, grouped: bool, packing: 
             want[t * rows + r] = vec_dot(ty, k, &w[r * row_bytes..(r + 1) * row_bytes], scale, &act);
         }
     }
-    let packed = PackedTernary::new(ty, &w, k, rows, packing);
+    let packed = PackedTernary::new(ty, w, k, rows, packing);
     assert_eq!(packed.layout.groups > 1, grouped);
     let decodes = match Base3Decode::best() {
         Base3Decode::Lookup => vec![Base3Decode::Lookup, Base3Decode::Compare],
@@ -61,7 +67,7 @@ fn check(ty: GgmlType, k: usize, rows: usize, n: usize, grouped: bool, packing: 
     for isa in isas() {
         for &base3 in &decodes {
             let mut acts = PackedActs::new(k, packed.layout.k_pad, n);
-            acts.quantize(&x, isa);
+            acts.quantize(x, isa);
             let mut got = vec![f32::NAN; rows * n];
             // Two row ranges, as two threads would split them.
             let mid = rows / 2;
@@ -112,6 +118,46 @@ fn prompt_panels_match_the_reference() {
     }
 }
 
+/// Batches of the sizes a server's steps take (every count from 1 to 64 at
+/// a small k; a spread of them at the models' k), on both packings: on AVX2
+/// they cross from the direct tiles to the 16-row panels of 2-row units and
+/// 6-token tiles, so these cover every tile width and its remainders, whole
+/// and partial panels, a lone odd row left to the direct tiles, and ranges
+/// (halves) that start off a panel boundary.
+#[test]
+fn panels_match_the_reference_at_every_batch_size() {
+    let mut rng = Rng::new(13);
+    let ty = GgmlType::IQ2_BN;
+    for packing in [Packing::Bits2, Packing::Base3] {
+        for n in 1..=64 {
+            check(ty, 256, 35, n, false, packing, &mut rng);
+        }
+        for (k, rows, ns) in [(2560, 37, &[2, 8, 9, 13, 16, 31, 64][..]), (6912, 19, &[3, 12, 17, 64][..])] {
+            for &n in ns {
+                check(ty, k, rows, n, false, packing, &mut rng);
+            }
+        }
+    }
+}
+
+/// The largest sums the kernels' 16-bit lanes hold: every weight +1 (code
+/// 2) against activations all at +127 or all at −127, over the models' k.
+#[test]
+fn extreme_sums_do_not_overflow() {
+    let ty = GgmlType::IQ2_BN;
+    for k in [2560, 6912] {
+        let (rows, n) = (17, 12);
+        let mut w = vec![0u8; ty.tensor_bytes(&[k as u64, rows as u64]).unwrap() as usize];
+        quantize_tensor(ty, &vec![1.0; k * rows], k, &mut w);
+        for sign in [1.0, -1.0] {
+            let x = vec![sign; k * n];
+            for packing in [Packing::Bits2, Packing::Base3] {
+                compare(ty, [k, rows, n], &w, &x, false, packing);
+            }
+        }
+    }
+}
+
 #[test]
 fn rows_with_several_block_scales_are_exact_too() {
     let mut rng = Rng::new(11);
@@ -151,7 +197,7 @@ fn bench_ternary_kernels() {
         let w = weights(GgmlType::TQ2_0, k, rows, false, &mut rng);
         for packing in [Packing::Bits2, Packing::Base3] {
             let packed = PackedTernary::new(GgmlType::TQ2_0, &w, k, rows, packing);
-            for n in [1, 64] {
+            for n in [1, 16, 64] {
                 let x: Vec<f32> = (0..k * n).map(|_| rng.f32()).collect();
                 let mut acts = PackedActs::new(k, packed.layout.k_pad, n);
                 acts.quantize(&x, isa);

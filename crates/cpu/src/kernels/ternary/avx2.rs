@@ -7,7 +7,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::{finish, Out, PackedActs, PackedTernary, Tiles};
+use super::{finish, panel_avx2, Out, PackedActs, PackedTernary, Tiles};
 
 const R: usize = 2;
 const T: usize = 2;
@@ -72,7 +72,7 @@ unsafe fn dot_acc(acc: __m256i, codes: __m256i, a: __m256i, ones: __m256i) -> __
 }
 
 #[inline(always)]
-unsafe fn store<const RR: usize, const TT: usize>(
+pub(super) unsafe fn store<const RR: usize, const TT: usize>(
     acc: &[[__m256i; TT]; RR],
     w: &PackedTernary,
     r0: usize,
@@ -179,7 +179,7 @@ pub unsafe fn gemm_bits2(w: &PackedTernary, rows: Range<usize>, acts: &PackedAct
         row_edge: tile_bits2::<1, T>,
         token_edge: &[tile_bits2::<R, 1>],
         single: tile_bits2::<1, 1>,
-        panel: None,
+        panel: Some(panel_avx2::bits2()),
     };
     tiles.drive(w, rows, acts, out)
 }
@@ -192,7 +192,7 @@ pub unsafe fn gemm_base3(w: &PackedTernary, rows: Range<usize>, acts: &PackedAct
         row_edge: tile_base3::<1, T>,
         token_edge: &[tile_base3::<R, 1>],
         single: tile_base3::<1, 1>,
-        panel: None,
+        panel: Some(panel_avx2::base3()),
     };
     tiles.drive(w, rows, acts, out)
 }

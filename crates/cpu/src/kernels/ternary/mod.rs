@@ -11,6 +11,7 @@
 mod avx2;
 mod avx512;
 mod panel;
+mod panel_avx2;
 
 use tern_quant::ternary::rows::{self, Layout, Packing};
 
@@ -213,20 +214,27 @@ type Tile = unsafe fn(&PackedTernary, usize, &PackedActs, usize, Out);
 /// T tokens start at a token.
 type PanelTile = unsafe fn(&PackedTernary, usize, &[u8], &PackedActs, usize, Out);
 
-/// Prompt-sized batches decode a panel of up to `vectors` × 16 rows once per
-/// token block into code bytes interleaved for `vpdpbusd`: one 64-byte
-/// vector holds 4 consecutive weights of 16 rows. A tile then broadcasts 4
-/// activations of a token against it, so each accumulator holds 16 rows'
-/// sums and the tile ends with no horizontal reductions; the unpacking is
-/// paid once per panel and block instead of once per token tile.
+/// Batches of more than a few tokens decode a panel of up to `units` ×
+/// `unit` rows once, one code byte a weight, in the layout its ISA's tiles
+/// read: on AVX-512 (`panel.rs`) one 64-byte vector holds 4 consecutive
+/// weights of 16 rows, multiplied against 4 broadcast activations of a
+/// token so that each accumulator holds 16 rows' sums; on AVX2
+/// (`panel_avx2.rs`) rows keep their weight order, read like the
+/// activations by tiles of 2 rows. A tile covers the panel's rows × up to
+/// `tokens` tokens; the unpacking is paid once per panel instead of once per
+/// token tile.
 struct Panel {
-    /// 16-row vectors in a full panel.
-    vectors: usize,
+    /// Rows per unit: a panel holds whole units.
+    unit: usize,
+    /// Units in a full panel.
+    units: usize,
     /// Tokens in a full tile.
     tokens: usize,
-    /// Decodes `v` vectors of rows from a row into the scratch.
+    /// Batches of fewer tokens take the direct tiles.
+    min_tokens: usize,
+    /// Decodes `u` units of rows from a row into the scratch.
     decode: unsafe fn(&PackedTernary, usize, usize, &mut [u8]),
-    /// The tile for `v` vectors and `t` tokens: `tiles[v − 1][t − 1]`.
+    /// The tile for `u` units and `t` tokens: `tiles[u − 1][t − 1]`.
     tiles: &'static [&'static [PanelTile]],
 }
 
@@ -255,23 +263,23 @@ thread_local! {
 }
 
 impl Tiles {
-    /// Covers `rows` × every token. A prompt-sized batch runs whole panels
-    /// over every token (each panel decoded once, the activations streaming
-    /// past it); the rows left, and smaller batches, run the direct tiles by
-    /// token blocks.
+    /// Covers `rows` × every token. A batch of the panel's `min_tokens` or
+    /// more runs whole panels over every token (each panel decoded once, the
+    /// activations streaming past it); the rows left, and smaller batches,
+    /// run the direct tiles by token blocks.
     unsafe fn drive(&self, w: &PackedTernary, rows: std::ops::Range<usize>, acts: &PackedActs, out: Out) {
         let mut r = rows.start;
-        if let Some(p) = self.panel.as_ref().filter(|p| acts.n >= 2 * p.tokens) {
+        if let Some(p) = self.panel.as_ref().filter(|p| acts.n >= p.min_tokens) {
             PANEL.with_borrow_mut(|scratch| {
-                scratch.resize(16 * p.vectors * w.layout.k_pad, 0);
-                while rows.end - r >= 16 {
-                    let v = ((rows.end - r) / 16).min(p.vectors);
-                    (p.decode)(w, r, v, scratch);
+                scratch.resize(p.unit * p.units * w.layout.k_pad, 0);
+                while rows.end - r >= p.unit {
+                    let u = ((rows.end - r) / p.unit).min(p.units);
+                    (p.decode)(w, r, u, scratch);
                     for t0 in (0..acts.n).step_by(p.tokens) {
                         let tt = (acts.n - t0).min(p.tokens);
-                        (p.tiles[v - 1][tt - 1])(w, r, scratch, acts, t0, out);
+                        (p.tiles[u - 1][tt - 1])(w, r, scratch, acts, t0, out);
                     }
-                    r += 16 * v;
+                    r += p.unit * u;
                 }
             });
         }

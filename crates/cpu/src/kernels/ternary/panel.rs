@@ -147,9 +147,9 @@ macro_rules! tiles_for {
 static TILES: [&[PanelTile]; V] = [tiles_for!(1), tiles_for!(2), tiles_for!(3), tiles_for!(4)];
 
 pub fn bits2() -> Panel {
-    Panel { vectors: V, tokens: T, decode: decode_bits2, tiles: &TILES }
+    Panel { unit: 16, units: V, tokens: T, min_tokens: 2 * T, decode: decode_bits2, tiles: &TILES }
 }
 
 pub fn base3() -> Panel {
-    Panel { vectors: V, tokens: T, decode: decode_base3, tiles: &TILES }
+    Panel { unit: 16, units: V, tokens: T, min_tokens: 2 * T, decode: decode_base3, tiles: &TILES }
 }
