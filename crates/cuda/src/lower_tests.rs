@@ -99,8 +99,16 @@ fn bind(g: &Graph, alias: Option<(NodeId, NodeId)>, staged: &[&str]) -> (Buffers
                 };
                 let ptr_offsets = if quant == Some(QLayout::LevelsOffset) { ptr + 8192 } else { 0 };
                 let ptr_native = if crate::weights::keeps_native(ty, n.ne[0]) { ptr + 12288 } else { 0 };
-                let weight =
-                    Weight { ty, ptr_codes: ptr, ptr_scales: ptr + 4096, ptr_offsets, ptr_native, ternary, quant, staged };
+                let weight = Weight {
+                    ty,
+                    ptr_codes: ptr,
+                    ptr_scales: ptr + 4096,
+                    ptr_offsets,
+                    ptr_native,
+                    ternary,
+                    quant,
+                    staged,
+                };
                 let backing = if staged.is_some() { Backing::Mapped(ptr as usize) } else { Backing::Device };
                 let buffer = bufs.insert(DevBuf { ptr, bytes: 1 << 24, weight: Some(weight), backing });
                 TensorLoc { buffer, offset: 0, nbytes: n.nbytes() }

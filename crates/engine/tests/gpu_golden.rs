@@ -160,11 +160,8 @@ fn moe_on_the_gpu(model: &Path, golden: &str, ids: &[u32]) -> Result<(), String>
     // the teacher-forced run, whose first rows are the prompt's), or the
     // step after the token before it.
     let tie = first.map(|i| {
-        let at = if i == 0 {
-            greedy_step(&cpu, prompt.len() - 1, n_vocab)
-        } else {
-            greedy_step(&s_cpu, i - 1, n_vocab)
-        };
+        let at =
+            if i == 0 { greedy_step(&cpu, prompt.len() - 1, n_vocab) } else { greedy_step(&s_cpu, i - 1, n_vocab) };
         near_tie(&at, g_gpu[i], c_abs)
     });
     eprintln!(

@@ -372,7 +372,13 @@ mod tests {
                 assert_eq!(l[i].grid.1, items, "{ty} n={n}");
                 // 256 rows: 8 a block, 16 where the block quantizes x
                 // itself, 64 on tensor cores.
-                let blocks = if per_item == 64 { 4 } else if quantized && n == 1 { 16 } else { 32 };
+                let blocks = if per_item == 64 {
+                    4
+                } else if quantized && n == 1 {
+                    16
+                } else {
+                    32
+                };
                 assert_eq!(l[i].grid.0, blocks, "{ty} n={n}");
                 assert_eq!((qa != 0, a_ab), (quantized && n > 1, ab), "{ty}");
                 if per_item == 8 {
