@@ -75,11 +75,6 @@ impl Engine {
                         e.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| e.downcast_ref::<String>().cloned());
                     self.fail_all(&format!("internal error: generation panicked ({})", why.unwrap_or_default()));
                 }
-                // The step's events wake the HTTP tasks (and, on a small
-                // machine, the clients reading them): let them run now, on
-                // this core, rather than pre-empt a thread of the next step,
-                // whose every barrier then waits for it.
-                std::thread::yield_now();
             }
         }
     }
